@@ -1,0 +1,37 @@
+# eagle3-pipeline: from a served vLLM reasoning model to an EAGLE-3 draft it accepts.
+#
+# results/{run}/
+#   server/        unit.service (redacted `systemctl cat`), server.json, identity.json
+#   prompts/       shard-{k:05d}.parquet, skipped.parquet
+#   generations/   shard-{k:05d}.parquet (one row per prompt: ok | skipped | failed)
+#   traces/        traces.parquet, train.parquet, validation.parquet, stats.json, conversations.jsonl
+#   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata)
+#   draft/         vocab_map.safetensors, checkpoint/ (EAGLE-3, loadable by vLLM and SGLang)
+#   validation/    offline.json, serve_check.json
+#   work/          resumable state: generation journals, training state
+#   logs/          one log per job
+# resources/demo/  the embedded demo's tiny target and its systemd unit (demo.enabled)
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/demo.smk"
+include: "rules/server.smk"
+include: "rules/prompts.smk"
+include: "rules/generate.smk"
+include: "rules/traces.smk"
+include: "rules/hidden_states.smk"
+include: "rules/train.smk"
+include: "rules/validate.smk"
+
+
+rule all:
+    input:
+        get_final_outputs(),
+    default_target: True

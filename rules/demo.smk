@@ -1,0 +1,23 @@
+# The embedded demo's tiny target (Llama, 8 layers, head_dim 64, its own byte-level BPE tokenizer and a
+# Kimi-style thinking template), fitted on the bundled sample, and the systemd unit that serves it.
+if config["demo"]["enabled"]:
+
+    rule build_demo_target:
+        input:
+            sample=config["dataset"]["path"],
+            unit_template="config/demo/vllm-demo.service.in",
+        output:
+            config="resources/demo/target/config.json",
+            weights="resources/demo/target/model.safetensors",
+            tokenizer="resources/demo/target/tokenizer.json",
+            unit="resources/demo/vllm-demo.service",
+        log:
+            f"{LOGS}/build_demo_target.log",
+        threads: 2
+        params:
+            target_dir="resources/demo/target",
+            port=config["demo"]["port"],
+            fit_seconds=config["demo"]["fit_seconds"],
+            seed=config["demo"]["seed"],
+        script:
+            "../scripts/build_demo_target.py"

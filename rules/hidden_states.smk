@@ -1,0 +1,30 @@
+# The target run over each full conversation (prompt + thinking + answer, the server's own token ids);
+# three auxiliary layers and the final one stored packed in bf16, one file per trace shard and split.
+
+
+rule extract_hidden_states:
+    input:
+        traces=f"{RESULTS}/traces/{{split}}.parquet",
+        target=get_target_config(),
+    output:
+        states=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
+        metadata=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.json",
+    log:
+        f"{LOGS}/extract_hidden_states/{{split}}-{{shard}}.log",
+    resources:
+        gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
+    params:
+        accelerate=get_accelerate_args,
+        target=config["target"]["model"],
+        layers=config["hidden_states"]["layers"],
+        max_seq_len=config["hidden_states"]["max_seq_len"],
+        overlong=config["hidden_states"]["overlong"],
+        dtype=config["hidden_states"]["dtype"],
+        batch_tokens=config["hidden_states"]["batch_tokens"],
+        work=f"{WORK}/hidden_states/{{split}}-{{shard}}",
+    shell:
+        "accelerate launch {params.accelerate} scripts/extract_hidden_states.py"
+        " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
+        " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
+        " --dtype {params.dtype} --batch-tokens {params.batch_tokens} --work {params.work}"
+        " --output {output.states} --metadata {output.metadata} > {log} 2>&1"

@@ -1,0 +1,20 @@
+# Shards merged with polars, every prompt accounted for, filtered, split by id for training/validation.
+
+
+rule merge_traces:
+    input:
+        generations=get_generation_shards(),
+        server=rules.snapshot_server.output.identity,
+        server_stopped=rules.stop_server.output,
+    output:
+        traces=f"{RESULTS}/traces/traces.parquet",
+        train=f"{RESULTS}/traces/train.parquet",
+        validation=f"{RESULTS}/traces/validation.parquet",
+        stats=f"{RESULTS}/traces/stats.json",
+        conversations=f"{RESULTS}/traces/conversations.jsonl",
+    log:
+        f"{LOGS}/merge_traces.log",
+    params:
+        traces=config["traces"],
+    script:
+        "../scripts/merge_traces.py"

@@ -1,0 +1,54 @@
+# The EAGLE-3 draft: a draft vocabulary from loss-masked token counts, training-time-test training
+# launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
+
+
+rule vocab_map:
+    input:
+        metadata=expand(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json", shard=SHARDS),
+        target=get_target_config(),
+    output:
+        f"{RESULTS}/draft/vocab_map.safetensors",
+    log:
+        f"{LOGS}/vocab_map.log",
+    params:
+        draft_vocab_size=config["draft"]["draft_vocab_size"],
+    script:
+        "../scripts/vocab_map.py"
+
+
+rule train_draft:
+    input:
+        states=get_hidden_state_shards,
+        vocab_map=rules.vocab_map.output,
+        target=get_target_config(),
+    output:
+        weights=f"{RESULTS}/draft/trained/model.safetensors",
+        history=f"{RESULTS}/draft/trained/history.json",
+    log:
+        f"{LOGS}/train_draft.log",
+    resources:
+        gpu=1,
+    params:
+        accelerate=get_accelerate_args,
+        hidden_states=f"{RESULTS}/hidden_states",
+        target=config["target"]["model"],
+        draft=config["draft"],
+        train=config["train"],
+        work=f"{WORK}/train",
+    script:
+        "../scripts/train_draft.py"
+
+
+rule export_draft:
+    input:
+        weights=rules.train_draft.output.weights,
+        vocab_map=rules.vocab_map.output,
+        target=get_target_config(),
+        hidden_states_metadata=f"{RESULTS}/hidden_states/train/shard-{SHARDS[0]}.json",
+    output:
+        config=f"{RESULTS}/draft/checkpoint/config.json",
+        weights=f"{RESULTS}/draft/checkpoint/model.safetensors",
+    log:
+        f"{LOGS}/export_draft.log",
+    script:
+        "../scripts/export_draft.py"

@@ -1,0 +1,84 @@
+"""Config validation against config/schema.yaml, with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value the pipeline cannot run with; the message names the key and the fix."""
+
+
+def load_schema(schema_path: str | Path) -> dict[str, Any]:
+    return yaml.safe_load(Path(schema_path).read_text())
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "(top level)"
+
+
+def _sub_schema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
+    node = schema
+    for part in path:
+        node = node.get("properties", {}).get(str(part), {})
+    return node
+
+
+def _describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
+    key = _key_path(error)
+    if error.validator == "additionalProperties":
+        known = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(known))
+        where = f"under '{key}'" if error.absolute_path else "at the top level"
+        return f"unknown key(s) {extra} {where}; allowed keys are {known} (see config/schema.yaml)"
+    if error.validator == "required":
+        return f"{error.message} in '{key}'; add it (see config/schema.yaml)"
+    description = _sub_schema(schema, list(error.absolute_path)).get("description", "")
+    hint = f" ({description})" if description else ""
+    return f"'{key}': {error.message}{hint}"
+
+
+def _set_defaults(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Fill absent keys from the schema's defaults, recursing into objects."""
+    for name, sub in schema.get("properties", {}).items():
+        if name not in config and "default" in sub:
+            config[name] = yaml.safe_load(yaml.safe_dump(sub["default"]))  # a copy
+        if isinstance(config.get(name), dict) and sub.get("type") == "object":
+            _set_defaults(config[name], sub)
+
+
+def check_config(config: dict[str, Any], schema_path: str | Path) -> dict[str, Any]:
+    """Validate `config` in place (defaults filled in) and check what a schema cannot express.
+
+    Raises ConfigError listing every problem, each naming its key and how to fix it.
+    """
+    schema = load_schema(schema_path)
+    _set_defaults(config, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = [_describe(e, schema) for e in sorted(validator.iter_errors(config), key=str)]
+    if not problems:
+        problems = _semantic_problems(config)
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    return config
+
+
+def _semantic_problems(config: dict[str, Any]) -> list[str]:
+    problems = []
+    path = config["dataset"]["path"]
+    if "://" not in path and not Path(path).exists():
+        problems.append(
+            f"'dataset.path': {path!r} does not exist; point it at a .jsonl, a .parquet, a folder of "
+            "parquet files or hf://datasets/ORG/NAME"
+        )
+    return problems
+
+
+def shard_ids(num_samples: int, shard_size: int) -> list[str]:
+    """Shard names for `num_samples` questions: fixed by config so that dry runs see every job."""
+    return [f"{k:05d}" for k in range(math.ceil(num_samples / shard_size))]
