@@ -6,6 +6,7 @@ rule extract_hidden_states:
     input:
         traces=f"{RESULTS}/traces/{{split}}.parquet",
         target=get_target_config(),
+        budget=rules.check_disk_budget.output,
     output:
         states=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
         metadata=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.json",
@@ -21,10 +22,13 @@ rule extract_hidden_states:
         overlong=config["hidden_states"]["overlong"],
         dtype=config["hidden_states"]["dtype"],
         batch_tokens=config["hidden_states"]["batch_tokens"],
+        compute_dtype=config["hidden_states"]["compute_dtype"],
+        device_map="--device-map" if config["hidden_states"]["device_map"] else "",
         work=f"{WORK}/hidden_states/{{split}}-{{shard}}",
     shell:
         "accelerate launch {params.accelerate} scripts/extract_hidden_states.py"
         " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
-        " --dtype {params.dtype} --batch-tokens {params.batch_tokens} --work {params.work}"
+        " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.device_map}"
+        " --batch-tokens {params.batch_tokens} --work {params.work}"
         " --output {output.states} --metadata {output.metadata} > {log} 2>&1"

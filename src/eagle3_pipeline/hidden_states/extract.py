@@ -1,0 +1,323 @@
+"""The per-shard extraction job: sequences -> batches -> parts under work/ -> one packed shard.
+
+Launch modes (scripts/extract_hidden_states.py under `accelerate launch`):
+
+    accelerate launch --cpu --num_processes 1 ...        # CPU: the demo and the tests
+    accelerate launch --num_processes 8 --multi_gpu ...  # data parallel: the model fits one GPU;
+                                                         # batch b runs on rank b % world_size
+    accelerate launch --num_processes 1 ... --device-map # the model is spread over every visible GPU
+                                                         # (a 1T MoE); extra ranks exit at once
+
+Every batch's states are saved under the work folder as `parts/batch-{b:05d}.safetensors` (atomically),
+so a job that dies redoes only the batches it had not saved. The work folder carries a fingerprint of
+the plan (ids, token ids, layers, target, dtypes, batch size); a different plan starts afresh. Rank 0
+waits for every rank, streams the parts into the packed shard in trace-row order (tmp + rename),
+validates it, writes the JSON sibling and removes the work folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from eagle3_pipeline.hidden_states import capture, sequences, storage
+from eagle3_pipeline.hidden_states.sequences import TrainingSequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExtractSettings:
+    """One job: which shard of which traces, through which target, into which files."""
+
+    traces: Path
+    shard: int
+    target: Path
+    output: Path
+    metadata: Path
+    work: Path
+    layers: list[Any] = field(default_factory=lambda: ["auto"])
+    max_seq_len: int = 16384
+    overlong: str = "truncate"
+    dtype: str = "bfloat16"
+    batch_tokens: int = 16384
+    compute_dtype: str = "auto"
+    device_map: bool = False
+
+
+@dataclass
+class TargetInfo:
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    config_sha: str
+
+
+def target_info(target: Path) -> TargetInfo:
+    """Layer count, hidden size and vocab of the target's language model, from its config.json."""
+    from transformers import AutoConfig
+
+    config = capture.text_config(AutoConfig.from_pretrained(str(target)))
+    sha = hashlib.sha256((Path(target) / "config.json").read_bytes()).hexdigest()
+    return TargetInfo(config.num_hidden_layers, config.hidden_size, config.vocab_size, sha)
+
+
+def fingerprint(
+    settings: ExtractSettings, seqs: list[TrainingSequence], info: TargetInfo, layers: list[int]
+) -> str:
+    """What the saved parts depend on; parts from another plan are never mixed in."""
+    digest = hashlib.sha256()
+    for seq in seqs:
+        digest.update(json.dumps([seq.id, seq.input_ids, seq.loss_mask]).encode())
+    plan = [str(Path(settings.target).resolve()), info.config_sha, layers, settings.dtype]
+    plan += [settings.compute_dtype, settings.batch_tokens, digest.hexdigest()]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+
+
+def prepare_work(work: Path, key: str) -> Path:
+    """The parts folder for plan `key`, emptied when it holds another plan's parts."""
+    plan_file = work / "plan.json"
+    if plan_file.exists() and json.loads(plan_file.read_text()).get("fingerprint") != key:
+        log.info("work folder %s holds another plan's parts: starting afresh", work)
+        shutil.rmtree(work)
+    parts = work / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    if not plan_file.exists():
+        storage.atomic_write_json({"fingerprint": key}, plan_file)
+    for stale in parts.glob("*.tmp"):
+        stale.unlink()
+    return parts
+
+
+def part_path(parts: Path, batch: int) -> Path:
+    return parts / f"batch-{batch:05d}.safetensors"
+
+
+def run_batch(
+    model: torch.nn.Module,
+    seqs: list[TrainingSequence],
+    batch: list[int],
+    layers: list[int],
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Capture one batch; its samples' rows concatenated in batch order, with their indices."""
+    states = capture.capture_batch(model, [seqs[i].input_ids for i in batch], layers, dtype)
+    return {
+        "index": torch.tensor(batch, dtype=torch.int64),
+        "aux_hidden_states": torch.cat([aux for aux, _ in states]),
+        "final_hidden_states": torch.cat([final for _, final in states]),
+    }
+
+
+def run_batches(
+    settings: ExtractSettings,
+    seqs: list[TrainingSequence],
+    batches: list[list[int]],
+    todo: list[int],
+    layers: list[int],
+    device: torch.device,
+) -> None:
+    """Load the target and save a part for every batch in `todo`."""
+    compute_dtype = capture.resolve_compute_dtype(settings.compute_dtype)
+    log.info(
+        "loading %s (%s on %s%s)",
+        settings.target,
+        compute_dtype,
+        device,
+        ", device_map=auto" * settings.device_map,
+    )
+    model = capture.load_target(settings.target, compute_dtype, device, settings.device_map)
+    parts = settings.work / "parts"
+    storage_dtype = storage.TORCH_DTYPES[settings.dtype]
+    for done, b in enumerate(todo, 1):
+        start = time.perf_counter()
+        tensors = run_batch(model, seqs, batches[b], layers, storage_dtype)
+        storage.atomic_save(tensors, part_path(parts, b))
+        tokens = tensors["aux_hidden_states"].shape[0]
+        rate = tokens / max(time.perf_counter() - start, 1e-9)
+        log.info(
+            "batch %d (%d/%d): %d samples, %d tokens, %.0f tokens/s",
+            b,
+            done,
+            len(todo),
+            len(batches[b]),
+            tokens,
+            rate,
+        )
+
+
+def token_counts(seqs: list[TrainingSequence]) -> dict[str, int]:
+    """Loss-masked token frequencies (for the draft vocabulary map), keys as strings, sorted by id."""
+    counts = Counter(t for seq in seqs for t, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m)
+    return {str(t): counts[t] for t in sorted(counts)}
+
+
+def shard_metadata(
+    settings: ExtractSettings,
+    seqs: list[TrainingSequence],
+    stats: sequences.SequenceStats,
+    info: TargetInfo,
+    layers: list[int],
+) -> dict[str, Any]:
+    """The shard's metadata (the JSON sibling; all but token_counts also in the safetensors header)."""
+    itemsize = storage.TORCH_DTYPES[settings.dtype].itemsize
+    return {
+        "ids": [s.id for s in seqs],
+        "num_samples": len(seqs),
+        "num_tokens": sum(len(s) for s in seqs),
+        "num_loss_tokens": sum(sum(s.loss_mask) for s in seqs),
+        "hidden_size": info.hidden_size,
+        "num_hidden_layers": info.num_layers,
+        "vocab_size": info.vocab_size,
+        "aux_layers": layers,
+        "aux_layers_vllm": sequences.vllm_layer_ids(layers),
+        "layer_numbering": "aux_layers: 0-indexed decoder-layer outputs (HF hidden_states[l+1]); "
+        "aux_layers_vllm: vLLM eagle_aux_hidden_state_layer_ids (l+1)",
+        "final_state": "post_norm",
+        "final_rows": "all",
+        "dtype": settings.dtype,
+        "compute_dtype": str(capture.resolve_compute_dtype(settings.compute_dtype)).removeprefix("torch."),
+        "target": str(settings.target),
+        "token_counts": token_counts(seqs),
+        "rows": stats.rows,
+        "skipped_status": stats.skipped_status,
+        "rebuilt_from_template": stats.rebuilt_from_template,
+        "overlong": {
+            "policy": settings.overlong,
+            "max_seq_len": settings.max_seq_len,
+            "truncated": stats.truncated,
+            "dropped": stats.dropped,
+            "dropped_ids": stats.dropped_ids,
+        },
+        "floor_bytes_per_token": 4 * info.hidden_size * itemsize,
+    }
+
+
+def write_shard(
+    settings: ExtractSettings, seqs: list[TrainingSequence], batches: list[list[int]], meta: dict[str, Any]
+) -> None:
+    """Stream the parts into the packed shard (trace-row order), validate it, then write the JSON."""
+    where: dict[int, tuple[int, int]] = {}  # sample -> (batch, first row in that batch's part)
+    for b, batch in enumerate(batches):
+        row = 0
+        for i in batch:
+            where[i] = (b, row)
+            row += len(seqs[i])
+    parts = {
+        b: safe_open(str(part_path(settings.work / "parts", b)), framework="pt") for b in range(len(batches))
+    }
+    for b, part in parts.items():
+        if part.get_tensor("index").tolist() != batches[b]:
+            raise storage.ShardError(f"{settings.work}: part {b} holds other samples; delete the work folder")
+    lengths = [len(s) for s in seqs]
+    dtype = storage.TORCH_DTYPES[settings.dtype]
+    writer = storage.PackedShardWriter(
+        settings.output, lengths, meta["hidden_size"], dtype, storage.encode_metadata(meta)
+    )
+    try:
+        for name in ("aux_hidden_states", "final_hidden_states"):
+            for i, n in enumerate(lengths):
+                b, row = where[i]
+                writer.write(parts[b].get_slice(name)[row : row + n])
+        writer.write_offsets()
+        writer.write(torch.tensor([t for s in seqs for t in s.input_ids], dtype=torch.int32))
+        writer.write(torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.uint8))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    try:
+        storage.validate_shard(settings.output, meta["ids"], [s.input_ids for s in seqs], meta["hidden_size"])
+    except storage.ShardError:
+        settings.output.rename(settings.output.with_name(settings.output.name + ".invalid"))
+        raise
+    size = settings.output.stat().st_size
+    meta["bytes_per_token"] = size / meta["num_tokens"] if meta["num_tokens"] else None
+    storage.atomic_write_json(meta, settings.metadata)
+
+
+def extract_shard(settings: ExtractSettings, state: Any = None) -> dict[str, Any] | None:
+    """Extract one trace shard's hidden states; returns the metadata on the main process, else None.
+
+    Args:
+        settings: the job.
+        state: an `accelerate.PartialState` (made here when None).
+
+    Raises:
+        sequences.SequenceError: bad trace rows or settings.
+        storage.ShardError: the written shard failed validation (kept as `*.invalid`).
+    """
+    from accelerate import PartialState
+
+    state = state or PartialState()
+    if settings.device_map and not state.is_main_process:
+        log.info("device_map placement: rank %d has nothing to do", state.process_index)
+        return None
+    world, rank = (1, 0) if settings.device_map else (state.num_processes, state.process_index)
+    info = target_info(settings.target)
+    layers = sequences.resolve_layers(settings.layers, info.num_layers)
+    rows = sequences.load_trace_rows(settings.traces, settings.shard)
+    seqs, stats = sequences.build_sequences(
+        rows, settings.max_seq_len, settings.overlong, _tokenizer_loader(settings)
+    )
+    batches = sequences.plan_batches([len(s) for s in seqs], settings.batch_tokens)
+    log.info(
+        "shard %d: %d rows -> %d sequences, %d tokens, %d batches; aux layers %s (vLLM ids %s)",
+        settings.shard,
+        len(rows),
+        len(seqs),
+        sum(map(len, seqs)),
+        len(batches),
+        layers,
+        sequences.vllm_layer_ids(layers),
+    )
+    if state.is_main_process:
+        prepare_work(settings.work, fingerprint(settings, seqs, info, layers))
+    if world > 1:
+        state.wait_for_everyone()
+    parts = settings.work / "parts"
+    todo = [b for b in range(len(batches)) if b % world == rank and not part_path(parts, b).exists()]
+    log.info(
+        "rank %d/%d: %d batches to run, %d already saved",
+        rank,
+        world,
+        len(todo),
+        len(batches[rank::world]) - len(todo),
+    )
+    if todo:
+        run_batches(settings, seqs, batches, todo, layers, state.device)
+    if world > 1:
+        state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    meta = shard_metadata(settings, seqs, stats, info, layers)
+    write_shard(settings, seqs, batches, meta)
+    shutil.rmtree(settings.work, ignore_errors=True)
+    log.info(
+        "wrote %s: %d samples, %d tokens, %s bytes/token (floor %d)",
+        settings.output,
+        meta["num_samples"],
+        meta["num_tokens"],
+        meta["bytes_per_token"],
+        meta["floor_bytes_per_token"],
+    )
+    return meta
+
+
+def _tokenizer_loader(settings: ExtractSettings):
+    def load() -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(settings.target))
+
+    return load
