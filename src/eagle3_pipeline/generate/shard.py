@@ -1,0 +1,299 @@
+"""One generation shard: every question of a prompt shard sent to the server, journaled, then written.
+
+`generate_shard` is the rule's entry (it starts the server through the lifecycle API when needed);
+`run_generation` is the test seam (a base URL in, the output table out). Workers each hold one slot of
+the global cap (slots.py) and one keep-alive connection; a manager tops the workers up while slots are
+free and work is pending. The output is written atomically after checking ok + skipped + failed =
+prompts; a shard whose every request failed raises instead (the journal keeps what finished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from tqdm import tqdm
+
+from eagle3_pipeline.generate.client import ChatClient, Sampling, request_seed
+from eagle3_pipeline.generate.journal import Journal, params_hash
+from eagle3_pipeline.generate.slots import SlotPool
+
+log = logging.getLogger(__name__)
+
+OUTPUT_SCHEMA = {
+    "id": pl.String,
+    "shard": pl.Int32,
+    "source": pl.String,
+    "row": pl.Int64,
+    "turn": pl.Int32,
+    "system": pl.String,
+    "question": pl.String,
+    "original_answer": pl.String,
+    "reasoning": pl.String,
+    "content": pl.String,
+    "finish_reason": pl.String,
+    "prompt_token_ids": pl.List(pl.Int32),
+    "completion_token_ids": pl.List(pl.Int32),
+    "prompt_tokens": pl.Int32,
+    "completion_tokens": pl.Int32,
+    "status": pl.String,
+    "reason": pl.String,
+    "latency_s": pl.Float64,
+    "max_tokens": pl.Int32,
+    "temperature": pl.Float64,
+    "top_p": pl.Float64,
+    "seed": pl.Int64,
+    "server_identity": pl.String,
+}
+
+
+class _LogStream:
+    """A file-like object that sends tqdm's bar to the log, one line per refresh."""
+
+    def write(self, text: str) -> None:
+        text = text.strip("\r\n ")
+        if text:
+            log.info("%s", text)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Progress:
+    """tqdm bar (req/s, ETA) with completion tok/s in its postfix, refreshed at most every interval."""
+
+    def __init__(self, total: int, done: int, shard: int, interval: float) -> None:
+        self.bar = tqdm(
+            total=total, initial=done, desc=f"shard {shard:05d}", unit="req", file=_LogStream(),
+            mininterval=interval, ascii=True, ncols=100,
+        )  # fmt: skip
+        self.tokens, self.start, self.last = 0, time.monotonic(), 0.0
+        self.counts: Counter[str] = Counter()
+
+    def update(self, result: dict[str, Any]) -> None:
+        self.counts[result["status"]] += 1
+        self.tokens += result["completion_tokens"] or 0
+        now = time.monotonic()
+        if now - self.last >= 1.0:
+            self.last = now
+            self.bar.set_postfix_str(f"{self.tokens / max(now - self.start, 1e-9):.0f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Workers:
+    """Runs the pending questions with at most `concurrency` workers, each holding one global slot."""
+
+    def __init__(
+        self, client: ChatClient, pool: SlotPool, concurrency: int, journal: Journal, progress
+    ) -> None:
+        self.client, self.pool, self.concurrency = client, pool, concurrency
+        self.journal, self.progress = journal, progress
+        self.share = pool.total
+
+    async def run(self, pending: list[dict[str, Any]]) -> None:
+        queue = deque(pending)
+        tasks: set[asyncio.Task[None]] = set()
+        last_share_check = 0.0
+        try:
+            while queue or tasks:
+                if time.monotonic() - last_share_check > 0.5:
+                    last_share_check = time.monotonic()
+                    self.share = math.ceil(self.pool.total / (1 + self.pool.others_wanting()))
+                while queue and len(tasks) < min(self.concurrency, self.share):
+                    slot = self.pool.try_acquire()
+                    if slot is None:
+                        break
+                    tasks.add(asyncio.create_task(self._worker(slot, queue.popleft(), queue)))
+                self.pool.set_wanting(bool(queue) and len(tasks) < self.concurrency)
+                if tasks:
+                    done, tasks = await asyncio.wait(tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()
+                else:
+                    await asyncio.sleep(0.2)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.pool.set_wanting(False)
+
+    async def _worker(self, slot: int, item: dict[str, Any], queue: deque[dict[str, Any]]) -> None:
+        connection = self.client.connection()
+        try:
+            while True:
+                result = await self.client.complete(connection, item)
+                self.journal.append(item["id"], result)
+                self.progress.update(result)
+                if not queue or self.pool.held > self.share:
+                    return  # give the slot back: no work left, or another job waits for its share
+                item = queue.popleft()
+        finally:
+            connection.close()
+            self.pool.release(slot)
+
+
+def _prompt_records(prompts: pl.DataFrame) -> list[dict[str, Any]]:
+    records = prompts.to_dicts()
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt shard has duplicate ids; rerun prepare_prompts")
+    return records
+
+
+def output_frame(
+    records: list[dict], results: dict[str, dict], shard: int, sampling: Sampling, identity: str
+):
+    """The shard's output table, one row per prompt in prompt order."""
+    rows = []
+    for record in records:
+        row = {**record, **results[record["id"]], "shard": shard, "server_identity": identity}
+        row.update(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=request_seed(sampling.seed, record["id"]),
+        )
+        rows.append({name: row.get(name) for name in OUTPUT_SCHEMA})
+    return pl.DataFrame(rows, schema=OUTPUT_SCHEMA)
+
+
+def run_generation(
+    prompts: pl.DataFrame,
+    base_url: str,
+    sampling: Sampling,
+    generation: dict[str, Any],
+    journal_path: str | os.PathLike[str],
+    identity: str,
+    shard: int = 0,
+    api_key: str | None = None,
+    health_timeout_s: float = 1800.0,
+    slots_dir: str | os.PathLike[str] | None = None,
+    progress_interval_s: float = 10.0,
+) -> pl.DataFrame:
+    """Generate every prompt not already in the journal and return the complete shard table.
+
+    Args:
+        prompts: a prompt shard (prompts.PROMPT_SCHEMA).
+        base_url: the server, e.g. http://127.0.0.1:8000.
+        sampling: model and sampling parameters.
+        generation: the `generation` config (concurrency, global_concurrency, retries, request_timeout_s).
+        journal_path: the shard's journal under results/{run}/work/.
+        identity: the server identity hash (server.json "identity"); part of the journal's params hash.
+        slots_dir: the global-cap slot folder shared by parallel shard jobs (default: next to the journal).
+
+    Raises:
+        RuntimeError: every request of a non-empty shard failed (server down, wrong model name...).
+    """
+    records = _prompt_records(prompts)
+    params = params_hash({"sampling": sampling.__dict__, "identity": identity})
+    slots_dir = slots_dir or Path(journal_path).parent / "slots"
+    with Journal(journal_path, params) as journal:
+        pending = [r for r in records if journal.finished(r["id"]) is None]
+        reused = len(records) - len(pending)
+        log.info(
+            "shard %05d: %d prompts, %d finished in the journal, %d to send (%d stale journal lines)",
+            shard, len(records), reused, len(pending), journal.stale,
+        )  # fmt: skip
+        start = time.monotonic()
+        progress = _Progress(len(records), reused, shard, progress_interval_s)
+        try:
+            if pending:
+                asyncio.run(_generate(pending, base_url, sampling, generation, api_key, health_timeout_s,
+                                      slots_dir, journal, progress))  # fmt: skip
+        finally:
+            progress.close()
+        results = {r["id"]: journal.results[r["id"]] for r in records}
+    _summarise(shard, results, reused, time.monotonic() - start, progress.tokens)
+    counts = Counter(r["status"] for r in results.values())
+    assert counts["ok"] + counts["skipped"] + counts["failed"] == len(records), counts
+    if records and counts["failed"] == len(records):
+        reasons = Counter(r["reason"] for r in results.values()).most_common(3)
+        raise RuntimeError(f"shard {shard:05d}: all {len(records)} requests failed: {reasons}")
+    return output_frame(records, results, shard, sampling, identity)
+
+
+async def _generate(
+    pending, base_url, sampling, generation, api_key, health_timeout_s, slots_dir, journal, progress
+):
+    client = ChatClient(
+        base_url,
+        sampling,
+        api_key=api_key,
+        retries=generation.get("retries", 5),
+        request_timeout_s=generation.get("request_timeout_s", 1800),
+        health_timeout_s=health_timeout_s,
+    )
+    pool = SlotPool(slots_dir, generation.get("global_concurrency", generation.get("concurrency", 64)))
+    try:
+        await _Workers(client, pool, generation.get("concurrency", 64), journal, progress).run(pending)
+    finally:
+        pool.close()
+
+
+def _summarise(shard: int, results: dict[str, dict], reused: int, seconds: float, new_tokens: int) -> None:
+    values = list(results.values())
+    status = Counter(r["status"] for r in values)
+    finish = Counter(r["finish_reason"] for r in values if r["status"] == "ok")
+    sent = len(values) - reused
+    latencies = sorted(r["latency_s"] for r in values if r["status"] == "ok")
+    median = latencies[len(latencies) // 2] if latencies else 0.0
+    log.info(
+        "shard %05d summary: %d prompts: ok %d, skipped %d, failed %d (%d reused from the journal); "
+        "finish %s; %d sent in %.1f s = %.2f req/s, %.0f completion tok/s; median latency %.2f s",
+        shard, len(values), status["ok"], status["skipped"], status["failed"], reused, dict(finish), sent,
+        seconds, sent / max(seconds, 1e-9), new_tokens / max(seconds, 1e-9), median,
+    )  # fmt: skip
+    for reason, count in Counter(r["reason"] for r in values if r["reason"]).most_common(5):
+        log.info("shard %05d: %d x %s", shard, count, reason[:300])
+
+
+def write_output(frame: pl.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Atomic write: a tmp file in the same folder, renamed over the output."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.write_parquet(tmp, compression="zstd", statistics=False)
+    os.replace(tmp, path)
+
+
+def generate_shard(
+    prompts_path: str,
+    output_path: str,
+    server_json_path: str,
+    server_cfg: dict[str, Any],
+    generation: dict[str, Any],
+    journal_path: str,
+    state_dir: str,
+    shard: int,
+) -> None:
+    """The generate_shard rule: ensure the server runs, generate the shard, write it atomically."""
+    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.server.lifecycle import ensure_running
+
+    server_json = json.loads(Path(server_json_path).read_text())
+    prompts = pl.read_parquet(prompts_path)
+    base_url = ensure_running(server_json, server_cfg, Path(state_dir)) if len(prompts) else ""
+    sampling = Sampling.from_config(generation, server_json.get("served_model_name") or server_json["model"])
+    frame = run_generation(
+        prompts,
+        base_url,
+        sampling,
+        generation,
+        journal_path,
+        identity=server_json["identity"],
+        shard=shard,
+        api_key=api_key(server_cfg),
+        health_timeout_s=server_cfg.get("start_timeout_s", 1800),
+    )
+    write_output(frame, output_path)

@@ -1,0 +1,284 @@
+"""Questions from a chat dataset, with stable ids, in shards whose membership never changes.
+
+Reads open-perfectblend's format (`conversations: [{from: human|gpt|system, value}]`, `source`) and
+OpenAI/ShareGPT-style rows (`messages` or `conversations` of `{role, content}`), from a .jsonl, a
+.parquet, a folder of parquet files or an `hf://datasets/ORG/NAME` path. A damaged row is never fatal:
+it is counted and its reason kept in the skipped table.
+
+A question's id hashes the row's normalised messages, its source and the turn index, so it depends
+neither on the file format nor on shard size or num_samples. The selection orders every usable
+question by `hash(id, seed)` and takes a prefix: raising num_samples appends, so every earlier full
+shard stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+log = logging.getLogger(__name__)
+
+PROMPT_SCHEMA = {
+    "id": pl.String,
+    "source": pl.String,
+    "row": pl.Int64,
+    "turn": pl.Int32,
+    "system": pl.String,
+    "question": pl.String,
+    "original_answer": pl.String,
+}
+SKIPPED_SCHEMA = {"row": pl.Int64, "source": pl.String, "reason": pl.String, "id": pl.String}
+
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+
+
+class DatasetError(ValueError):
+    """The dataset as a whole cannot be read (a missing path, an unknown format)."""
+
+
+class RowError(ValueError):
+    """One row is damaged; the message is the reason kept in skipped.parquet."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One independent question: a human turn with the row's system turn, if any."""
+
+    id: str
+    source: str
+    row: int
+    turn: int
+    system: str | None
+    question: str
+    original_answer: str | None
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+
+def _parquet_files(path: str) -> list[str]:
+    if path.startswith("hf://"):
+        return [path.rstrip("/") + "/**/*.parquet" if not path.endswith(".parquet") else path]
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*.parquet"))
+        if not files:
+            raise DatasetError(f"dataset.path {path!r} is a folder without .parquet files")
+        return files
+    return [path]
+
+
+def iter_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """Yield (row index, row) over the whole dataset; a jsonl line that is not JSON yields a RowError.
+
+    Args:
+        path: a .jsonl/.json file, a .parquet file, a folder of parquet files or an hf:// path.
+    """
+    path = str(path)
+    if "://" not in path and not Path(path).exists():
+        raise DatasetError(f"dataset.path {path!r} does not exist")
+    if path.endswith((".jsonl", ".json")) and "://" not in path:
+        yield from _iter_jsonl(Path(path))
+        return
+    if not (path.endswith(".parquet") or "://" in path or Path(path).is_dir()):
+        raise DatasetError(f"dataset.path {path!r}: expected .jsonl, .parquet, a folder or hf://")
+    index = 0
+    for file in _parquet_files(path):
+        for batch in pl.scan_parquet(file).collect_batches():
+            for row in batch.iter_rows(named=True):
+                yield index, row
+                index += 1
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as f:
+        index = 0
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                yield index, json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                yield index, RowError(f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}")
+            index += 1
+
+
+# --- one row ------------------------------------------------------------------------------------------
+
+
+def _turns(row: Any) -> list[tuple[str, str]]:
+    """The row's messages as (role, text) with role in user|assistant|system; RowError when damaged."""
+    if isinstance(row, RowError):
+        raise row
+    if not isinstance(row, dict):
+        raise RowError(f"row is a {type(row).__name__}, not an object")
+    turns = row.get("conversations")
+    if turns is None:
+        turns = row.get("messages")
+    if turns is None:
+        raise RowError("no 'conversations' or 'messages' field")
+    if not isinstance(turns, list):
+        raise RowError(f"'conversations' is a {type(turns).__name__}, not a list")
+    return [_turn(i, t) for i, t in enumerate(turns)]
+
+
+def _turn(index: int, turn: Any) -> tuple[str, str]:
+    if not isinstance(turn, dict):
+        raise RowError(f"turn {index} is a {type(turn).__name__}, not an object")
+    role = turn.get("from") if turn.get("from") is not None else turn.get("role")
+    text = turn.get("value") if turn.get("value") is not None else turn.get("content")
+    if not isinstance(role, str) or role.lower() not in _ROLES:
+        raise RowError(f"turn {index} has unknown role {role!r}")
+    if not isinstance(text, str):
+        raise RowError(f"turn {index} ({role}) value is {type(text).__name__}, not a string")
+    return _ROLES[role.lower()], text
+
+
+def _row_hash(source: str, turns: list[tuple[str, str]]) -> str:
+    canonical = json.dumps({"source": source, "messages": turns}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def prompt_id(row_hash: str, turn: int) -> str:
+    """The stable id of a question: the row content's hash and the turn index, hashed again."""
+    return hashlib.blake2b(f"{row_hash}:{turn}".encode(), digest_size=10).hexdigest()
+
+
+def row_prompts(index: int, row: Any, turns_mode: str = "first") -> list[Prompt]:
+    """The questions of one dataset row (the first human turn, or every one with turns_mode 'all').
+
+    Raises:
+        RowError: the row is damaged; the message is the reason.
+    """
+    turns = _turns(row)
+    source = row.get("source") if isinstance(row.get("source"), str) else ""
+    system = next((text for role, text in turns if role == "system"), None)
+    row_hash = _row_hash(source, turns)
+    prompts = []
+    for position, (role, text) in enumerate(turns):
+        if role != "user":
+            continue
+        if not text.strip():
+            if not prompts and turns_mode == "first":
+                raise RowError(f"turn {position} (human) is empty")
+            continue
+        answer = turns[position + 1][1] if position + 1 < len(turns) else None
+        if position + 1 < len(turns) and turns[position + 1][0] != "assistant":
+            answer = None
+        prompts.append(
+            Prompt(prompt_id(row_hash, position), source, index, position, system or None, text, answer)
+        )
+        if turns_mode == "first":
+            break
+    if not prompts:
+        raise RowError("no non-empty human turn")
+    return prompts
+
+
+# --- selection and shards --------------------------------------------------------------------------
+
+
+def _order_key(prompt_id_: str, seed: int) -> str:
+    return hashlib.blake2b(f"{seed}:{prompt_id_}".encode(), digest_size=16).hexdigest()
+
+
+def collect(path: str, turns_mode: str) -> tuple[list[Prompt], list[dict[str, Any]]]:
+    """Every usable question of the dataset (first occurrence of each id) and the skipped rows."""
+    prompts: dict[str, Prompt] = {}
+    skipped: list[dict[str, Any]] = []
+    for index, row in iter_rows(path):
+        source = row.get("source") if isinstance(row, dict) and isinstance(row.get("source"), str) else None
+        try:
+            found = row_prompts(index, row, turns_mode)
+        except RowError as exc:
+            skipped.append({"row": index, "source": source, "reason": str(exc), "id": None})
+            continue
+        for prompt in found:
+            if prompt.id in prompts:
+                first = prompts[prompt.id]
+                reason = f"duplicate of row {first.row} turn {first.turn}"
+                skipped.append({"row": index, "source": source, "reason": reason, "id": prompt.id})
+            else:
+                prompts[prompt.id] = prompt
+    return list(prompts.values()), skipped
+
+
+def select(prompts: list[Prompt], num_samples: int, seed: int) -> list[Prompt]:
+    """The first num_samples questions in hash(id, seed) order: a prefix, stable as num_samples grows."""
+    return sorted(prompts, key=lambda p: _order_key(p.id, seed))[:num_samples]
+
+
+def shard_frames(selected: list[Prompt], num_samples: int, shard_size: int) -> list[pl.DataFrame]:
+    """ceil(num_samples / shard_size) frames of shard_size questions (trailing ones may be empty)."""
+    count = math.ceil(num_samples / shard_size)
+    frames = []
+    for k in range(count):
+        chunk = selected[k * shard_size : (k + 1) * shard_size]
+        columns = {name: [getattr(p, name) for p in chunk] for name in PROMPT_SCHEMA}
+        frames.append(pl.DataFrame(columns, schema=PROMPT_SCHEMA))
+    return frames
+
+
+def write_parquet(frame: pl.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Write deterministically (same content, same bytes) and atomically (tmp + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.write_parquet(tmp, compression="zstd", statistics=False)
+    os.replace(tmp, path)
+
+
+def prepare_prompts(dataset: dict[str, Any], shard_paths: list[str], skipped_path: str) -> dict[str, int]:
+    """Read the dataset, select num_samples questions and write the prompt shards and skipped table.
+
+    Args:
+        dataset: the `dataset` config section (path, num_samples, shard_size, seed, turns).
+        shard_paths: one output path per shard, in shard order (ceil(num_samples / shard_size)).
+        skipped_path: where the damaged and duplicate rows are listed with their reasons.
+
+    Returns:
+        Counts: usable, skipped, selected.
+    """
+    num_samples, shard_size = dataset["num_samples"], dataset["shard_size"]
+    expected = math.ceil(num_samples / shard_size)
+    if len(shard_paths) != expected:
+        raise ValueError(f"{len(shard_paths)} shard paths for {expected} shards of {shard_size}")
+    prompts, skipped = collect(dataset["path"], dataset.get("turns", "first"))
+    selected = select(prompts, num_samples, dataset.get("seed", 0))
+    for frame, path in zip(shard_frames(selected, num_samples, shard_size), shard_paths, strict=True):
+        write_parquet(frame, path)
+    write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
+    reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
+    log.info("%d usable questions, %d rows skipped: %s", len(prompts), len(skipped), dict(reasons))
+    if len(selected) < num_samples:
+        log.warning(
+            "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the last %d of %d "
+            "shards are short or empty",
+            dataset["path"],
+            len(prompts),
+            num_samples,
+            expected - len(selected) // shard_size,
+            expected,
+        )
+    log.info("selected %d questions into %d shards of %d", len(selected), expected, shard_size)
+    return {"usable": len(prompts), "skipped": len(skipped), "selected": len(selected)}

@@ -1,0 +1,181 @@
+"""Generation client and shard runner against a scripted HTTP endpoint: payload, parsing, retries,
+/health waits, context-length skips, resume, a kill mid-shard, and the global cap across processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import polars as pl
+import pytest
+
+from eagle3_pipeline.generate.client import Sampling, parse_completion, split_thinking
+from eagle3_pipeline.generate.journal import Journal
+from eagle3_pipeline.generate.shard import OUTPUT_SCHEMA, run_generation
+from eagle3_pipeline.prompts import PROMPT_SCHEMA
+
+GEN = {"concurrency": 4, "global_concurrency": 64, "retries": 5, "request_timeout_s": 10}
+
+
+def prompts(n, system=None, prefix="q"):
+    return pl.DataFrame(
+        {"id": [f"id{i:04d}" for i in range(n)], "source": ["s"] * n, "row": list(range(n)),
+         "turn": [0] * n, "system": [system] * n, "question": [f"{prefix}{i}" for i in range(n)],
+         "original_answer": ["a"] * n},
+        schema=PROMPT_SCHEMA,
+    )  # fmt: skip
+
+
+def sampling(max_tokens=64, **kw):
+    return Sampling("demo", max_tokens, 0.6, 0.95, 0, kw)
+
+
+def generate(endpoint, frame, tmp_path, gen=GEN, **kw):
+    kw.setdefault("sampling", sampling())
+    return run_generation(frame, endpoint.base_url, generation=gen, journal_path=tmp_path / "j.jsonl",
+                          identity="ident", shard=3, health_timeout_s=30, **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>r</think>c", ("r", "c")),
+        ("r</think>c", ("r", "c")),
+        ("<think>cut off", ("cut off", "")),
+        ("plain", (None, "plain")),
+        (None, (None, None)),
+    ],
+)
+def test_split_thinking(text, expected):
+    assert split_thinking(text) == expected
+
+
+def test_reasoning_content_fallback():
+    data = {"choices": [{"message": {"content": "c", "reasoning_content": "r"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5}}  # fmt: skip
+    parsed = parse_completion(data)
+    assert (parsed["reasoning"], parsed["content"], parsed["completion_tokens"]) == ("r", "c", 5)
+
+
+def test_shard_end_to_end_payload_and_schema(scripted_endpoint, tmp_path):
+    out = generate(scripted_endpoint, prompts(10, system="sys"), tmp_path,
+                   sampling=sampling(thinking=True))  # fmt: skip
+    assert out.schema == pl.Schema(OUTPUT_SCHEMA)
+    assert out["status"].to_list() == ["ok"] * 10 and out["id"].to_list() == [f"id{i:04d}" for i in range(10)]
+    row = out.row(0, named=True)
+    assert row["reasoning"] == "thinking about q0" and row["content"] == "answer to q0"
+    assert row["completion_token_ids"] == list(range(2, 10)) and row["prompt_tokens"] == 4
+    assert (row["shard"], row["max_tokens"], row["server_identity"]) == (3, 64, "ident")
+    body = next(b for b in scripted_endpoint.bodies if b["messages"][-1]["content"] == "q0")
+    assert body["messages"][0] == {"role": "system", "content": "sys"}
+    assert body["return_token_ids"] is True and body["chat_template_kwargs"] == {"thinking": True}
+    assert body["seed"] == row["seed"] and body["max_tokens"] == 64 and "include_reasoning" not in body
+
+
+def test_retries_on_5xx_429_and_dropped_connections(scripted_endpoint, tmp_path):
+    scripted_endpoint.failures = [503, 429, 0, 500, 408, 502]
+    gen = dict(GEN, retries=6)
+    out = run_generation(prompts(4), scripted_endpoint.base_url, sampling(), gen, tmp_path / "j.jsonl",
+                         identity="i", health_timeout_s=30)  # fmt: skip
+    assert out["status"].to_list() == ["ok"] * 4
+    assert sum(scripted_endpoint.requests.values()) == 4 + 6
+
+
+def test_too_long_prompt_is_skipped_not_retried(scripted_endpoint, tmp_path):
+    frame = prompts(3).with_columns(question=pl.Series(["q0", "TOO LONG q1", "q2"]))
+    out = generate(scripted_endpoint, frame, tmp_path)
+    assert out["status"].to_list() == ["ok", "skipped", "ok"]
+    assert "maximum context length" in out["reason"][1]
+    assert scripted_endpoint.requests["TOO LONG q1"] == 1
+
+
+def test_server_without_reasoning_parser_is_split(scripted_endpoint, tmp_path):
+    scripted_endpoint.reasoning_parser = False
+    out = generate(scripted_endpoint, prompts(2), tmp_path)
+    assert out["reasoning"].to_list() == ["thinking about q0", "thinking about q1"]
+    assert out["content"].to_list() == ["answer to q0", "answer to q1"]
+
+
+def test_restarting_server_is_waited_for_on_health(scripted_endpoint, tmp_path):
+    scripted_endpoint.healthy = False
+    scripted_endpoint.failures = [503] * 3
+    threading.Timer(2.0, lambda: setattr(scripted_endpoint, "healthy", True)).start()
+    out = generate(scripted_endpoint, prompts(6), tmp_path, gen=dict(GEN, retries=1))
+    assert out["status"].to_list() == ["ok"] * 6  # retries=1 would not survive 3 x 503 without the wait
+
+
+def test_resume_sends_nothing_twice_and_max_tokens_change_resends(scripted_endpoint, tmp_path):
+    generate(scripted_endpoint, prompts(5), tmp_path)
+    first = generate(scripted_endpoint, prompts(5), tmp_path)
+    assert sum(scripted_endpoint.requests.values()) == 5
+    changed = generate(scripted_endpoint, prompts(5), tmp_path, sampling=sampling(max_tokens=32))
+    assert sum(scripted_endpoint.requests.values()) == 10
+    assert first["max_tokens"].to_list() == [64] * 5 and changed["max_tokens"].to_list() == [32] * 5
+
+
+def test_all_failed_raises_and_keeps_the_journal(scripted_endpoint, tmp_path):
+    scripted_endpoint.failures = [404] * 3
+    with pytest.raises(RuntimeError, match="all 3 requests failed"):
+        generate(scripted_endpoint, prompts(3), tmp_path)
+    assert len((tmp_path / "j.jsonl").read_text().splitlines()) == 3
+    assert generate(scripted_endpoint, prompts(3), tmp_path)["status"].to_list() == ["ok"] * 3
+
+
+CHILD = """
+import json, sys, logging
+import polars as pl
+from eagle3_pipeline.generate.client import Sampling
+from eagle3_pipeline.generate.shard import run_generation
+a = json.loads(sys.argv[1])
+logging.basicConfig(level=logging.INFO)
+frame = pl.read_parquet(a["prompts"])
+run_generation(frame, a["url"], Sampling("demo", 64, 0.6, 0.95, 0), a["gen"], a["journal"], "i",
+               health_timeout_s=30, slots_dir=a["slots"]).write_parquet(a["out"])
+"""
+
+
+def child(endpoint, tmp_path, name, frame, gen):
+    frame.write_parquet(tmp_path / f"{name}.parquet")
+    args = {"prompts": str(tmp_path / f"{name}.parquet"), "url": endpoint.base_url, "gen": gen,
+            "journal": str(tmp_path / f"{name}.jsonl"), "slots": str(tmp_path / "slots"),
+            "out": str(tmp_path / f"{name}-out.parquet")}  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(args)], stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_global_cap_holds_across_parallel_shard_jobs(scripted_endpoint, tmp_path):
+    scripted_endpoint.delay_s = 0.05
+    gen = dict(GEN, concurrency=8, global_concurrency=5)
+    jobs = [child(scripted_endpoint, tmp_path, f"s{k}", prompts(60, prefix=f"s{k}-"), gen) for k in range(2)]
+    for job in jobs:
+        assert job.wait(120) == 0, job.stderr.read()
+    assert scripted_endpoint.max_in_flight == 5
+    for k in range(2):
+        assert pl.read_parquet(tmp_path / f"s{k}-out.parquet")["status"].to_list() == ["ok"] * 60
+
+
+def test_killed_mid_shard_resumes_without_loss_or_duplicate(scripted_endpoint, tmp_path):
+    scripted_endpoint.delay_s = 0.05
+    frame = prompts(80)
+    job = child(scripted_endpoint, tmp_path, "k", frame, GEN)
+    journal = tmp_path / "k.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not journal.exists() or journal.read_text().count("\n") < 20):
+        time.sleep(0.02)
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    done_before = {json.loads(line)["id"] for line in journal.read_text().splitlines()}
+    assert 20 <= len(done_before) < 80
+    sent_before = sum(scripted_endpoint.requests.values())
+    job = child(scripted_endpoint, tmp_path, "k", frame, GEN)
+    assert job.wait(120) == 0, job.stderr.read()
+    out = pl.read_parquet(tmp_path / "k-out.parquet")
+    assert out["id"].to_list() == frame["id"].to_list() and out["status"].to_list() == ["ok"] * 80
+    resent = sum(scripted_endpoint.requests.values()) - sent_before
+    assert resent == 80 - len(done_before)  # nothing finished is sent again
+    with Journal(journal, "unused") as reopened:
+        assert reopened.stale == 80  # exactly one line per prompt: no duplicate

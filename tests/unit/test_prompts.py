@@ -1,0 +1,152 @@
+"""Prompts: formats, turns, damaged rows with reasons, stable ids, shards stable as num_samples grows."""
+
+import json
+import logging
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from eagle3_pipeline import prompts as P
+
+
+def conv(*turns, source="src"):
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], "source": source}
+
+
+def rows(n, source="src"):
+    return [conv(("human", f"question {i}"), ("gpt", f"answer {i}"), source=source) for i in range(n)]
+
+
+def write_jsonl(path, items):
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in items))
+    return str(path)
+
+
+def dataset(path, num_samples, shard_size=4, seed=0, turns="first"):
+    return {
+        "path": str(path),
+        "num_samples": num_samples,
+        "shard_size": shard_size,
+        "seed": seed,
+        "turns": turns,
+    }
+
+
+def run(tmp_path, cfg, name="out"):
+    out = tmp_path / name
+    n = -(-cfg["num_samples"] // cfg["shard_size"])
+    paths = [str(out / f"shard-{k:05d}.parquet") for k in range(n)]
+    counts = P.prepare_prompts(cfg, paths, str(out / "skipped.parquet"))
+    return counts, paths, pl.read_parquet(out / "skipped.parquet")
+
+
+def test_jsonl_first_turn_with_system_and_original_answer(tmp_path):
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [conv(("system", "be brief"), ("human", "q1"), ("gpt", "a1"), ("human", "q2"), ("gpt", "a2"))],
+    )
+    counts, paths, _ = run(tmp_path, dataset(path, 1, 1))
+    frame = pl.read_parquet(paths[0])
+    assert frame.schema == pl.Schema(P.PROMPT_SCHEMA)
+    assert frame.row(0, named=True) | {"id": None} == {
+        "id": None, "source": "src", "row": 0, "turn": 1, "system": "be brief", "question": "q1",
+        "original_answer": "a1",
+    }  # fmt: skip
+
+
+def test_turns_all_gives_each_human_turn_its_own_stable_id(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [conv(("human", "q1"), ("gpt", "a1"), ("human", "q2"))])
+    _, paths, _ = run(tmp_path, dataset(path, 2, 2, turns="all"))
+    frame = pl.read_parquet(paths[0]).sort("turn")
+    assert frame["question"].to_list() == ["q1", "q2"]
+    assert frame["original_answer"].to_list() == ["a1", None]
+    assert frame["id"].n_unique() == 2
+    _, paths_first, _ = run(tmp_path, dataset(path, 1, 1), name="first")
+    assert pl.read_parquet(paths_first[0])["id"][0] in frame["id"].to_list()
+
+
+def test_role_content_rows_and_formats_give_the_same_ids(tmp_path):
+    items = rows(6)
+    jsonl = write_jsonl(tmp_path / "d.jsonl", items)
+    openai = [{"messages": [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
+                            for t in r["conversations"]], "source": r["source"]} for r in items]  # fmt: skip
+    openai_path = write_jsonl(tmp_path / "o.jsonl", openai)
+    pl.DataFrame(items).write_parquet(tmp_path / "d.parquet")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    pl.DataFrame(items[:3]).write_parquet(folder / "part-0.parquet")
+    pl.DataFrame(items[3:]).write_parquet(folder / "part-1.parquet")
+    ids = []
+    for name, path in [("j", jsonl), ("o", openai_path), ("p", tmp_path / "d.parquet"), ("f", folder)]:
+        _, paths, skipped = run(tmp_path, dataset(path, 6, 6), name=name)
+        assert skipped.height == 0
+        ids.append(sorted(pl.read_parquet(paths[0])["id"]))
+    assert ids[0] == ids[1] == ids[2] == ids[3]
+
+
+def test_damaged_rows_are_counted_with_reasons(tmp_path, caplog):
+    items = rows(3) + [
+        "{not json",
+        {"source": "x"},
+        conv(("gpt", "only an answer")),
+        conv(("human", ""), ("gpt", "a")),
+        {"conversations": [{"from": "human", "value": 42}], "source": "x"},
+        {"conversations": "a string", "source": "x"},
+        {"conversations": [{"from": "alien", "value": "hi"}]},
+        [1, 2],
+        rows(1)[0],  # duplicate of row 0
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", items)
+    with caplog.at_level(logging.WARNING):
+        counts, paths, skipped = run(tmp_path, dataset(path, 8, 4))
+    assert counts == {"usable": 3, "skipped": 9, "selected": 3}
+    assert skipped.schema == pl.Schema(P.SKIPPED_SCHEMA)
+    reasons = dict(zip(skipped["row"], skipped["reason"], strict=True))
+    assert "not valid JSON" in reasons[3]
+    assert "no 'conversations'" in reasons[4]
+    assert reasons[5] == "no non-empty human turn"
+    assert "empty" in reasons[6]
+    assert "int, not a string" in reasons[7]
+    assert "not a list" in reasons[8]
+    assert "unknown role 'alien'" in reasons[9]
+    assert "not an object" in reasons[10]
+    assert reasons[11].startswith("duplicate of row 0")
+    assert skipped.filter(pl.col("row") == 11)["id"][0] is not None
+    # fewer usable rows than num_samples: trailing shard empty, a warning with the numbers
+    assert pl.read_parquet(paths[1]).height == 0
+    assert "3 usable questions, fewer than dataset.num_samples=8" in caplog.text
+
+
+def test_ids_are_stable_and_independent_of_shard_size_and_num_samples(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", rows(20))
+    _, a, _ = run(tmp_path, dataset(path, 20, 5), name="a")
+    _, b, _ = run(tmp_path, dataset(path, 12, 7), name="b")
+    ids_a = pl.concat([pl.read_parquet(p) for p in a]).select("id", "row")
+    ids_b = pl.concat([pl.read_parquet(p) for p in b]).select("id", "row")
+    assert ids_b.join(ids_a, on="id")["row"].to_list() == ids_b["row"].to_list()
+    assert ids_a["row"].n_unique() == 20
+
+
+def test_raising_num_samples_keeps_earlier_full_shards_byte_identical(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", rows(40))
+    _, small, _ = run(tmp_path, dataset(path, 10, 4), name="small")
+    _, large, _ = run(tmp_path, dataset(path, 30, 4), name="large")
+    for k in range(2):  # shards 0 and 1 were full at num_samples=10
+        assert Path(small[k]).read_bytes() == Path(large[k]).read_bytes()
+    assert pl.read_parquet(small[2]).height == 2
+    assert pl.read_parquet(large[2]).head(2).equals(pl.read_parquet(small[2]))
+    _, again, _ = run(tmp_path, dataset(path, 30, 4), name="again")
+    assert all(Path(x).read_bytes() == Path(y).read_bytes() for x, y in zip(large, again, strict=True))
+
+
+def test_seed_changes_the_selection(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", rows(40))
+    _, a, _ = run(tmp_path, dataset(path, 8, 8, seed=0), name="a")
+    _, b, _ = run(tmp_path, dataset(path, 8, 8, seed=1), name="b")
+    assert set(pl.read_parquet(a[0])["id"]) != set(pl.read_parquet(b[0])["id"])
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(P.DatasetError, match="does not exist"):
+        run(tmp_path, dataset(tmp_path / "nope.jsonl", 4))
