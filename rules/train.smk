@@ -4,7 +4,9 @@
 
 rule vocab_map:
     input:
-        metadata=expand(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json", shard=SHARDS),
+        metadata=expand(
+            f"{RESULTS}/hidden_states/train/shard-{{shard}}.json", shard=SHARDS
+        ),
         target=get_target_config(),
     output:
         f"{RESULTS}/draft/vocab_map.safetensors",
@@ -27,16 +29,22 @@ rule train_draft:
     log:
         f"{LOGS}/train_draft.log",
     resources:
-        gpu=1,
+        gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
     params:
         accelerate=get_accelerate_args,
-        hidden_states=f"{RESULTS}/hidden_states",
         target=config["target"]["model"],
         draft=config["draft"],
         train=config["train"],
         work=f"{WORK}/train",
-    script:
-        "../scripts/train_draft.py"
+    shell:
+        "accelerate launch {params.accelerate} scripts/train_draft.py"
+        " --states {input.states} --vocab-map {input.vocab_map} --target {params.target}"
+        " --work {params.work} --weights {output.weights} --history {output.history}"
+        " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
+        " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
+        " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"
+        " --batch-tokens {params.train[batch_tokens]} --seed {params.train[seed]}"
+        " --save-every-steps {params.train[save_every_steps]} > {log} 2>&1"
 
 
 rule export_draft:

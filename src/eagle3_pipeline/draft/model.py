@@ -1,0 +1,204 @@
+"""The EAGLE-3 draft model, readable top to bottom (nanoGPT order: norm, rotary, attention, MLP, layer,
+model). Shapes: B batch rows, T tokens per row, H hidden, nh heads, hd head dim, V target vocab,
+Vd draft vocab.
+
+One draft step, as vLLM and SGLang run it (vllm/model_executor/models/llama_eagle3.py):
+
+    h0 = fc(cat(aux_low, aux_mid, aux_high))                  # step 0 only: [B, T, 3H] -> [B, T, H]
+    x  = cat(input_layernorm(embed(token)), hidden_norm(h))   # [B, T, 2H], embeddings first
+    h' = h + attn(x)                                          # residual from h before hidden_norm
+    h' = h' + mlp(post_attention_layernorm(h'))               # fed back as h at the next step
+    logits = lm_head(norm(h'))                                # [B, T, Vd]
+
+Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
+keys causally and, at its own position only, the key of each step 1..k (`ttt_attention_mask` spells the
+mask out; `ttt_attention` computes the same thing without materialising it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (keys, values) per TTT step, each [B, nh, T, hd]
+
+
+def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x [B, T, ...] moved n places left along T, zero (False) filled: out[:, i] = x[:, i + n]."""
+    if n == 0:
+        return x
+    pad = torch.zeros_like(x[:, : min(n, x.shape[1])])
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, computed in fp32 like vLLM's."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for rotary embeddings at `positions` [B, T] -> each [B, 1, T, hd] (neox layout)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, hd]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def ttt_attention_mask(seq_len: int, step: int) -> torch.Tensor:
+    """Which keys a query of TTT step `step` may see: bool [T, T * (step + 1)] over the keys of steps
+    0..step laid side by side. Step 0's block is causal; each later step's block is the identity (the
+    key the same position produced at that step). The reference for `ttt_attention`, and for tests."""
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    same_position = torch.eye(seq_len, dtype=torch.bool)
+    return torch.cat([causal] + [same_position] * step, dim=1)
+
+
+def ttt_attention(q: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Attention of the newest step's queries q [B, nh, T, hd] over `cache`; -> [B, nh, T, hd].
+
+    Equal to dense attention under `ttt_attention_mask`, in O(T^2 + T * steps) instead of
+    O(T^2 * steps): step 0 is a causal T x T block, every later step contributes one diagonal score.
+    """
+    seq_len, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    k0, v0 = cache[0]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, T, T]
+    diagonal = [(q * k).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]  # each [B, nh, T, 1]
+    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :seq_len] @ v0
+    for j, (_, v) in enumerate(cache[1:]):
+        out = out + probs[..., seq_len + j : seq_len + j + 1] * v
+    return out
+
+
+class DraftAttention(nn.Module):
+    """Llama attention whose q/k/v read 2H (embedding and hidden state side by side)."""
+
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        width = 2 * config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        groups = self.heads // self.kv_heads  # grouped-query attention: share each kv head
+        cache.append((k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)))
+        out = ttt_attention(q, cache).transpose(1, 2).reshape(batch, seq_len, -1)  # [B, T, nh * hd]
+        return self.o_proj(out)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    """The single decoder layer ("midlayer" in the checkpoint)."""
+
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the embeddings
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the fed hidden state
+        self.self_attn = DraftAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DraftMLP(config)
+
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        hidden = hidden + self.self_attn(x, cos, sin, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # pre-norm output, fed back
+
+
+class Eagle3Draft(nn.Module):
+    """fc over the three auxiliary target states, one decoder layer, norm, draft-vocabulary lm_head.
+
+    embed_tokens is the target's, frozen, and never exported (vLLM and SGLang share the target's).
+    """
+
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(NUM_AUX_LAYERS * config.target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = DraftDecoderLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+
+    def project(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        """[B, T, 3H_target] -> [B, T, H]: the step-0 hidden state."""
+        return self.fc(aux_hidden_states.to(self.fc.weight.dtype))
+
+    def step(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step: tokens [B, T], hidden [B, T, H], positions [B, T] -> (hidden' [B, T, H],
+        logits [B, T, Vd]). Appends this step's keys and values to `cache`."""
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        hidden = self.midlayer(embeds, hidden, cos, sin, cache)
+        return hidden, self.lm_head(self.norm(hidden))
+
+    def forward(
+        self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor, steps: int
+    ) -> list[torch.Tensor]:
+        """Training-time test: `steps` draft steps over whole sequences; -> logits [B, T, Vd] per step.
+
+        Row i of step k is the draft's guess for token i + 2 + k, made from the target's features up to
+        token i and k guesses of its own before: its input token is input_ids[i + 1 + k] (teacher-forced,
+        shifted one more place left each step), its hidden state the previous step's output at row i, and
+        its position i + k, as in vLLM where each draft step advances the position by one.
+        """
+        hidden = self.project(aux_hidden_states)  # [B, T, H]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        cache: KVCache = []
+        logits = []
+        for k in range(steps):
+            hidden, step_logits = self.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache)
+            logits.append(step_logits)
+        return logits
+
+    def exported_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained tensors under their checkpoint names (no embeddings)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}

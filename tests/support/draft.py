@@ -1,0 +1,126 @@
+"""Fixtures for the draft tests: a tiny random Llama target and hidden-state shards made by running it
+over random token sequences, written in the hidden-state stage's format (storage.py's layout and
+metadata), so that the draft code reads exactly what extraction writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagle3_pipeline.hidden_states.storage import encode_metadata
+
+DEMO_TARGET = Path(__file__).resolve().parents[2] / "resources" / "demo" / "target"
+
+
+def build_random_target(directory: Path, vocab_size: int = 96, hidden: int = 64, layers: int = 4) -> Path:
+    """A random LlamaForCausalLM saved with save_pretrained (config.json + model.safetensors)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden // 2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's default: outputs of decoder layers 1, N/2-1, N-4 (0-indexed)."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+@torch.no_grad()
+def write_hidden_state_shard(
+    target_dir: Path, path: Path, num_samples: int, seed: int, length: tuple[int, int] = (12, 40)
+) -> Path:
+    """Run the target over random sequences (first ~third prompt, the rest completion) and write one
+    shard and its .json sibling at `path`."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    config = model.config
+    layers = aux_layers(config.num_hidden_layers)
+    generator = torch.Generator().manual_seed(seed)
+    ids, masks, aux, final, counts = [], [], [], [], Counter()
+    for _ in range(num_samples):
+        n = int(torch.randint(length[0], length[1] + 1, (1,), generator=generator))
+        tokens = torch.randint(0, config.vocab_size, (1, n), generator=generator)
+        mask = torch.zeros(n, dtype=torch.uint8)
+        mask[n // 3 :] = 1
+        out = model.model(input_ids=tokens, output_hidden_states=True)
+        aux.append(torch.cat([out.hidden_states[i + 1][0] for i in layers], dim=-1))
+        final.append(out.last_hidden_state[0])  # after the final norm
+        ids.append(tokens[0])
+        masks.append(mask)
+        counts.update(tokens[0][mask.bool()].tolist())
+    lengths = [len(t) for t in ids]
+    meta = {
+        "ids": [f"s{seed}-{i}" for i in range(num_samples)],
+        "num_samples": num_samples,
+        "num_tokens": sum(lengths),
+        "num_loss_tokens": int(sum(m.sum() for m in masks)),
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "vocab_size": config.vocab_size,
+        "aux_layers": layers,
+        "aux_layers_vllm": [i + 1 for i in layers],
+        "final_state": "post_norm",
+        "token_counts": {str(k): v for k, v in sorted(counts.items())},
+    }
+    tensors = {
+        "input_ids": torch.cat(ids).to(torch.int32),
+        "loss_mask": torch.cat(masks),
+        "aux_hidden_states": torch.cat(aux).to(torch.bfloat16),
+        "final_hidden_states": torch.cat(final).to(torch.bfloat16),
+        "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=encode_metadata(meta))
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def write_hidden_states(
+    target_dir: Path, root: Path, train: int = 24, validation: int = 6
+) -> dict[str, list[Path]]:
+    """Train and validation shards under root/{split}/ (two train shards, one validation shard)."""
+    half = train // 2
+    return {
+        "train": [
+            write_hidden_state_shard(target_dir, root / "train" / "shard-00000.safetensors", half, seed=1),
+            write_hidden_state_shard(
+                target_dir, root / "train" / "shard-00001.safetensors", train - half, seed=2
+            ),
+        ],
+        "validation": [
+            write_hidden_state_shard(
+                target_dir, root / "validation" / "shard-00000.safetensors", validation, seed=3
+            )
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def random_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_target(tmp_path_factory.mktemp("random_target"))
+
+
+@pytest.fixture(scope="session")
+def draft_hidden_states(
+    random_target: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[Path]]:
+    return write_hidden_states(random_target, tmp_path_factory.mktemp("hidden_states"))
