@@ -1,5 +1,7 @@
 """Shared pytest setup: reusable fixtures live in tests/support/*.py and are registered here."""
 
 pytest_plugins = [
+    "support.draft",
+    "support.hidden_states",
     "support.http_endpoint",
 ]
