@@ -1,0 +1,352 @@
+"""The draft served by real vLLM: the target's own command line with `--speculative-config` added,
+the validation questions sent through the chat API as generation sends them, and the spec-decode
+counters read from /metrics before and after.
+
+Local (the demo, `server.host: local`): the unit file's ExecStart runs as a second process on a free
+port, next to (never instead of) the generation server. Production (an SSH host): see `dropin.py`,
+a temporary drop-in on the same unit, because the draft must run on the GPUs the target runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from eagle3_pipeline.generate.client import ChatClient, Sampling
+from eagle3_pipeline.validate.acceptance import online_acceptance
+from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
+
+log = logging.getLogger(__name__)
+
+# Flags the serve check sets itself; the unit's own values are dropped (both spellings, both forms).
+REPLACED_FLAGS = ("--speculative-config", "--host", "--port")
+BOOLEAN_REPLACED = ("--enforce-eager",)
+
+
+class ServeCheckError(RuntimeError):
+    """The served check could not measure anything; the message says what to fix."""
+
+
+def _canonical(word: str) -> str:
+    return word.split("=", 1)[0].replace("_", "-") if word.startswith("--") else word
+
+
+def with_speculative_draft(
+    vllm_words: list[str],
+    checkpoint_dir: str,
+    num_speculative_tokens: int,
+    host: str | None = None,
+    port: int | None = None,
+    enforce_eager: bool = True,
+) -> list[str]:
+    """The vLLM words of a command line with the EAGLE-3 draft added (and host/port replaced when given).
+
+    Args:
+        vllm_words: the whole argv (launcher included); its flags follow the vLLM entry point.
+        checkpoint_dir: the exported draft, as a path the server can read (made absolute here).
+        num_speculative_tokens: draft tokens per step.
+        host: listen address to set, or None to keep the unit's.
+        port: port to set, or None to keep the unit's.
+        enforce_eager: add --enforce-eager (needed on the CPU build: without it vLLM 0.32 feeds the
+            draft's fc 1x hidden instead of 3x).
+    """
+    drop = {"--speculative-config"} | ({"--host"} if host else set()) | ({"--port"} if port else set())
+    words, skip = [], False
+    for word in vllm_words:
+        if skip:
+            skip = False
+            continue
+        name = _canonical(word)
+        if name in drop:
+            skip = "=" not in word
+            continue
+        words.append(word)
+    spec = {
+        "method": "eagle3",
+        "model": os.path.abspath(checkpoint_dir),
+        "num_speculative_tokens": num_speculative_tokens,
+    }
+    words += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    words += ["--host", host] if host else []
+    words += ["--port", str(port)] if port else []
+    if enforce_eager and "--enforce-eager" not in {_canonical(w) for w in words}:
+        words.append("--enforce-eager")
+    return words
+
+
+def free_port(low: int = 18580, high: int = 18599, host: str = "127.0.0.1") -> int:
+    """The first port in [low, high] nobody listens on (bind test).
+
+    Raises:
+        ServeCheckError: all taken.
+    """
+    for port in range(low, high + 1):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ServeCheckError(
+        f"no free port in {low}-{high} on {host}; stop what listens there or widen the range"
+    )
+
+
+def load_questions(validation_path: str | Path, max_questions: int) -> list[dict[str, Any]]:
+    """The validation questions (id, system, question), the first `max_questions` by id.
+
+    Raises:
+        ServeCheckError: the file has no questions.
+    """
+    frame = pl.read_parquet(validation_path, columns=["id", "system", "question"]).sort("id")
+    if frame.is_empty():
+        raise ServeCheckError(
+            f"{validation_path} has no questions: raise dataset.num_samples or traces.validation_fraction"
+        )
+    return frame.head(max_questions).to_dicts()
+
+
+def ask(
+    base_url: str,
+    questions: list[dict],
+    sampling: Sampling,
+    api_key: str | None,
+    concurrency: int,
+    request_timeout_s: float,
+    retries: int,
+) -> list[dict[str, Any]]:
+    """Send every question (at most `concurrency` in flight); one outcome dict per question, in order."""
+    client = ChatClient(
+        base_url,
+        sampling,
+        api_key=api_key,
+        retries=retries,
+        request_timeout_s=request_timeout_s,
+        health_timeout_s=request_timeout_s,
+    )
+
+    async def run() -> list[dict[str, Any]]:
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def one(question: dict) -> dict[str, Any]:
+            async with gate:
+                connection = client.connection()
+                try:
+                    return await client.complete(connection, question)
+                finally:
+                    connection.close()
+
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+
+    return asyncio.run(run())
+
+
+def settled_counters(
+    read: Callable[[], SpecDecodeCounters], interval_s: float = 0.5, timeout_s: float = 15.0
+) -> SpecDecodeCounters:
+    """Read the counters until two readings agree (the engine's last steps are counted)."""
+    previous, start = read(), time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        time.sleep(interval_s)
+        current = read()
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
+def measure(
+    base_url: str,
+    questions: list[dict],
+    sampling: Sampling,
+    api_key: str | None = None,
+    concurrency: int = 8,
+    request_timeout_s: float = 600.0,
+    retries: int = 2,
+) -> dict[str, Any]:
+    """Counters before, the questions, counters after: the serve check's figures.
+
+    Raises:
+        ServeCheckError: no question was answered, or the server drafted nothing.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    before = settled_counters(lambda: read_counters(base_url, headers=headers))
+    start = time.perf_counter()
+    outcomes = ask(base_url, questions, sampling, api_key, concurrency, request_timeout_s, retries)
+    seconds = time.perf_counter() - start
+    after = settled_counters(lambda: read_counters(base_url, headers=headers))
+    ok = [o for o in outcomes if o["status"] == "ok"]
+    if not ok:
+        reasons = sorted({str(o["reason"]) for o in outcomes})[:3]
+        raise ServeCheckError(f"no validation question was answered by {base_url}: {reasons}")
+    acceptance = online_acceptance(before, after)
+    if acceptance.drafts == 0:
+        raise ServeCheckError(f"{base_url} answered but drafted nothing: is --speculative-config applied?")
+    completion_tokens = sum(o["completion_tokens"] or 0 for o in ok)
+    return {
+        **acceptance.to_dict(),
+        "questions": len(questions),
+        "answered": len(ok),
+        "failed": {
+            o_q["id"]: o["reason"] for o_q, o in zip(questions, outcomes, strict=True) if o["status"] != "ok"
+        },
+        "completion_tokens": completion_tokens,
+        "seconds": seconds,
+        "tokens_per_s": completion_tokens / seconds if seconds > 0 else None,
+        "counters_before": before.__dict__ | {"accepted_per_position": list(before.accepted_per_position)},
+        "counters_after": after.__dict__ | {"accepted_per_position": list(after.accepted_per_position)},
+    }
+
+
+def serve_local(
+    argv: list[str], env: dict[str, str], cwd: str | None, state_dir: Path, base_url: str, timeout_s: float
+):
+    """Start the draft-serving command (see `with_speculative_draft`) as a local process and wait for
+    /health; returns its handle (the caller stops it)."""
+    from eagle3_pipeline.server import lifecycle
+
+    handle = lifecycle.launch_local(argv, env, cwd, state_dir, "serve-check")
+    try:
+        lifecycle.wait_healthy(base_url, timeout_s, handle.log_tail, handle.alive)
+    except BaseException:
+        handle.stop()
+        raise
+    return handle
+
+
+def run_local_serve_check(
+    server_cfg: dict[str, Any],
+    checkpoint_dir: str | Path,
+    questions: list[dict],
+    sampling: Sampling,
+    state_dir: str | Path,
+    num_speculative_tokens: int,
+    enforce_eager: bool = True,
+    start_timeout_s: float = 900.0,
+    port_range: tuple[int, int] = (18580, 18599),
+    api_key: str | None = None,
+    concurrency: int = 8,
+    request_timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Serve the local unit file's target with the draft on a free port, measure, stop it (always).
+
+    Args:
+        server_cfg: the `server` config section (unit, unit_file).
+        checkpoint_dir: the exported draft.
+        questions: from `load_questions`.
+        sampling: the chat request's model name and sampling parameters.
+        state_dir: where the server's log and pid file go.
+        num_speculative_tokens: draft tokens per step.
+        enforce_eager: add --enforce-eager (required by the CPU build).
+        start_timeout_s: how long the server may take to answer /health.
+        port_range: the ports tried, first free wins.
+        api_key: the server's key, when its unit sets one.
+        concurrency: requests in flight.
+        request_timeout_s: seconds for one request.
+    """
+    from eagle3_pipeline.server.lifecycle import local_command
+
+    argv, env, cwd = local_command(server_cfg)
+    port = free_port(*port_range)
+    served = with_speculative_draft(
+        argv, str(checkpoint_dir), num_speculative_tokens, "127.0.0.1", port, enforce_eager
+    )
+    log.info("serving the draft: %s", " ".join(served))
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    base_url = f"http://127.0.0.1:{port}"
+    handle = serve_local(served, env, cwd, Path(state_dir), base_url, start_timeout_s)
+    try:
+        result = measure(base_url, questions, sampling, api_key, concurrency, request_timeout_s)
+    finally:
+        handle.stop()
+    return result | {"mode": "local", "base_url": base_url}
+
+
+def serve_sampling(generation: dict[str, Any], validate: dict[str, Any], model: str) -> Sampling:
+    """Generation's sampling, with validate.max_tokens as a cap and validate.temperature when set."""
+    sampling = Sampling.from_config(generation, model)
+    max_tokens = min(sampling.max_tokens, validate.get("max_tokens") or sampling.max_tokens)
+    temperature = validate.get("temperature")
+    return Sampling(
+        model=model,
+        max_tokens=max_tokens,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        temperature=sampling.temperature if temperature is None else temperature,
+        chat_template_kwargs=sampling.chat_template_kwargs,
+    )
+
+
+def write_json(data: dict[str, Any], path: str | Path) -> None:
+    """Write JSON atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def serve_check(
+    checkpoint_dir: str | Path,
+    validation_path: str | Path,
+    server_json_path: str | Path,
+    server_cfg: dict[str, Any],
+    generation: dict[str, Any],
+    validate: dict[str, Any],
+    work_dir: str | Path,
+    output_path: str | Path,
+) -> dict[str, Any]:
+    """Rule serve_check: serve the target with the draft, send the validation questions, write the
+    spec-decode figures to `output_path` (validation/serve_check.json)."""
+    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.server.lifecycle import uses_local_process
+
+    questions = load_questions(validation_path, validate["max_questions"])
+    server_json = json.loads(Path(server_json_path).read_text())
+    sampling = serve_sampling(
+        generation, validate, server_json.get("served_model_name") or server_json["model"]
+    )
+    common = {
+        "checkpoint_dir": checkpoint_dir,
+        "questions": questions,
+        "sampling": sampling,
+        "state_dir": work_dir,
+        "num_speculative_tokens": validate["num_speculative_tokens"],
+        "enforce_eager": validate.get("enforce_eager", True),
+        "concurrency": min(generation.get("concurrency", 8), len(questions)),
+        "request_timeout_s": generation.get("request_timeout_s", 600),
+    }
+    if uses_local_process(server_cfg):
+        result = run_local_serve_check(
+            server_cfg,
+            **common,
+            api_key=api_key(server_cfg),
+            start_timeout_s=server_cfg.get("start_timeout_s", 900),
+        )
+    else:
+        from eagle3_pipeline.validate.dropin import run_remote_serve_check
+
+        result = run_remote_serve_check(server_cfg, server_json, **common, remote_dir=validate["remote_dir"])
+    result |= {
+        "checkpoint": str(checkpoint_dir),
+        "num_speculative_tokens": validate["num_speculative_tokens"],
+        "sampling": {k: v for k, v in sampling.__dict__.items() if k != "model"} | {"model": sampling.model},
+    }
+    log.info(
+        "serve check: acceptance length %s over %d drafts (%d/%d questions answered)",
+        result["acceptance_length"],
+        result["drafts"],
+        result["answered"],
+        result["questions"],
+    )
+    write_json(result, output_path)
+    return result

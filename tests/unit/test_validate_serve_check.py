@@ -1,0 +1,112 @@
+"""The draft-serving command line, the production drop-in, and the serve check's request settings."""
+
+import json
+import socket
+
+import pytest
+
+from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
+from eagle3_pipeline.validate.dropin import dropin_text, exec_start_with_draft, systemd_quote, vllm_exec
+from eagle3_pipeline.validate.serve_check import (
+    ServeCheckError,
+    free_port,
+    serve_sampling,
+    with_speculative_draft,
+)
+
+ARGV = [
+    "/venv/bin/python",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/m",
+    "--port",
+    "8000",
+    "--host=0.0.0.0",
+    "--speculative_config",
+    '{"method":"ngram"}',
+    "--max-model-len",
+    "2048",
+]
+
+
+def spec_of(words):
+    return json.loads(words[words.index("--speculative-config") + 1])
+
+
+def test_draft_added_and_the_units_own_host_port_and_spec_replaced():
+    words = with_speculative_draft(ARGV, "/ckpt", 3, host="127.0.0.1", port=18590)
+    assert spec_of(words) == {"method": "eagle3", "model": "/ckpt", "num_speculative_tokens": 3}
+    assert words.count("--speculative-config") == 1 and "--speculative_config" not in words
+    assert '{"method":"ngram"}' not in words
+    assert words[words.index("--port") + 1] == "18590" and "8000" not in words
+    assert "--host=0.0.0.0" not in words and words[words.index("--host") + 1] == "127.0.0.1"
+    assert words[-1] == "--enforce-eager"
+    assert words[:5] == ARGV[:5] and "--max-model-len" in words
+
+
+def test_host_port_kept_when_not_given_and_eager_not_doubled():
+    words = with_speculative_draft([*ARGV, "--enforce_eager"], "ckpt", 2, enforce_eager=True)
+    assert "8000" in words and "--host=0.0.0.0" in words
+    assert sum(w.replace("_", "-") == "--enforce-eager" for w in words) == 1
+    assert spec_of(words)["model"].startswith("/")  # made absolute: the server's cwd may differ
+
+
+def test_free_port_skips_a_taken_one():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 18599))
+        taken.listen()
+        with pytest.raises(ServeCheckError, match="no free port"):
+            free_port(18599, 18599)
+    assert free_port(18599, 18599) == 18599
+
+
+def test_systemd_quote_round_trips_through_the_unit_parser():
+    words = ["/bin/x", '{"a": "b c"}', "100%", "back\\slash"]
+    line = " ".join(systemd_quote(w) for w in words)
+    unit = merge_unit([("/u.service", f"[Service]\nExecStart={line}\n")], "u.service")
+    assert split_words(unit.exec_start[0].raw, "test") == words
+
+
+def test_dropin_resets_exec_start_and_keeps_prefixes():
+    command = ExecCommand(prefixes="-", raw="/usr/bin/vllm serve /models/kimi --port 8000 --api-key $KEY")
+    exec_start = exec_start_with_draft(command, "/var/tmp/ckpt", 3, enforce_eager=False)
+    text = dropin_text(exec_start)
+    assert "[Service]\nExecStart=\nExecStart=-" in text
+    unit = merge_unit(
+        [("/etc/systemd/system/v.service", "[Service]\nExecStart=/old\n"), ("/d.conf", text)], "v"
+    )
+    (only,) = unit.exec_start
+    words = split_words(only.raw, "test")
+    assert spec_of(words)["model"] == "/var/tmp/ckpt"
+    assert "$KEY" in words and "--enforce-eager" not in words
+
+
+def test_dropin_refuses_a_shell_wrapper_and_non_vllm():
+    with pytest.raises(ServeCheckError, match="shell"):
+        exec_start_with_draft(ExecCommand("", "/bin/bash -c 'vllm serve /m --port 1'"), "/c", 3, True)
+    with pytest.raises(ServeCheckError, match="not vLLM"):
+        exec_start_with_draft(ExecCommand("", "/opt/start-server.sh"), "/c", 3, True)
+
+
+def test_vllm_exec_follows_dropins():
+    cat = (
+        "# /etc/systemd/system/v.service\n[Service]\nExecStartPre=/bin/true\n"
+        "ExecStart=/usr/bin/vllm serve /a\n"
+        "# /etc/systemd/system/v.service.d/o.conf\n[Service]\nExecStart=\nExecStart=/usr/bin/vllm serve /b\n"
+    )
+    assert vllm_exec(cat, "v.service").raw == "/usr/bin/vllm serve /b"
+
+
+def test_serve_sampling_caps_max_tokens_and_sets_temperature():
+    generation = {
+        "max_tokens": 8192,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "seed": 0,
+        "chat_template_kwargs": {},
+    }
+    greedy = serve_sampling(generation, {"max_tokens": 128, "temperature": 0.0}, "m")
+    assert (greedy.max_tokens, greedy.temperature, greedy.top_p) == (128, 0.0, 0.95)
+    same = serve_sampling(generation, {"max_tokens": None, "temperature": None}, "m")
+    assert (same.max_tokens, same.temperature) == (8192, 0.6)
