@@ -1,0 +1,15 @@
+"""Rule snapshot_server: read the vLLM unit (systemctl cat, or the unit file) and write
+unit.service, server.json and identity.json, secrets redacted."""
+
+from eagle3_pipeline.server.secrets import setup_script_logging
+from eagle3_pipeline.server.snapshot import snapshot_server
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "snapshot_server")
+
+snapshot_server(
+    snakemake.params.server,
+    unit_out=snakemake.output.unit,
+    server_out=snakemake.output.server,
+    identity_out=snakemake.output.identity,
+)

@@ -1,0 +1,16 @@
+"""Rule stop_server: after the last generation shard, stop the server the pipeline manages
+(server.stop_after_generation) so that hidden-state extraction gets the GPUs."""
+
+import json
+from pathlib import Path
+
+from eagle3_pipeline.server.lifecycle import stop, write_stop_report
+from eagle3_pipeline.server.secrets import setup_script_logging
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+log = setup_script_logging(snakemake.log[0], "stop_server")
+
+server_json = json.loads(Path(snakemake.input.server).read_text())
+report = stop(server_json, snakemake.params.server, Path(snakemake.params.state_dir))
+log.info("stop_server: %s", report)
+write_stop_report(report, snakemake.output[0])

@@ -1,0 +1,320 @@
+"""Starting, checking and stopping the vLLM server when the pipeline manages it (`server.manage`).
+
+Where systemd runs the unit (a remote host, or this machine with systemd) it is started and stopped
+with `sudo -n systemctl`. On a machine without systemd (`server.host: local` with `server.unit_file`)
+the unit's ExecStart runs with its environment and working directory as a supervised background
+process in its own session, with a pid file and a log under the state folder. A file lock there makes
+parallel generation shard jobs start it exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from eagle3_pipeline.server import auth_headers, secrets
+from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
+from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
+
+log = logging.getLogger(__name__)
+BASE_ENV_VARS = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
+LOG_TAIL_LINES = 40
+
+
+class ServerError(RuntimeError):
+    """The server did not come up (or is not the expected one); the message carries the log tail."""
+
+
+@dataclass
+class LocalProcess:
+    """A server process started by `launch_local`: its pid, pid file and log."""
+
+    pid: int
+    pid_file: Path
+    log_path: Path
+
+    def alive(self) -> bool:
+        return _alive(self.pid)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return tail(self.log_path, lines)
+
+    def stop(self, timeout_s: float = 30) -> bool:
+        """SIGTERM the process group, SIGKILL after timeout_s; True when something was stopped."""
+        stopped = _terminate(self.pid, timeout_s)
+        self.pid_file.unlink(missing_ok=True)
+        return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
+        if done == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state != "Z"
+
+
+def _terminate(pid: int, timeout_s: float) -> bool:
+    if not _alive(pid):
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return True
+            time.sleep(0.2)
+    return not _alive(pid)
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log file, secrets scrubbed ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64_000))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return secrets.REDACTOR.scrub("\n".join(text.splitlines()[-lines:]))
+
+
+def launch_local(
+    argv: list[str], env: dict[str, str], cwd: str | None, state_dir: Path, name: str
+) -> LocalProcess:
+    """Start argv in the background, detached in its own session, with `env` on top of a minimal
+    systemd-like environment; stdout and stderr go to state_dir/NAME.log, the pid to NAME.pid."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path, pid_file = state_dir / f"{name}.log", state_dir / f"{name}.pid"
+    full_env = {k: os.environ[k] for k in BASE_ENV_VARS if k in os.environ}
+    full_env.update(env)
+    with open(log_path, "ab") as out:
+        out.write(f"--- starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    pid_file.write_text(f"{proc.pid}\n")
+    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+    return LocalProcess(proc.pid, pid_file, log_path)
+
+
+def find_local(state_dir: Path, name: str) -> LocalProcess | None:
+    """The process a pid file in state_dir names, when it is still alive."""
+    pid_file = Path(state_dir) / f"{name}.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    proc = LocalProcess(pid, pid_file, Path(state_dir) / f"{name}.log")
+    return proc if proc.alive() else None
+
+
+def check_health(base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5) -> bool:
+    """True when GET /health answers 200."""
+    try:
+        return requests.get(f"{base_url}/health", headers=headers or {}, timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def wait_healthy(
+    base_url: str,
+    timeout_s: float,
+    log_tail: Callable[[], str] | None = None,
+    alive: Callable[[], bool] | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Poll /health until it answers 200; raise ServerError with the log tail on timeout or when the
+    process (as `alive` tells) has exited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check_health(base_url, headers):
+            return
+        exited = alive is not None and not alive()
+        if exited or time.monotonic() >= deadline:
+            why = "the server process exited" if exited else f"no healthy /health within {timeout_s:g} s"
+            tail_text = log_tail() if log_tail else ""
+            raise ServerError(f"{base_url}: {why}. Last lines of the server log:\n{tail_text or '(empty)'}")
+        time.sleep(1)
+
+
+def check_model(base_url: str, served_model_name: str, headers: dict[str, str] | None = None) -> None:
+    """Raise ServerError unless /v1/models lists served_model_name."""
+    try:
+        resp = requests.get(f"{base_url}/v1/models", headers=headers or {}, timeout=30)
+        resp.raise_for_status()
+        ids = [m.get("id") for m in resp.json().get("data", [])]
+    except (requests.RequestException, ValueError) as err:
+        raise ServerError(f"{base_url}/v1/models failed: {secrets.REDACTOR.scrub(str(err))}") from None
+    if served_model_name not in ids:
+        raise ServerError(
+            f"{base_url} serves {ids}, not {served_model_name!r} from the snapshot: another server holds the "
+            "port, or the unit changed since the snapshot (rerun snapshot_server)"
+        )
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """An exclusive lock on state_dir/lifecycle.lock, shared by all jobs using this server."""
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(state_dir) / "lifecycle.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def uses_local_process(server_cfg: dict[str, Any]) -> bool:
+    """True where the pipeline runs the unit's ExecStart itself (local, unit_file, no systemd)."""
+    return (
+        server_cfg.get("host", "local") == "local"
+        and bool(server_cfg.get("unit_file"))
+        and not _has_systemd()
+    )
+
+
+def _has_systemd() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
+def local_command(server_cfg: dict[str, Any]) -> tuple[list[str], dict[str, str], str | None]:
+    """(argv, environment, working directory) of the local unit file's ExecStart, secrets included:
+    for running it, never for writing it anywhere."""
+    host = LocalHost()
+    unit, env, argv, command = parse_service(read_unit_text(host, server_cfg), server_cfg["unit"], host)
+    if not argv:
+        raise ServerError(f"{server_cfg['unit_file']}: no ExecStart= to run")
+    for name, value in env.items():
+        if secrets.is_secret_name(name):
+            secrets.REDACTOR.add(value)
+    return argv, env, unit.working_directory
+
+
+def _process_name(server_cfg: dict[str, Any]) -> str:
+    return server_cfg["unit"].replace("/", "_")
+
+
+def _systemctl(server_cfg: dict[str, Any], action: str) -> None:
+    sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
+    host = open_host(server_cfg)
+    try:
+        res = host.run(f"{sudo}systemctl {action} -- {shlex.quote(server_cfg['unit'])}")
+    finally:
+        host.close()
+    if not res.ok:
+        raise ServerError(
+            f"`{sudo}systemctl {action} {server_cfg['unit']}` on {host.name} failed: {res.stderr.strip()}"
+            + (" (sudo needs a NOPASSWD rule for systemctl, or set server.ssh.sudo: false)" if sudo else "")
+        )
+
+
+def _journal_tail(server_cfg: dict[str, Any]) -> str:
+    sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
+    unit = shlex.quote(server_cfg["unit"])
+    try:
+        host = open_host(server_cfg)
+        try:
+            res = host.run(f"{sudo}journalctl --no-pager -n {LOG_TAIL_LINES} -u {unit}")
+        finally:
+            host.close()
+    except HostError as err:
+        return f"(journal unavailable: {err})"
+    return secrets.REDACTOR.scrub(res.stdout if res.ok else res.stderr)
+
+
+def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: dict[str, str]) -> None:
+    timeout = float(server_cfg.get("start_timeout_s", 1800))
+    if uses_local_process(server_cfg):
+        name = _process_name(server_cfg)
+        proc = find_local(state_dir, name)
+        if proc is None:
+            argv, env, cwd = local_command(server_cfg)
+            proc = launch_local(argv, env, cwd, state_dir, name)
+        wait_healthy(base_url, timeout, proc.log_tail, proc.alive, headers)
+    else:
+        log.info("starting %s on %s with systemctl", server_cfg["unit"], server_cfg.get("host"))
+        _systemctl(server_cfg, "start")
+        wait_healthy(base_url, timeout, lambda: _journal_tail(server_cfg), None, headers)
+
+
+def server_url(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> str:
+    """The URL requests go to: server.base_url, or through the SSH tunnel, or the snapshot's."""
+    if server_cfg.get("base_url"):
+        return server_cfg["base_url"].rstrip("/")
+    if server_cfg.get("tunnel") and server_cfg.get("host", "local") != "local":
+        from eagle3_pipeline.server.tunnel import get_tunnel
+
+        return get_tunnel(server_json, server_cfg, state_dir).url(auth_headers(server_cfg))
+    return server_json["base_url"].rstrip("/")
+
+
+def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> str:
+    """The base URL of a healthy server serving the snapshot's model, starting it when managed."""
+    headers = auth_headers(server_cfg)
+    base_url = server_url(server_json, server_cfg, state_dir)
+    if check_health(base_url, headers):
+        return base_url
+    if not server_cfg.get("manage", True):
+        raise ServerError(
+            f"{base_url}/health does not answer and server.manage is false: start {server_cfg['unit']} "
+            "yourself, or set server.manage: true"
+        )
+    with state_lock(state_dir):
+        if not check_health(base_url, headers):  # another job may have started it meanwhile
+            _start(server_cfg, Path(state_dir), base_url, headers)
+    check_model(base_url, server_json["served_model_name"], headers)
+    log.info("server %s is up and serves %s", base_url, server_json["served_model_name"])
+    return base_url
+
+
+def stop(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> dict[str, Any]:
+    """Stop the server after generation when configured; returns what was done."""
+    report: dict[str, Any] = {"unit": server_cfg["unit"], "host": server_cfg.get("host", "local")}
+    if not (server_cfg.get("manage", True) and server_cfg.get("stop_after_generation", True)):
+        return {
+            **report,
+            "action": "left running",
+            "why": "server.manage or server.stop_after_generation is off",
+        }
+    with state_lock(state_dir):
+        if uses_local_process(server_cfg):
+            proc = find_local(state_dir, _process_name(server_cfg))
+            if proc is None:
+                return {**report, "action": "none", "why": "no process started by the pipeline is running"}
+            proc.stop()
+            return {**report, "action": "stopped", "pid": proc.pid}
+        _systemctl(server_cfg, "stop")
+    return {**report, "action": "stopped"}
+
+
+def write_stop_report(report: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

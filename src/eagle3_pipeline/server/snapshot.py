@@ -1,0 +1,333 @@
+"""Snapshot of the vLLM systemd service: what really runs, as server.json, identity.json and the unit.
+
+The unit text comes from `systemctl cat` on the host (local or SSH), or from `server.unit_file` (and
+its `.d/*.conf` drop-ins) where systemctl is absent. server.json holds no timestamps and no secrets:
+re-snapshotting an unchanged server rewrites identical files, so nothing downstream goes stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import shlex
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.server import secrets
+from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
+from eagle3_pipeline.server.unit import ServiceUnit, Unresolved, command_argv, merge_unit, split_cat_output
+from eagle3_pipeline.server.vllm_args import VllmCommand, parse_command, parse_length
+
+log = logging.getLogger(__name__)
+Host = LocalHost | RemoteHost
+
+# Flags whose value changes what the server writes for a given request (the identity). Port, host,
+# parallelism, memory and logging settings do not.
+IDENTITY_FLAGS = (
+    "--tokenizer",
+    "--tokenizer-mode",
+    "--tokenizer-revision",
+    "--revision",
+    "--code-revision",
+    "--dtype",
+    "--quantization",
+    "--kv-cache-dtype",
+    "--generation-config",
+    "--override-generation-config",
+    "--hf-overrides",
+    "--hf-config-path",
+    "--chat-template-content-format",
+    "--default-chat-template-kwargs",
+    "--seed",
+    "--trust-remote-code",
+    "--enable-auto-tool-choice",
+    "--logits-processors",
+    "--max-logprobs",
+)
+MODEL_SMALL_FILES = ("*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py")
+
+
+class SnapshotError(RuntimeError):
+    """The snapshot could not be taken; the message (secrets scrubbed) says what to fix."""
+
+
+def read_unit_text(host: Host, server_cfg: dict[str, Any]) -> str:
+    """`systemctl cat` output for the unit, or the unit file and its drop-ins in the same format."""
+    unit, unit_file = server_cfg["unit"], server_cfg.get("unit_file")
+    if not (host.is_local and unit_file):
+        res = host.run(f"systemctl cat --no-pager -- {shlex.quote(unit)}")
+        if res.ok and res.stdout.strip():
+            return res.stdout
+        reason = (res.stderr.strip() or res.stdout.strip() or f"exit {res.exited}").splitlines()[0]
+        if not unit_file:
+            raise SnapshotError(
+                f"`systemctl cat {unit}` failed on {host.name}: {reason}. Check server.unit, or set "
+                "server.unit_file to the unit file's path on that host to read it without systemctl"
+            )
+        log.info("systemctl cat failed on %s (%s); reading %s", host.name, reason, unit_file)
+    return _unit_file_text(host, unit_file)
+
+
+def _unit_file_text(host: Host, unit_file: str) -> str:
+    try:
+        parts = [f"# {unit_file}\n{host.read_file(unit_file)}"]
+    except OSError as err:
+        raise SnapshotError(f"cannot read the unit file (server.unit_file) {unit_file}: {err}") from None
+    dropin_dir = unit_file + ".d"
+    listing = host.run(f"ls -1 -- {shlex.quote(dropin_dir)} 2>/dev/null")
+    for name in sorted(listing.stdout.split()) if listing.ok else []:
+        if name.endswith(".conf"):
+            path = posixpath.join(dropin_dir, name)
+            parts.append(f"# {path}\n{host.read_file(path)}")
+    return "\n".join(part.rstrip("\n") + "\n" for part in parts)
+
+
+def resolve_environment(unit: ServiceUnit, host: Host) -> dict[str, str]:
+    """Environment= then EnvironmentFile= (files override, in order; `-` files may be missing)."""
+    from eagle3_pipeline.server.unit import parse_environment_file
+
+    env = dict(unit.environment)
+    for path, optional in unit.environment_files:
+        try:
+            env.update(parse_environment_file(host.read_file(path)))
+        except OSError as err:
+            if not optional:
+                unit.unresolved.append(
+                    Unresolved(f"EnvironmentFile={path}", f"cannot read it ({err}); systemd would not start")
+                )
+    return env
+
+
+def _select_exec(unit: ServiceUnit) -> int | None:
+    if not unit.exec_start:
+        unit.unresolved.append(Unresolved("ExecStart", "the unit has no ExecStart= after drop-ins"))
+        return None
+    candidates = [i for i, c in enumerate(unit.exec_start) if "vllm" in c.raw]
+    if len(unit.exec_start) > 1 and len(candidates) != 1:
+        unit.unresolved.append(
+            Unresolved("ExecStart", f"{len(unit.exec_start)} ExecStart= lines; none or many run vllm")
+        )
+    return candidates[-1] if candidates else len(unit.exec_start) - 1
+
+
+def parse_service(
+    cat_text: str, unit_name: str, host: Host
+) -> tuple[ServiceUnit, dict[str, str], list[str], VllmCommand]:
+    """Unit text -> (unit, resolved environment, ExecStart argv, the vLLM command)."""
+    unit = merge_unit(split_cat_output(cat_text, default_path=unit_name), unit_name)
+    env = resolve_environment(unit, host)
+    index = _select_exec(unit)
+    argv = command_argv(unit.exec_start[index], env, unit.unresolved) if index is not None else []
+    command = parse_command(argv, host.read_file, unit.working_directory or "/")
+    env.update(command.env)
+    return unit, env, argv, command
+
+
+def _file_digest(host: Host, path: str) -> str | None:
+    try:
+        return hashlib.sha256(host.read_file(path).encode()).hexdigest()
+    except OSError:
+        return None
+
+
+def chat_template_fingerprint(template: str | None, host: Host, cwd: str) -> tuple[str | None, str | None]:
+    """(sha256 of the template text, why it is unknown) for an inline template or a template file."""
+    if template is None:
+        return None, None
+    if "{" in template or "\n" in template:
+        return hashlib.sha256(template.encode()).hexdigest(), None
+    path = template if template.startswith("/") else posixpath.join(cwd, template)
+    digest = _file_digest(host, path)
+    return digest, None if digest else f"cannot read the chat template file {path}"
+
+
+def model_fingerprint(model: str | None, host: Host) -> dict[str, str] | None:
+    """Digests of a local model folder's small files (config, tokenizer, template) and the size and
+    mtime of its weights; None when the model is not a folder on the host (a hub id)."""
+    if not model:
+        return None
+    names = " -o ".join(f"-name {shlex.quote(p)}" for p in MODEL_SMALL_FILES)
+    q = shlex.quote(model)
+    res = host.run(
+        f"test -d {q} && cd {q} && find . -maxdepth 1 -type f \\( {names} \\) -exec sha256sum {{}} + && "
+        "find . -maxdepth 1 -type f \\( -name '*.safetensors' -o -name '*.bin' -o -name '*.gguf' \\) "
+        "-printf '%s:%T@ %f\\n'"
+    )
+    if not res.ok:
+        return None
+    fingerprint = {}
+    for line in res.stdout.splitlines():
+        value, _, name = line.strip().partition(" ")
+        fingerprint[name.strip().removeprefix("./").lstrip("*")] = value
+    return dict(sorted(fingerprint.items()))
+
+
+def _base_url(
+    host: Host, bind: str | None, port: int | None, flags: dict[str, Any], unresolved: list[Unresolved]
+) -> str | None:
+    scheme = "https" if flags.get("--ssl-certfile") else "http"
+    if port is None:
+        return None
+    if bind in (None, "", "0.0.0.0", "::"):
+        address = "127.0.0.1" if host.is_local else host.hostname()
+    else:
+        address = bind
+        if not host.is_local and bind in ("127.0.0.1", "localhost", "::1"):
+            unresolved.append(
+                Unresolved(
+                    "base_url", f"the server listens on {bind} on {host.name}; set server.tunnel: true"
+                )
+            )
+    if ":" in address:
+        address = f"[{address}]"
+    return f"{scheme}://{address}:{port}"
+
+
+def build_server_json(
+    unit: ServiceUnit, env: dict[str, str], command: VllmCommand, host: Host, server_cfg: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(server.json, identity.json) from a parsed unit; secrets already redacted."""
+    flags = command.flags
+    unresolved = [*unit.unresolved, *command.unresolved]
+    served = flags.get("--served-model-name")
+    served_name = (served[0] if isinstance(served, list) and served else served) or command.model
+    port = _number(flags, "--port", 8000 if command.found else None, unresolved)
+    cwd = unit.working_directory or "/"
+    template = flags.get("--chat-template") if isinstance(flags.get("--chat-template"), str) else None
+    template_digest, template_problem = chat_template_fingerprint(template, host, cwd)
+    if template_problem:
+        unresolved.append(Unresolved("chat_template", template_problem))
+    server = {
+        "model": command.model,
+        "served_model_name": served_name,
+        "host": flags.get("--host"),
+        "port": port,
+        "base_url": server_cfg.get("base_url")
+        or _base_url(host, flags.get("--host"), port, flags, unresolved),
+        "tensor_parallel_size": _number(
+            flags, "--tensor-parallel-size", 1 if command.found else None, unresolved
+        ),
+        "max_model_len": _number(flags, "--max-model-len", None, unresolved),
+        "reasoning_parser": flags.get("--reasoning-parser"),
+        "tool_call_parser": flags.get("--tool-call-parser"),
+        "trust_remote_code": bool(flags.get("--trust-remote-code", False)),
+        "chat_template": template,
+        "args": secrets.redact_flags(flags),
+        "env": secrets.redact_env(env),
+        "unit": unit.name,
+        "source_host": host.name,
+    }
+    fields = {
+        "model": command.model,
+        "served_model_name": served_name,
+        "reasoning_parser": server["reasoning_parser"],
+        "tool_call_parser": server["tool_call_parser"],
+        "chat_template": template,
+        "chat_template_sha256": template_digest,
+        "max_model_len": server["max_model_len"],
+        "model_files": model_fingerprint(command.model, host),
+        "flags": {name: flags[name] for name in IDENTITY_FLAGS if name in flags},
+    }
+    fields = json.loads(secrets.REDACTOR.scrub(json.dumps(fields, sort_keys=True)))
+    identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    server["identity"] = identity
+    server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
+    return server, {"identity": identity, "fields": fields}
+
+
+def _number(
+    flags: dict[str, Any], name: str, default: int | None, unresolved: list[Unresolved]
+) -> int | None:
+    """An integer flag (`32k` forms allowed); a value that is not a number is reported, not guessed."""
+    value = flags.get(name)
+    if value is None:
+        return default
+    try:
+        return parse_length(value)
+    except ValueError:
+        unresolved.append(Unresolved(name, f"value {value!r} is not a number"))
+        return None
+
+
+def _unique(items: list[Unresolved]) -> list[Unresolved]:
+    return list(dict.fromkeys(items))
+
+
+def _write(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _log_state(host: Host, unit_name: str, argv: list[str]) -> None:
+    """Log the unit's state, and warn when the running process differs from the unit's ExecStart."""
+    res = host.run(f"systemctl show --no-pager -p ActiveState,SubState,MainPID -- {shlex.quote(unit_name)}")
+    if not res.ok:
+        log.info("systemctl show unavailable on %s; state not recorded", host.name)
+        return
+    state = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    log.info(
+        "unit %s: %s/%s pid %s",
+        unit_name,
+        state.get("ActiveState"),
+        state.get("SubState"),
+        state.get("MainPID"),
+    )
+    pid = state.get("MainPID", "0")
+    if pid.isdigit() and int(pid) > 0:
+        cmdline = host.run(f"cat /proc/{int(pid)}/cmdline")
+        running = cmdline.stdout.rstrip("\0").split("\0") if cmdline.ok else None
+        if running and running != argv:
+            log.warning("the running command line differs from the unit's ExecStart (edited, not restarted?)")
+
+
+def take_snapshot(server_cfg: dict[str, Any], host: Host) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(redacted unit text, server.json, identity.json) for `server_cfg` on `host`."""
+    cat_text = read_unit_text(host, server_cfg)
+    unit, env, argv, command = parse_service(cat_text, server_cfg["unit"], host)
+    server, identity = build_server_json(unit, env, command, host, server_cfg)
+    redacted_unit = secrets.redact_unit_text(cat_text)
+    try:
+        _log_state(host, server_cfg["unit"], argv)
+    except HostError as err:
+        log.info("could not read the unit's state: %s", err)
+    for item in server["unresolved"]:
+        log.warning("unresolved %s: %s", item["what"], item["why"])
+    return redacted_unit, server, identity
+
+
+def snapshot_server(
+    server_cfg: dict[str, Any],
+    unit_out: str,
+    server_out: str,
+    identity_out: str,
+    ssh_config_path: str | None = None,
+) -> dict[str, Any]:
+    """Snapshot the server and write the three outputs; errors come out with secrets scrubbed."""
+    host = open_host(server_cfg, ssh_config_path)
+    try:
+        unit_text, server, identity = take_snapshot(server_cfg, host)
+    except (SnapshotError, HostError, OSError, ValueError) as err:
+        raise SnapshotError(secrets.REDACTOR.scrub(str(err))) from None
+    finally:
+        host.close()
+    _write(unit_out, unit_text)
+    _write(server_out, secrets.REDACTOR.scrub(_dump(server)))
+    _write(identity_out, secrets.REDACTOR.scrub(_dump(identity)))
+    log.info(
+        "server %s serves %s as %s (identity %s)",
+        server["base_url"],
+        server["model"],
+        server["served_model_name"],
+        server["identity"],
+    )
+    return server

@@ -1,0 +1,295 @@
+"""A systemd unit parser that reads units the way systemd does, for the settings a vLLM service uses.
+
+Input is what `systemctl cat --no-pager UNIT` prints (each file introduced by a `# /path` line, the
+fragment first, then its drop-ins) or a single unit file. Handled: backslash-newline continuation
+(comment lines inside a continuation are skipped), comments, single and double quotes with C escapes,
+specifiers (`%%` -> `%`, `%n`, `%N`, `%p`, `%i`, `%I`), `$$` -> `$`, `$VAR` (split into words when it
+is a word of its own) and `${VAR}` (one word), ExecStart prefixes (`-@:+!|`, `!!`), an empty
+`ExecStart=` resetting the list, drop-ins overriding the fragment, repeated `Environment=` (last wins
+per variable) and `EnvironmentFile=` (`-` meaning optional). What cannot be resolved is recorded in
+`Unresolved` entries, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_HEADER = re.compile(r"^# (/\S.*)$")
+_VAR_WORD = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
+_VAR_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "s": " "}
+EXEC_PREFIX_CHARS = "-@:+!|"
+
+
+class UnitError(ValueError):
+    """A unit that cannot be read: the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """Something the snapshot could not determine, and why."""
+
+    what: str
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"what": self.what, "why": self.why}
+
+
+@dataclass
+class UnitFile:
+    """One file of a unit: its path and its (section, key, value) assignments in order."""
+
+    path: str
+    assignments: list[tuple[str, str, str]]
+
+
+@dataclass
+class ExecCommand:
+    """One ExecStart= line: its prefixes and the raw command text (quotes still in it)."""
+
+    prefixes: str
+    raw: str
+
+
+@dataclass
+class ServiceUnit:
+    """The [Service] settings that decide what runs, after drop-ins are applied."""
+
+    name: str
+    files: list[str] = field(default_factory=list)
+    exec_start: list[ExecCommand] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    environment_files: list[tuple[str, bool]] = field(default_factory=list)  # (path, optional)
+    working_directory: str | None = None
+    user: str | None = None
+    unresolved: list[Unresolved] = field(default_factory=list)
+
+
+def split_cat_output(text: str, default_path: str = "(unit)") -> list[tuple[str, str]]:
+    """Split `systemctl cat` output into (path, text) per file; a plain file is one entry."""
+    files: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        match = _HEADER.match(line)
+        if match and (not files or _looks_like_unit_path(match.group(1))):
+            files.append((match.group(1).strip(), []))
+        elif not files:
+            files.append((default_path, [line]))
+        else:
+            files[-1][1].append(line)
+    return [(path, "\n".join(lines)) for path, lines in files]
+
+
+def _looks_like_unit_path(path: str) -> bool:
+    return bool(re.search(r"\.(service|conf)$", path.strip()))
+
+
+def logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join backslash-continued lines; comment lines inside a continuation are dropped.
+
+    Returns (first line number, joined line) pairs without comments or blank lines.
+    """
+    out: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith(("#", ";")):
+            continue  # a comment, also inside a continuation
+        if not pending:
+            if not stripped:
+                continue
+            start = number
+        if line.rstrip().endswith("\\"):
+            pending.append(line.rstrip()[:-1])
+            continue
+        pending.append(line)
+        out.append((start, " ".join(part.strip() for part in pending).strip()))
+        pending = []
+    if pending:
+        out.append((start, " ".join(part.strip() for part in pending).strip()))
+    return out
+
+
+def parse_unit_file(path: str, text: str) -> UnitFile:
+    """Parse one file into (section, key, value) assignments."""
+    section = ""
+    assignments = []
+    for number, line in logical_lines(text):
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+            continue
+        if "=" not in line:
+            raise UnitError(f"{path}:{number}: expected KEY=VALUE or [Section], got {line!r}")
+        key, value = line.split("=", 1)
+        assignments.append((section, key.strip(), value.strip()))
+    return UnitFile(path, assignments)
+
+
+def expand_specifiers(value: str, unit_name: str, unresolved: list[Unresolved], what: str) -> str:
+    """Resolve `%%` and the unit-name specifiers; others are recorded as unresolved and left as is."""
+    prefix, _, rest = unit_name.rpartition(".")[0].partition("@")
+    base = unit_name.rpartition(".")[0]
+    known = {"%": "%", "n": unit_name, "N": base, "p": prefix or base, "i": rest, "I": rest}
+
+    def replace(match: re.Match[str]) -> str:
+        letter = match.group(1)
+        if letter in known:
+            return known[letter]
+        unresolved.append(Unresolved(what, f"systemd specifier %{letter} is not resolved by the snapshot"))
+        return match.group(0)
+
+    return re.sub(r"%(.)", replace, value)
+
+
+def split_words(text: str, where: str) -> list[str]:
+    """Split a command line into words like systemd: quotes, C escapes, backslash-space."""
+    words: list[str] = []
+    current: list[str] = []
+    in_word = False
+    quote = ""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            current.append(_ESCAPES.get(nxt, nxt))
+            in_word, i = True, i + 2
+            continue
+        if quote:
+            if char == quote:
+                quote = ""
+            else:
+                current.append(char)
+        elif char in "'\"":
+            quote, in_word = char, True
+        elif char.isspace():
+            if in_word:
+                words.append("".join(current))
+            current, in_word = [], False
+        else:
+            current.append(char)
+            in_word = True
+        i += 1
+    if quote:
+        raise UnitError(f"{where}: unbalanced {quote} quote in {text!r}")
+    if in_word:
+        words.append("".join(current))
+    return words
+
+
+def substitute_env(
+    words: list[str], env: dict[str, str], unresolved: list[Unresolved], what: str
+) -> list[str]:
+    """Apply systemd's variable rules (`replace_env_argv`): a word `$VAR` is replaced by the value split
+    into words (quotes honoured), `${VAR}` anywhere in a word by the value as-is, `$$` by `$`; `$VAR`
+    inside a longer word stays literal. A variable the unit does not set is recorded as unresolved."""
+    out: list[str] = []
+    for word in words:
+        if word.startswith("$") and word[1:2] not in ("{", "$"):
+            if _VAR_WORD.match(word):
+                out.extend(split_words(_lookup(word[1:], env, unresolved, what), f"${word[1:]}"))
+            else:
+                unresolved.append(
+                    Unresolved(what, f"{word!r} is not a variable name; systemd drops the word")
+                )
+            continue
+
+        def replace(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            return _lookup(match.group(1), env, unresolved, what)
+
+        out.append(_VAR_REF.sub(replace, word))
+    return out
+
+
+def _lookup(name: str, env: dict[str, str], unresolved: list[Unresolved], what: str) -> str:
+    if name in env:
+        return env[name]
+    unresolved.append(
+        Unresolved(
+            what, f"${name} is not set by the unit (Environment=/EnvironmentFile=); systemd would use ''"
+        )
+    )
+    return ""
+
+
+def parse_environment_assignments(value: str, where: str) -> dict[str, str]:
+    """`Environment=` value: space-separated, quotable VAR=VALUE words."""
+    env = {}
+    for word in split_words(value, where):
+        if "=" not in word:
+            raise UnitError(f"{where}: Environment= word {word!r} is not VAR=VALUE")
+        name, val = word.split("=", 1)
+        env[name] = val
+    return env
+
+
+def parse_environment_file(text: str) -> dict[str, str]:
+    """An EnvironmentFile=: VAR=VALUE lines, `#`/`;` comments, quotes, continuations, `export`."""
+    env = {}
+    for _, line in logical_lines(text):
+        line = line.removeprefix("export ").strip()
+        if "=" not in line:
+            continue
+        name, value = (part.strip() for part in line.split("=", 1))
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+            if value and line.split("=", 1)[1].strip()[0] == '"':
+                value = re.sub(r"\\(.)", r"\1", value)
+        env[name] = value
+    return env
+
+
+def split_exec_prefixes(value: str) -> ExecCommand:
+    """`ExecStart=` value -> prefixes (`-`, `@`, `:`, `+`, `!`, `!!`, `|`) and the command."""
+    i = 0
+    while i < len(value) and value[i] in EXEC_PREFIX_CHARS:
+        i += 1
+    return ExecCommand(prefixes=value[:i], raw=value[i:].strip())
+
+
+def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
+    """Apply the fragment then each drop-in, in order, to the [Service] settings."""
+    unit = ServiceUnit(name=unit_name)
+    for path, text in files:
+        parsed = parse_unit_file(path, text)
+        unit.files.append(path)
+        for section, key, value in parsed.assignments:
+            if section == "Service":
+                _apply(unit, key, value, path)
+    return unit
+
+
+def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
+    spec = expand_specifiers(value, unit.name, unit.unresolved, f"{key}= in {path}")
+    if key == "ExecStart":
+        if not spec:
+            unit.exec_start = []  # an empty assignment resets the list
+        else:
+            unit.exec_start.append(split_exec_prefixes(spec))
+    elif key == "Environment":
+        unit.environment.update(parse_environment_assignments(spec, f"{path}: Environment="))
+    elif key == "EnvironmentFile":
+        if not spec:
+            unit.environment_files = []
+        else:
+            optional = spec.startswith("-")
+            unit.environment_files.append((spec.removeprefix("-").strip(), optional))
+    elif key == "WorkingDirectory":
+        unit.working_directory = spec.removeprefix("-") or None
+    elif key == "User":
+        unit.user = spec or None
+
+
+def command_argv(command: ExecCommand, env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:
+    """The argv an ExecStart line runs with `env`: `@` drops the argv[0] override word, `:` turns
+    variable substitution off."""
+    words = split_words(command.raw, "ExecStart=")
+    if ":" not in command.prefixes:
+        words = substitute_env(words, env, unresolved, "ExecStart=")
+    if "@" in command.prefixes and len(words) >= 2:
+        words = [words[0], *words[2:]]
+    return words

@@ -1,0 +1,201 @@
+"""Reading a vLLM server's command line: which words are vLLM's, and what its flags say.
+
+Recognised launchers: `vllm serve MODEL ...`, `python -m vllm.entrypoints.openai.api_server --model
+...` (also `vllm.entrypoints.cli.main serve`), behind `env VAR=x`, `bash -c "..."`, `uv run`, `conda
+run`, `numactl` and the like (anything before the vLLM words is the launcher). Flags: `--flag value`,
+`--flag=value`, underscores for dashes, short aliases (`-tp`), `--no-` booleans, multi-value flags,
+and `--config args.yaml` (values from the file, the command line wins).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from eagle3_pipeline.server._vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
+from eagle3_pipeline.server.unit import Unresolved
+
+API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+SHELLS = ("sh", "bash", "dash", "zsh")
+SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
+
+
+@dataclass
+class VllmCommand:
+    """The vLLM part of a command line: launcher words, the model, and the flags as given."""
+
+    launcher: list[str]
+    model: str | None
+    flags: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # from an `env VAR=x` launcher
+    unresolved: list[Unresolved] = field(default_factory=list)
+    found: bool = True  # False when no vLLM launcher was recognised
+
+
+def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | None:
+    """Split argv into (launcher, vLLM arguments, env from `env`); None when no vLLM is found."""
+    env: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        base = os.path.basename(word)
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return argv[: i + 2], argv[i + 2 :], env
+        if word == "-m" and i + 1 < len(argv):
+            module = argv[i + 1]
+            if module in API_SERVER_MODULES:
+                return argv[: i + 2], argv[i + 2 :], env
+            if module == "vllm.entrypoints.cli.main" and argv[i + 2 : i + 3] == ["serve"]:
+                return argv[: i + 3], argv[i + 3 :], env
+        if base in SHELLS and "-c" in argv[i + 1 : i + 3]:
+            c_at = argv.index("-c", i + 1)
+            found = find_vllm(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
+            if found:
+                args = found[1]
+                ends = [k for k, w in enumerate(args) if w in SHELL_OPERATORS]
+                return [*argv[: c_at + 1], *found[0]], args[: ends[0]] if ends else args, {**env, **found[2]}
+            return None
+        if "=" in word and not word.startswith("-") and i > 0 and os.path.basename(argv[0]) == "env":
+            name, value = word.split("=", 1)
+            env[name] = value
+    return None
+
+
+def shell_words(script: str) -> list[str]:
+    """Words of a `sh -c` script, with `;`, `&&`, `|` as words of their own."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    return list(lexer)
+
+
+def canonical_flag(name: str) -> str:
+    """`--max_model_len` -> `--max-model-len`; `-tp` -> `--tensor-parallel-size`."""
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return ALIASES.get(name, name)
+
+
+def _is_flag(word: str) -> bool:
+    if not word.startswith("-") or word == "-":
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
+def parse_flags(words: list[str], positional_model: bool) -> tuple[str | None, dict[str, Any], list[str]]:
+    """Parse vLLM arguments into (positional model, {canonical flag: value}, stray positionals).
+
+    Booleans are True/False, multi-value flags lists, others strings; a repeated flag: last wins.
+    """
+    model, flags, stray = None, {}, []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not _is_flag(word):
+            if positional_model and model is None and not flags.get("--model"):
+                model = word
+            else:
+                stray.append(word)
+            continue
+        if word.startswith("-O") and not word.startswith("--") and len(word) > 2:
+            flags["-O"] = word[2:].lstrip("=")
+            continue
+        name, eq, inline = word.partition("=")
+        name = canonical_flag(name)
+        negated = name.startswith("--no-") and "--" + name[5:] in BOOLEAN_FLAGS
+        if negated or name in BOOLEAN_FLAGS:
+            value: Any = inline.lower() not in ("false", "0", "no") if eq else True
+            flags["--" + name[5:] if negated else name] = not value if negated else value
+        elif eq:
+            flags[name] = [inline] if name in MULTI_VALUE_FLAGS else inline
+        elif name in MULTI_VALUE_FLAGS:
+            values = []
+            while i < len(words) and not _is_flag(words[i]):
+                values.append(words[i])
+                i += 1
+            flags[name] = values
+        elif name in OPTIONAL_VALUE_FLAGS or i >= len(words) or _is_flag(words[i]):
+            has_value = i < len(words) and not _is_flag(words[i])
+            flags[name] = words[i] if has_value else True
+            i += 1 if has_value else 0
+        else:
+            flags[name] = words[i]
+            i += 1
+    return model, flags, stray
+
+
+def config_file_flags(text: str, path: str) -> dict[str, Any]:
+    """`--config args.yaml`: keys are flag names without dashes; values typed by YAML."""
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a vLLM --config file must be a YAML mapping of flag: value")
+    flags = {}
+    for key, value in data.items():
+        name = canonical_flag("--" + str(key))
+        if isinstance(value, dict):
+            value = json.dumps(value, sort_keys=True)
+        elif isinstance(value, list):
+            value = [str(v) for v in value]
+        elif not isinstance(value, bool):
+            value = str(value)
+        flags[name] = value
+    return flags
+
+
+def parse_command(argv: list[str], read_file: Any, cwd: str) -> VllmCommand:
+    """Find vLLM in argv and read its flags, following `--config FILE` through `read_file(path)`."""
+    found = find_vllm(argv)
+    if found is None:
+        return VllmCommand(
+            launcher=argv,
+            model=None,
+            found=False,
+            unresolved=[
+                Unresolved(
+                    "model",
+                    f"ExecStart runs {argv[0] if argv else '(nothing)'!r}, not `vllm serve` or "
+                    "`python -m vllm.entrypoints.openai.api_server` (a wrapper script?); set server.base_url "
+                    "and check the command by hand",
+                )
+            ],
+        )
+    launcher, words, env = found
+    positional_model = not launcher[-1].startswith("vllm.entrypoints")
+    model, flags, stray = parse_flags(words, positional_model)
+    command = VllmCommand(launcher=launcher, model=model, env=env)
+    if stray:
+        command.unresolved.append(Unresolved("args", f"unexpected positional words {len(stray)} ignored"))
+    config_path = flags.get("--config")
+    if isinstance(config_path, str):
+        full = config_path if config_path.startswith("/") else os.path.join(cwd, config_path)
+        try:
+            from_file = config_file_flags(read_file(full), full)
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            command.unresolved.append(Unresolved("--config", f"could not read {full}: {err}"))
+        else:
+            file_model = from_file.pop("--model", None)
+            command.flags.update(from_file)
+            if command.model is None and isinstance(file_model, str):
+                command.model = file_model
+    command.flags.update(flags)
+    if command.model is None and isinstance(command.flags.get("--model"), str):
+        command.model = command.flags["--model"]
+    if command.model is None:
+        command.unresolved.append(Unresolved("model", "no model given on the command line or in --config"))
+    return command
+
+
+def parse_length(value: Any) -> int:
+    """vLLM's `--max-model-len`: an int, or 32k (x1000) / 32K (x1024) / 1m / 1M."""
+    text = str(value).strip()
+    factors = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    if text and text[-1] in factors:
+        return int(float(text[:-1]) * factors[text[-1]])
+    return int(text)
