@@ -11,9 +11,11 @@ rule validate_offline:
         f"{RESULTS}/validation/offline.json",
     log:
         f"{LOGS}/validate_offline.log",
+    resources:
+        gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
         checkpoint_dir=f"{RESULTS}/draft/checkpoint",
-        hidden_states=f"{RESULTS}/hidden_states/validation",
+        target=config["target"]["model"],
         ttt_steps=config["draft"]["ttt_steps"],
     script:
         "../scripts/validate_offline.py"
