@@ -5,7 +5,10 @@
 rule validate_offline:
     input:
         checkpoint=rules.export_draft.output.config,
-        states=expand(f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors", shard=SHARDS),
+        states=expand(
+            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
+            shard=SHARDS,
+        ),
         target=get_target_config(),
     output:
         f"{RESULTS}/validation/offline.json",
