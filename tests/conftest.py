@@ -4,4 +4,6 @@ pytest_plugins = [
     "support.draft",
     "support.hidden_states",
     "support.http_endpoint",
+    "support.sshd",
+    "support.vllm_server",
 ]

@@ -120,7 +120,7 @@ def write_traces(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hs_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo target if built (with a chat template), else a random tiny Llama saved once."""
     if (DEMO_TARGET / "model.safetensors").exists() and (DEMO_TARGET / "tokenizer.json").exists():
         return DEMO_TARGET
@@ -128,7 +128,7 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_target: Path) -> Any:
+def hs_tokenizer(hs_target: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_target))
+    return AutoTokenizer.from_pretrained(str(hs_target))

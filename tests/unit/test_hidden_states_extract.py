@@ -1,0 +1,164 @@
+"""The per-shard job: contract of the written files, resume after an interruption, empty shards, and the
+real `accelerate launch` command (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.hidden_states import trace_rows, write_traces
+from transformers import AutoModelForCausalLM
+
+from eagle3_pipeline.hidden_states import HiddenStateShard, extract
+from eagle3_pipeline.hidden_states.extract import ExtractSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACT_KEYS = set(
+    [
+        "ids",
+        "num_samples",
+        "num_tokens",
+        "num_loss_tokens",
+        "hidden_size",
+        "num_hidden_layers",
+        "vocab_size",
+        "aux_layers",
+        "aux_layers_vllm",
+        "final_state",
+        "dtype",
+        "target",
+        "token_counts",
+        "rebuilt_from_template",
+        "overlong",
+        "bytes_per_token",
+        "floor_bytes_per_token",
+    ]
+)
+
+
+@pytest.fixture
+def traces(hs_tokenizer, tmp_path) -> Path:
+    rows = trace_rows(hs_tokenizer, 7, shard=0) + trace_rows(hs_tokenizer, 2, shard=1, start=7)
+    rows[3]["prompt_token_ids"] = rows[3]["completion_token_ids"] = None  # an older server: rebuilt
+    return write_traces(tmp_path / "train.parquet", rows)
+
+
+def settings_for(traces: Path, target: Path, out: Path, shard: int = 0, **kw) -> ExtractSettings:
+    out.mkdir(exist_ok=True)
+    return ExtractSettings(
+        traces=traces, shard=shard, target=target, work=out / "work",
+        output=out / f"shard-{shard:05d}.safetensors", metadata=out / f"shard-{shard:05d}.json",
+        **{"batch_tokens": 100, "compute_dtype": "float32", **kw},
+    )  # fmt: skip
+
+
+def test_shard_follows_the_contract_and_matches_a_plain_forward(traces, hs_target, tmp_path):
+    s = settings_for(traces, hs_target, tmp_path / "out")
+    meta = extract.extract_shard(s)
+    on_disk = json.loads(s.metadata.read_text())
+    assert on_disk == meta and set(meta) >= CONTRACT_KEYS
+    assert meta["ids"] == [f"id{i:04d}" for i in range(7)] and meta["rebuilt_from_template"] == 1
+    assert meta["aux_layers"] == [1, 3, 4] and meta["aux_layers_vllm"] == [2, 4, 5]
+    assert meta["final_state"] == "post_norm" and meta["dtype"] == "bfloat16"
+    h = meta["hidden_size"]
+    assert meta["floor_bytes_per_token"] == 4 * h * 2 <= meta["bytes_per_token"] < 4 * h * 2 + 64
+    assert sum(meta["token_counts"].values()) == meta["num_loss_tokens"]
+    assert not s.work.exists() and not list(s.output.parent.glob("*.tmp"))
+    model = AutoModelForCausalLM.from_pretrained(str(hs_target), dtype=torch.float32).eval()
+    counts: dict[str, int] = {}
+    with HiddenStateShard(s.output) as shard:
+        assert shard.metadata["aux_layers_vllm"] == [2, 4, 5]
+        for sample in shard:
+            ids = sample["input_ids"].long()
+            with torch.inference_mode():
+                hs = model(ids[None], output_hidden_states=True).hidden_states
+            want_aux = torch.cat([hs[v][0] for v in meta["aux_layers_vllm"]], dim=-1)
+            torch.testing.assert_close(sample["aux_hidden_states"].float(), want_aux, rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(sample["final_hidden_states"].float(), hs[-1][0], rtol=2e-2, atol=2e-2)
+            for t in ids[sample["loss_mask"].bool()].tolist():
+                counts[str(t)] = counts.get(str(t), 0) + 1
+    assert counts == meta["token_counts"]
+
+
+def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monkeypatch):
+    reference = settings_for(traces, hs_target, tmp_path / "ref")
+    extract.extract_shard(reference)
+    s = settings_for(traces, hs_target, tmp_path / "out")
+    real_run_batch, calls = extract.run_batch, []
+
+    def dies_on_third(model, seqs, batch, layers, dtype):
+        calls.append(batch)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real_run_batch(model, seqs, batch, layers, dtype)
+
+    monkeypatch.setattr(extract, "run_batch", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        extract.extract_shard(s)
+    assert not s.output.exists() and len(list((s.work / "parts").glob("*.safetensors"))) == 2
+    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
+    extract.extract_shard(s)
+    first, second = calls[:3], calls[3:]
+    assert second[0] == first[2]  # the interrupted batch runs again, the two saved ones do not
+    assert sorted(i for b in first[:2] + second for i in b) == list(range(7))
+    with HiddenStateShard(s.output) as got, HiddenStateShard(reference.output) as want:
+        for a, b in zip(got, want, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads(s.metadata.read_text())["ids"] == json.loads(reference.metadata.read_text())["ids"]
+
+
+def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monkeypatch):
+    s = settings_for(traces, hs_target, tmp_path / "out")
+    calls = []
+    real = extract.run_batch
+    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(1) or real(*a))
+    extract.prepare_work(s.work, "another plan")
+    (s.work / "parts" / "batch-00000.safetensors").write_bytes(b"stale")
+    extract.extract_shard(s)
+    with HiddenStateShard(s.output) as shard:
+        assert len(shard) == 7
+        lengths = shard.offsets.diff().tolist()
+    assert len(calls) == len(extract.sequences.plan_batches(lengths, s.batch_tokens))  # every batch ran
+
+
+def test_empty_shard_is_valid(traces, hs_target, tmp_path):
+    s = settings_for(traces, hs_target, tmp_path / "out", shard=5)
+    meta = extract.extract_shard(s)
+    assert meta["num_samples"] == meta["num_tokens"] == 0 and meta["bytes_per_token"] is None
+    with HiddenStateShard(s.output) as shard:
+        assert len(shard) == 0
+        assert list(shard._file.get_slice("aux_hidden_states").get_shape()) == [0, 3 * meta["hidden_size"]]
+
+
+def test_overlong_drop_is_counted_in_metadata(traces, hs_target, tmp_path):
+    s = settings_for(traces, hs_target, tmp_path / "out", max_seq_len=44, overlong="drop")
+    meta = extract.extract_shard(s)
+    assert meta["overlong"]["policy"] == "drop" and meta["overlong"]["dropped"] > 0
+    assert meta["num_samples"] == 7 - meta["overlong"]["dropped"]
+    assert set(meta["overlong"]["dropped_ids"]).isdisjoint(meta["ids"])
+
+
+@pytest.mark.slow
+def test_accelerate_launch_command(traces, hs_target, tmp_path):
+    """The command rule extract_hidden_states runs, on CPU, one process."""
+    out = tmp_path / "hidden_states" / "train"
+    out.mkdir(parents=True)
+    cmd = [
+        str(Path(sys.executable).with_name("accelerate")), "launch", "--cpu", "--num_processes", "1",
+        "--num_machines", "1", "--dynamo_backend", "no", "scripts/extract_hidden_states.py",
+        "--traces", str(traces), "--shard", "00001", "--target", str(hs_target), "--layers", "1", "3", "5",
+        "--max-seq-len", "2048", "--overlong", "truncate", "--dtype", "bfloat16", "--compute-dtype", "auto",
+        "--batch-tokens", "8192", "--work", str(tmp_path / "work"),
+        "--output", str(out / "shard-00001.safetensors"), "--metadata", str(out / "shard-00001.json"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.loads((out / "shard-00001.json").read_text())
+    assert meta["ids"] == ["id0007", "id0008"] and meta["aux_layers_vllm"] == [2, 4, 6]
+    assert meta["compute_dtype"] == "bfloat16"
+    with HiddenStateShard(out / "shard-00001.safetensors") as shard:
+        assert [len(x["input_ids"]) for x in shard] == [int(o) for o in shard.offsets.diff()]
