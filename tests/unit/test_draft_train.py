@@ -1,0 +1,103 @@
+"""Draft training: a few steps lower the loss; a killed-and-resumed run equals an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3_pipeline.draft.data import HiddenStateData
+from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, main, split_shards
+from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
+from eagle3_pipeline.draft.vocab import build_vocab_map
+
+TRAIN = {
+    "epochs": 2,
+    "lr": 3e-3,
+    "warmup_ratio": 0.1,
+    "weight_decay": 0.0,
+    "grad_clip": 0.5,
+    "batch_tokens": 256,
+    "seed": 0,
+    "save_every_steps": 100,
+}
+
+
+@pytest.fixture
+def job(draft_hidden_states, random_target, tmp_path) -> TrainJob:
+    vocab = tmp_path / "vocab_map.safetensors"
+    build_vocab_map([p.with_suffix(".json") for p in draft_hidden_states["train"]], 96, 64, vocab)
+    return TrainJob(
+        train_shards=[str(p) for p in draft_hidden_states["train"]],
+        validation_shards=[str(p) for p in draft_hidden_states["validation"]],
+        vocab_map=str(vocab),
+        target=str(random_target),
+        draft={"ttt_steps": 3, "step_weight_decay": 0.8},
+        train=dict(TRAIN),
+        work=str(tmp_path / "work"),
+        weights=str(tmp_path / "out" / "model.safetensors"),
+        history=str(tmp_path / "out" / "history.json"),
+    )
+
+
+def test_a_few_steps_lower_the_loss(job):
+    model, head = build_model(job)
+    optimizer, _ = build_optimizer(model, job.train, total_steps=1000)
+    data = HiddenStateData(job.train_shards, 256)
+    batch = data.collate(data.batches(seed=0, epoch=0)[0])
+    probs, in_draft = target_distribution(batch.final_hidden_states, **head)
+    losses = []
+    for _ in range(12):
+        loss, _ = ttt_loss(model(batch.aux_hidden_states, batch.input_ids, 3), batch, probs, in_draft, 0.8)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_resume_after_an_interruption_equals_an_uninterrupted_run(job, tmp_path):
+    assert main(job)
+    interrupted = replace(
+        job, work=str(tmp_path / "work2"), weights=str(tmp_path / "b" / "model.safetensors")
+    )
+    interrupted = replace(interrupted, history=str(tmp_path / "b" / "history.json"))
+    assert not main(replace(interrupted, stop_after_steps=3))  # mid-epoch 0 (4 batches per epoch)
+    assert not Path(interrupted.weights).exists()
+    assert main(interrupted)
+    a, b = load_file(job.weights), load_file(interrupted.weights)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
+    history_a, history_b = (
+        json.loads(Path(job.history).read_text()),
+        json.loads(Path(interrupted.history).read_text()),
+    )
+    assert len(history_a) == 2
+    assert history_a == history_b
+    assert history_a[-1]["train"]["loss"] < history_a[0]["train"]["loss"]
+    assert set(history_a[0]["validation"]) >= {"loss", "step_accuracy", "conditional_accuracy"}
+
+
+def test_state_saved_for_other_settings_is_not_resumed(job, caplog):
+    assert not main(replace(job, stop_after_steps=2))
+    changed = replace(job, train=job.train | {"lr": 1e-3})
+    with caplog.at_level("WARNING"):
+        assert main(changed)
+    assert "starting afresh" in caplog.text
+
+
+def test_shards_split_by_their_folder():
+    train, validation = split_shards(
+        ["h/train/shard-00000.safetensors", "h/validation/shard-00000.safetensors"]
+    )
+    assert (train, validation) == (
+        ["h/train/shard-00000.safetensors"],
+        ["h/validation/shard-00000.safetensors"],
+    )
+    with pytest.raises(ValueError, match="train/ or validation/"):
+        split_shards(["h/other/shard-00000.safetensors"])
