@@ -46,6 +46,7 @@ def get_final_outputs():
         f"{RESULTS}/traces/stats.json",
         f"{RESULTS}/draft/checkpoint/config.json",
         f"{RESULTS}/validation/offline.json",
+        f"{RESULTS}/report/acceptance.png",  # rule plot_validation: every picture of the report
     ]
     if config["validate"]["serve_check"]:
         outputs.append(f"{RESULTS}/validation/serve_check.json")

@@ -1,0 +1,245 @@
+"""The pictures of `snakemake --report`: the server snapshot, trace lengths, training curves, acceptance
+per position and the trained-vs-baseline comparison. matplotlib with the Agg backend (no display).
+
+Every function reads finished pipeline outputs and writes one file; a missing optional input (no
+serve check, no baseline) gives a figure that says so instead of failing the report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+SERVER_KEYS = (
+    "model",
+    "served_model_name",
+    "source_host",
+    "unit",
+    "base_url",
+    "tensor_parallel_size",
+    "max_model_len",
+    "reasoning_parser",
+    "tool_call_parser",
+    "vllm_version",
+)
+
+
+def _read_json(path: str | Path | None) -> Any:
+    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
+
+
+def _save(fig: plt.Figure, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        return [row for k, v in data.items() for row in _flatten(v, f"{prefix}{k}.")]
+    return [(prefix.rstrip("."), data)]
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
+    "body{{font-family:sans-serif;margin:1em}}th{{text-align:left;padding-right:1em;vertical-align:top}}"
+    "pre{{background:#f4f4f4;padding:.8em;overflow-x:auto}}</style></head><body><h2>{title}</h2>{body}</body></html>"
+)
+
+
+def server_page(unit_path: str | Path, server_json_path: str | Path, output: str | Path) -> None:
+    """HTML: the main server.json fields, the vLLM flags, and the redacted unit text as captured."""
+    server = _read_json(server_json_path) or {}
+    body = _table([(k, server.get(k)) for k in SERVER_KEYS if k in server])
+    body += "<h3>vLLM flags</h3>" + _table(sorted((server.get("args") or {}).items()))
+    body += "<h3>Environment (secrets redacted)</h3>" + _table(sorted((server.get("env") or {}).items()))
+    body += f"<h3>Unit (systemctl cat, redacted)</h3><pre>{html.escape(Path(unit_path).read_text())}</pre>"
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(PAGE.format(title="Server snapshot", body=body))
+
+
+def trace_stats_page(stats_path: str | Path, output: str | Path) -> None:
+    """HTML: every figure of traces/stats.json as a table."""
+    body = _table(_flatten(_read_json(stats_path) or {}))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(PAGE.format(title="Trace statistics", body=body))
+
+
+def trace_lengths(traces_path: str | Path, output: str | Path) -> None:
+    """Histograms of prompt and completion tokens (by finish reason) and thinking vs answer length."""
+    frame = pl.read_parquet(traces_path)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    if "prompt_tokens" in frame.columns:
+        axes[0].hist(frame["prompt_tokens"].drop_nulls().to_list(), bins=30, color="tab:gray")
+    axes[0].set(title="Prompt tokens", xlabel="tokens", ylabel="traces")
+    if "completion_tokens" in frame.columns:
+        by = (
+            frame.partition_by("finish_reason", as_dict=True)
+            if "finish_reason" in frame.columns
+            else {("all",): frame}
+        )
+        for key, part in sorted(by.items(), key=lambda kv: str(kv[0])):
+            axes[1].hist(
+                part["completion_tokens"].drop_nulls().to_list(), bins=30, alpha=0.6, label=str(key[0])
+            )
+        axes[1].legend(title="finish_reason")
+    axes[1].set(title="Completion tokens (thinking + answer)", xlabel="tokens", ylabel="traces")
+    if {"reasoning", "content"} <= set(frame.columns):
+        chars = frame.select(
+            pl.col("reasoning").fill_null("").str.len_chars().alias("r"),
+            pl.col("content").fill_null("").str.len_chars().alias("c"),
+        )
+        axes[2].scatter(chars["r"].to_list(), chars["c"].to_list(), s=8, alpha=0.6)
+    axes[2].set(title="Thinking vs answer", xlabel="thinking characters", ylabel="answer characters")
+    fig.suptitle(f"{len(frame)} traces")
+    _save(fig, output)
+
+
+def training_curves(
+    history_path: str | Path, output: str | Path, baseline_path: str | Path | None = None
+) -> None:
+    """Loss, simulated acceptance length and per-step accuracy by epoch (train and validation)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for label, path, style in (("trained", history_path, "-"), ("baseline", baseline_path, ":")):
+        history = _read_json(path)
+        if not history:
+            continue
+        epochs = [r["epoch"] + 1 for r in history]
+        for split, color in (("train", "tab:blue"), ("validation", "tab:orange")):
+            rows = [r.get(split) for r in history]
+            if not any(rows):
+                continue
+            xs = [e for e, r in zip(epochs, rows, strict=True) if r]
+            rows = [r for r in rows if r]
+            axes[0].plot(xs, [r["loss"] for r in rows], style, color=color, label=f"{label} {split}")
+            axes[1].plot(
+                xs,
+                [r["simulated_acceptance_length"] for r in rows],
+                style,
+                color=color,
+                label=f"{label} {split}",
+            )
+        last = next((r.get("validation") or r.get("train") for r in reversed(history)), None)
+        if last:
+            steps = range(1, len(last["step_accuracy"]) + 1)
+            axes[2].plot(steps, last["step_accuracy"], style + "o", label=f"{label} accuracy")
+            axes[2].plot(steps, last["conditional_accuracy"], style + "s", label=f"{label} conditional")
+    axes[0].set(title="TTT loss (weighted over steps)", xlabel="epoch")
+    axes[1].set(title="Simulated acceptance length (teacher-forced)", xlabel="epoch")
+    axes[2].set(title="Per-step accuracy, last epoch", xlabel="draft step", ylim=(0, 1))
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize=8)
+    _save(fig, output)
+
+
+def _bars(ax: plt.Axes, series: dict[str, list[float | None]], title: str) -> None:
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [k + 1 + (i - (len(series) - 1) / 2) * width for k in range(len(values))]
+        ax.bar(xs, [v or 0.0 for v in values], width=width, label=label)
+    ax.set(title=title, xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1))
+    if series:
+        ax.legend(fontsize=8)
+
+
+def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: str | Path) -> None:
+    """Conditional acceptance per position (offline and served) and acceptance length against k."""
+    offline, served = _read_json(offline_path), _read_json(serve_path)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    series = {"offline, conditional": offline["conditional"]}
+    if served:
+        series["served, conditional"] = served["conditional"]
+        series["served, of all drafts"] = served["per_position_rate"]
+    _bars(axes[0], series, "Acceptance per position")
+    ks = range(1, len(offline["acceptance_length"]) + 1)
+    axes[1].plot(ks, offline["acceptance_length"], "o-", label="offline (simulated, greedy)")
+    if served and served.get("acceptance_length") is not None:
+        axes[1].plot(
+            [served["num_speculative_tokens"]],
+            [served["acceptance_length"]],
+            "r*",
+            markersize=14,
+            label=f"served by vLLM: {served['acceptance_length']:.2f}",
+        )
+    axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
+    axes[1].legend(fontsize=8)
+    _save(fig, output)
+
+
+def comparison(
+    offline_path: str | Path,
+    serve_path: str | Path | None,
+    baseline_offline: str | Path | None,
+    baseline_serve: str | Path | None,
+    output: str | Path,
+) -> None:
+    """Draft trained on the target's own outputs vs the baseline trained on the dataset's answers."""
+    runs = {
+        "target's own traces": (offline_path, serve_path),
+        "dataset answers (baseline)": (baseline_offline, baseline_serve),
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    series = {}
+    for label, (off, srv) in runs.items():
+        offline, served = _read_json(off), _read_json(srv)
+        if offline:
+            axes[0].plot(
+                range(1, len(offline["acceptance_length"]) + 1),
+                offline["acceptance_length"],
+                "o-",
+                label=f"{label}, offline",
+            )
+            series[label] = offline["conditional"]
+        if served and served.get("acceptance_length") is not None:
+            axes[0].plot(
+                [served["num_speculative_tokens"]],
+                [served["acceptance_length"]],
+                "*",
+                markersize=14,
+                label=f"{label}, served: {served['acceptance_length']:.2f}",
+            )
+    if len(series) < 2:
+        axes[0].text(
+            0.5, 0.5, "no baseline (validate.baseline: false)", transform=axes[0].transAxes, ha="center"
+        )
+    axes[0].set(
+        title="Acceptance length on the target's own outputs", xlabel="draft tokens k", ylim=(1, None)
+    )
+    axes[0].legend(fontsize=8)
+    _bars(axes[1], series, "Offline conditional acceptance per position")
+    _save(fig, output)
+
+
+def draw_report(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
+    """Rule plot_validation: every picture of the report (see the rule for the names)."""
+    server_page(inputs["unit"], inputs["server"], outputs["server"])
+    trace_stats_page(inputs["stats"], outputs["trace_stats"])
+    trace_lengths(inputs["traces"], outputs["trace_lengths"])
+    training_curves(inputs["history"], outputs["training"], inputs.get("baseline_history"))
+    acceptance(inputs["offline"], inputs.get("serve_check"), outputs["acceptance"])
+    comparison(
+        inputs["offline"],
+        inputs.get("serve_check"),
+        inputs.get("baseline_offline"),
+        inputs.get("baseline_serve_check"),
+        outputs["comparison"],
+    )
+    log.info("report figures written: %s", sorted(outputs.values()))
