@@ -71,7 +71,11 @@ def redact_flags(flags: dict[str, object], redactor: Redactor = REDACTOR) -> dic
     return out
 
 
-_ASSIGNMENT = re.compile(r"""(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>"[^"]*"|'[^']*'|[^\s"']+)""")
+_ASSIGNMENT = re.compile(
+    r"""(?P<name>\b[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*)"""
+    r"""=(?P<value>"[^"]*"|'[^']*'|[^\s"']+)""",
+    re.IGNORECASE,
+)
 _FLAG_VALUE = re.compile(
     r"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>"[^"]*"|'[^']*'|[^\s"'\\-][^\s"']*)"""
 )

@@ -225,7 +225,7 @@ def build_server_json(
         "served_model_name": served_name,
         "reasoning_parser": server["reasoning_parser"],
         "tool_call_parser": server["tool_call_parser"],
-        "chat_template": template,
+        "chat_template": None if template_digest else template,  # its content counts, not its path
         "chat_template_sha256": template_digest,
         "max_model_len": server["max_model_len"],
         "model_files": model_fingerprint(command.model, host),

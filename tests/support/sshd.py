@@ -1,0 +1,134 @@
+"""A real OpenSSH server on 127.0.0.1 for the SSH tests (Debian package openssh-server).
+
+`sshd_server` starts /usr/sbin/sshd on a free port with a generated host key, a generated user key,
+its own authorized_keys and config (no PAM, StrictModes no), and gives the tests an ~/.ssh/config-style
+file with the alias `vllm-box`, a known_hosts file that trusts the host key, and `bin_dir`, a folder put
+first on the remote PATH (through authorized_keys `environment=`) for test data such as a stand-in
+systemctl. Tests skip with the reason when sshd or ssh-keygen is missing or we are not root.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+ALIAS = "vllm-box"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def keygen(path: Path) -> str:
+    """Generate an ed25519 key pair at path; return the public key line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+@dataclass
+class SshServer:
+    """A running sshd and what a client needs to reach it."""
+
+    port: int
+    user: str
+    root: Path
+    host_public_key: str
+    user_key: Path
+    ssh_config: Path
+    known_hosts: Path
+    bin_dir: Path
+
+    def server_cfg(self, **overrides: object) -> dict:
+        ssh = {
+            "known_hosts": "strict",
+            "known_hosts_file": str(self.known_hosts),
+            "connect_timeout_s": 5,
+            "command_timeout_s": 20,
+            "keepalive_s": 5,
+            "sudo": False,
+        }
+        ssh.update(overrides.pop("ssh", {}))  # type: ignore[arg-type]
+        cfg = {"host": ALIAS, "unit": "vllm.service", "unit_file": None, "manage": False, "ssh": ssh}
+        cfg.update(overrides)
+        return cfg
+
+    def write_ssh_config(self, path: Path, identity: Path) -> Path:
+        path.write_text(
+            f"Host {ALIAS}\n  HostName 127.0.0.1\n  Port {self.port}\n  User {self.user}\n"
+            f"  IdentityFile {identity}\n  IdentitiesOnly yes\n"
+        )
+        return path
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"sshd did not listen on {port}: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real sshd on 127.0.0.1 (session-wide); skipped with the reason when it cannot run here."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("needs OpenSSH's sshd and ssh-keygen (Debian: apt-get install -y openssh-server)")
+    if os.geteuid() != 0:
+        pytest.skip("sshd test server needs root (privilege separation)")
+    root = tmp_path_factory.mktemp("sshd")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    host_key, user_key = root / "host_ed25519", root / "user_ed25519"
+    keygen(host_key)
+    user_public = keygen(user_key)
+    bin_dir = root / "remote-bin"
+    bin_dir.mkdir()
+    env_path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+    (root / "authorized_keys").write_text(f'environment="PATH={env_path}" {user_public}\n')
+    port = free_port()
+    config = root / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {root}/sshd.pid\n"
+        f"AuthorizedKeysFile {root}/authorized_keys\nUsePAM no\nStrictModes no\nPubkeyAuthentication yes\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        "PermitUserEnvironment yes\nLogLevel VERBOSE\n"
+    )
+    log = root / "sshd.log"
+    with open(log, "wb") as log_handle:
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stdout=log_handle, stderr=subprocess.STDOUT
+        )
+    try:
+        _wait_listening(port, proc, log)
+        host_public = Path(f"{host_key}.pub").read_text().split()
+        known_hosts = root / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.1]:{port} {host_public[0]} {host_public[1]}\n")
+        server = SshServer(
+            port=port,
+            user=getpass.getuser(),
+            root=root,
+            host_public_key=" ".join(host_public[:2]),
+            user_key=user_key,
+            ssh_config=root / "ssh_config",
+            known_hosts=known_hosts,
+            bin_dir=bin_dir,
+        )
+        server.write_ssh_config(server.ssh_config, user_key)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

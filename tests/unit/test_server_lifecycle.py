@@ -1,0 +1,75 @@
+"""Lifecycle without vLLM: a unit whose ExecStart fails ends the wait at once with the log's tail;
+unmanaged servers are never started; stop only stops what the pipeline started."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline.server.lifecycle import ServerError, ensure_running, find_local, launch_local, stop
+
+PORT = 18533  # nothing listens here
+
+
+def _cfg(tmp_path: Path, exec_start: str, **extra: object) -> dict:
+    unit = tmp_path / "failing.service"
+    unit.write_text(
+        f"[Service]\nEnvironment=MESSAGE=boom-from-the-unit HF_TOKEN=hf_lifecycleSecret99\n"
+        f"WorkingDirectory={tmp_path}\nExecStart={exec_start}\n"
+    )
+    cfg = {"host": "local", "unit": "failing.service", "unit_file": str(unit), "manage": True,
+           "stop_after_generation": True, "start_timeout_s": 60, "api_key_env": "E3_NO_KEY"}  # fmt: skip
+    cfg.update(extra)
+    return cfg
+
+
+SERVER_JSON = {"base_url": f"http://127.0.0.1:{PORT}", "served_model_name": "m", "port": PORT, "host": None}
+
+
+def test_failing_exec_start_shows_the_log_tail(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "/bin/sh -c 'echo \"$MESSAGE in $(pwd) $HF_TOKEN\"; exit 3'")
+    state = tmp_path / "state"
+    start = time.monotonic()
+    with pytest.raises(ServerError) as info:
+        ensure_running(SERVER_JSON, cfg, state)
+    message = str(info.value)
+    assert "process exited" in message
+    assert f"boom-from-the-unit in {tmp_path}" in message  # Environment= and WorkingDirectory= applied
+    assert "hf_lifecycleSecret99" not in message  # the log tail is scrubbed
+    assert time.monotonic() - start < 30  # an exited process ends the wait, not start_timeout_s
+    assert (state / "failing.service.log").exists()
+
+
+def test_health_timeout_shows_the_log_tail(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "/bin/sh -c 'echo still-loading; exec sleep 60'", start_timeout_s=2)
+    state = tmp_path / "state"
+    with pytest.raises(ServerError, match=r"(?s)no healthy /health within 2 s.*still-loading"):
+        ensure_running(SERVER_JSON, cfg, state)
+    proc = find_local(state, "failing.service")
+    assert proc is not None  # left running: a later job waits for it instead of starting another
+    assert stop(SERVER_JSON, cfg, state)["action"] == "stopped"
+    assert find_local(state, "failing.service") is None
+
+
+def test_unmanaged_server_is_not_started(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "/bin/false", manage=False)
+    with pytest.raises(ServerError, match="server.manage is false"):
+        ensure_running(SERVER_JSON, cfg, tmp_path / "state")
+    assert not (tmp_path / "state").exists()
+
+
+def test_stop_reports_what_it_did(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "/bin/false")
+    assert stop(SERVER_JSON, cfg, tmp_path / "s")["action"] == "none"
+    assert (
+        stop(SERVER_JSON, {**cfg, "stop_after_generation": False}, tmp_path / "s")["action"] == "left running"
+    )
+
+
+def test_launch_local_stop_kills_the_process_group(tmp_path: Path) -> None:
+    proc = launch_local(["/bin/sh", "-c", "sleep 60 & sleep 60"], {}, None, tmp_path, "group")
+    assert proc.alive() and proc.pid_file.exists()
+    assert proc.stop(timeout_s=5)
+    assert not proc.alive() and not proc.pid_file.exists()
