@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ def _read_json(path: str | Path | None) -> Any:
 
 def _save(fig: plt.Figure, path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for ax in fig.axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, positions, k, tokens
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

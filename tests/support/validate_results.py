@@ -1,0 +1,116 @@
+"""A tiny finished results/{run}/ tree in the pipeline's formats: what the report reads.
+
+Shapes follow the writers: server.json (snapshot_server), traces.parquet / stats.json (merge_traces),
+history.json (draft/train.py: one record per epoch, `summarize` figures per split), offline.json and
+serve_check.json (validate/offline.py and validate/serve_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+UNIT = """# /etc/systemd/system/vllm.service
+[Service]
+Environment=HF_TOKEN=<redacted>
+ExecStart=/usr/bin/vllm serve /models/kimi --port 8000 --api-key <redacted>
+"""
+
+
+def _summary(epoch: int, steps: int = 3) -> dict:
+    acc = [min(0.9, 0.3 + 0.1 * epoch) * 0.9**k for k in range(steps)]
+    return {
+        "loss": 5.0 / (epoch + 1),
+        "step_loss": [5.0 / (epoch + 1)] * steps,
+        "step_accuracy": acc,
+        "conditional_accuracy": acc,
+        "simulated_acceptance_length": 1 + sum(acc),
+        "tokens": 1000,
+    }
+
+
+def _acceptance(scale: float, steps: int = 3) -> dict:
+    conditional = [scale * 0.9**k for k in range(steps)]
+    lengths, run, total = [], 1.0, 1.0
+    for c in conditional:
+        run *= c
+        total += run
+        lengths.append(total)
+    return {"conditional": conditional, "acceptance_length": lengths}
+
+
+def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]:
+    """Write the report's inputs under root (a results/{run} folder); returns them by report key."""
+    paths = {
+        "unit": root / "server/unit.service",
+        "server": root / "server/server.json",
+        "stats": root / "traces/stats.json",
+        "traces": root / "traces/traces.parquet",
+        "history": root / "draft/trained/history.json",
+        "offline": root / "validation/offline.json",
+        "serve_check": root / "validation/serve_check.json",
+    }
+    if baseline:
+        paths |= {
+            "baseline_history": root / "baseline/draft/trained/history.json",
+            "baseline_offline": root / "baseline/validation/offline.json",
+            "baseline_serve_check": root / "baseline/validation/serve_check.json",
+        }
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    paths["unit"].write_text(UNIT)
+    paths["server"].write_text(
+        json.dumps(
+            {
+                "model": "/models/kimi",
+                "served_model_name": "kimi",
+                "base_url": "http://gpu:8000",
+                "tensor_parallel_size": 8,
+                "max_model_len": 32768,
+                "reasoning_parser": "kimi_k2",
+                "args": {"--port": 8000, "--api-key": "<redacted>"},
+                "env": {"HF_TOKEN": "<redacted>"},
+                "unit": "vllm.service",
+                "source_host": "gpu",
+            }
+        )
+    )
+    paths["stats"].write_text(
+        json.dumps({"prompts": 12, "kept": 10, "dropped": {"empty": 2}, "train": 9, "validation": 1})
+    )
+    pl.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(10)],
+            "prompt_tokens": list(range(20, 30)),
+            "completion_tokens": [100 + 30 * i for i in range(10)],
+            "finish_reason": ["stop"] * 8 + ["length"] * 2,
+            "reasoning": ["think " * (5 * i) for i in range(10)],
+            "content": ["answer " * i for i in range(10)],
+        }
+    ).write_parquet(paths["traces"])
+    for key, scale in (("", 0.8), ("baseline_", 0.5)):
+        if not baseline and key:
+            continue
+        history = [
+            {"epoch": e, "step": 10 * (e + 1), "lr": 1e-3, "train": _summary(e), "validation": _summary(e)}
+            for e in range(4)
+        ]
+        paths[f"{key}history"].write_text(json.dumps(history))
+        paths[f"{key}offline"].write_text(
+            json.dumps({"reference": "target_argmax", "steps": 3, "anchors": 500, **_acceptance(scale)})
+        )
+        served = _acceptance(scale * 0.95)
+        paths[f"{key}serve_check"].write_text(
+            json.dumps(
+                {
+                    "conditional": served["conditional"],
+                    "per_position_rate": [0.7, 0.5, 0.3],
+                    "acceptance_length": served["acceptance_length"][-1],
+                    "num_speculative_tokens": 3,
+                    "drafts": 100,
+                }
+            )
+        )
+    return paths

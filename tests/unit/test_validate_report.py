@@ -1,0 +1,68 @@
+"""The report's pictures from a tiny finished results tree, and the baseline traces."""
+
+import polars as pl
+import pytest
+from PIL import Image
+from support.validate_results import write_finished_results
+
+from eagle3_pipeline.validate.baseline import BaselineError, baseline_frame, write_baseline_traces
+from eagle3_pipeline.validate.report import draw_report
+
+NAMES = {
+    "server": "server.html",
+    "trace_stats": "trace_stats.html",
+    "trace_lengths": "trace_lengths.png",
+    "training": "training.png",
+    "acceptance": "acceptance.png",
+    "comparison": "comparison.png",
+}
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_every_picture_is_drawn(tmp_path, baseline):
+    inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", baseline).items()}
+    outputs = {k: str(tmp_path / "report" / v) for k, v in NAMES.items()}
+    draw_report(inputs, outputs)
+    for key in ("trace_lengths", "training", "acceptance", "comparison"):
+        with Image.open(outputs[key]) as image:
+            assert image.size[0] > 600 and image.size[1] > 300
+    page = (tmp_path / "report" / "server.html").read_text()
+    assert "kimi_k2" in page and "&lt;redacted&gt;" in page and "ExecStart=" in page
+    assert "dropped.empty" in (tmp_path / "report" / "trace_stats.html").read_text()
+
+
+def test_baseline_rows_answer_with_the_original_and_rebuild_ids():
+    train = pl.DataFrame(
+        {
+            "id": ["a", "b", "c"],
+            "shard": [0, 0, 1],
+            "question": ["q1", "q2", "q3"],
+            "reasoning": ["r", "r", "r"],
+            "content": ["c", "c", "c"],
+            "original_answer": ["orig", None, "  "],
+            "prompt_token_ids": [[1, 2], [3], [4]],
+            "completion_token_ids": [[5], [6], [7]],
+        },
+        schema_overrides={"prompt_token_ids": pl.List(pl.Int32), "completion_token_ids": pl.List(pl.Int32)},
+    )
+    out = baseline_frame(train)
+    assert out["id"].to_list() == ["a"]  # no original answer: dropped
+    row = out.row(0, named=True)
+    assert (row["content"], row["reasoning"], row["prompt_token_ids"], row["completion_token_ids"]) == (
+        "orig",
+        "",
+        None,
+        None,
+    )
+    assert out.schema["prompt_token_ids"] == pl.List(pl.Int32)
+
+
+def test_baseline_without_answers_is_refused(tmp_path):
+    path = tmp_path / "train.parquet"
+    pl.DataFrame(
+        {"id": ["a"], "original_answer": [None]}, schema={"id": pl.String, "original_answer": pl.String}
+    ).write_parquet(path)
+    with pytest.raises(BaselineError, match="validate.baseline: false"):
+        write_baseline_traces(path, tmp_path / "out.parquet")
+    with pytest.raises(BaselineError, match="no original_answer column"):
+        baseline_frame(pl.DataFrame({"id": ["a"]}))
