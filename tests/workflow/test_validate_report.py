@@ -1,0 +1,59 @@
+"""`snakemake --report` builds from a tiny finished results tree: rule plot_validation draws every
+picture (its upstream rules held back with --allowed-rules, so the finished files count as sources) and
+the HTML report holds them with their captions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.validate_results import write_finished_results
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = "results/report/report/acceptance.png"
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--allowed-rules",
+        "plot_validation",
+        *args,
+    ]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("baseline", [True, False])
+def test_report_builds_from_finished_results(tmp_path, baseline):
+    (tmp_path / "config").symlink_to(ROOT / "config")
+    (tmp_path / "report.yaml").write_text(
+        yaml.safe_dump({"run": "report", "validate": {"baseline": baseline}})
+    )
+    write_finished_results(tmp_path / "results" / "report", baseline=baseline)
+
+    drawn = _snakemake(tmp_path, "--configfile", "report.yaml", "--cores", "1", TARGET)
+    assert drawn.returncode == 0, drawn.stderr[-4000:]
+    built = _snakemake(tmp_path, "--configfile", "report.yaml", "--report", "report.html", TARGET)
+    assert built.returncode == 0, built.stderr[-4000:]
+
+    html = (tmp_path / "report.html").read_text()
+    for name in (
+        "server.html",
+        "trace_stats.html",
+        "trace_lengths.png",
+        "training.png",
+        "acceptance.png",
+        "comparison.png",
+    ):
+        assert name in html, f"{name} missing from the report"
+    assert "4. Validation" in html and "Published Kimi-K2.5 drafts" in html
