@@ -86,8 +86,6 @@ use rule validate_offline as baseline_validate_offline with:
         f"{BASELINE}/validation/offline.json",
     log:
         f"{LOGS}/baseline/validate_offline.log",
-    params:
-        checkpoint_dir=f"{BASELINE}/draft/checkpoint",
 
 
 use rule serve_check as baseline_serve_check with:
@@ -100,6 +98,4 @@ use rule serve_check as baseline_serve_check with:
         f"{BASELINE}/validation/serve_check.json",
     log:
         f"{LOGS}/baseline/serve_check.log",
-    params:
-        checkpoint_dir=f"{BASELINE}/draft/checkpoint",
         work=f"{WORK}/baseline/serve_check",

@@ -17,8 +17,6 @@ rule validate_offline:
     resources:
         gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
-        checkpoint_dir=f"{RESULTS}/draft/checkpoint",
-        target=config["target"]["model"],
         ttt_steps=config["draft"]["ttt_steps"],
     script:
         "../scripts/validate_offline.py"
@@ -34,7 +32,6 @@ rule serve_check:
     log:
         f"{LOGS}/serve_check.log",
     params:
-        checkpoint_dir=f"{RESULTS}/draft/checkpoint",
         server=config["server"],
         generation=config["generation"],
         validate=config["validate"],
@@ -48,31 +45,27 @@ if config["validate"]["baseline"]:
     include: "baseline.smk"
 
 
-def get_report_inputs(wildcards):
-    """What plot_validation draws from: every stage's outputs; serve check and baseline when configured."""
-    inputs = {
-        "unit": rules.snapshot_server.output.unit,
-        "server": rules.snapshot_server.output.server,
-        "stats": rules.merge_traces.output.stats,
-        "traces": rules.merge_traces.output.traces,
-        "history": rules.train_draft.output.history,
-        "offline": rules.validate_offline.output[0],
-    }
+# What plot_validation draws from: every stage's outputs; the serve checks and the baseline when configured.
+REPORT_INPUTS = {
+    "unit": rules.snapshot_server.output.unit,
+    "server": rules.snapshot_server.output.server,
+    "stats": rules.merge_traces.output.stats,
+    "traces": rules.merge_traces.output.traces,
+    "history": rules.train_draft.output.history,
+    "offline": rules.validate_offline.output[0],
+}
+if config["validate"]["serve_check"]:
+    REPORT_INPUTS["serve_check"] = rules.serve_check.output[0]
+if config["validate"]["baseline"]:
+    REPORT_INPUTS["baseline_history"] = rules.baseline_train_draft.output.history
+    REPORT_INPUTS["baseline_offline"] = rules.baseline_validate_offline.output[0]
     if config["validate"]["serve_check"]:
-        inputs["serve_check"] = rules.serve_check.output[0]
-    if config["validate"]["baseline"]:
-        inputs["baseline_history"] = f"{RESULTS}/baseline/draft/trained/history.json"
-        inputs["baseline_offline"] = f"{RESULTS}/baseline/validation/offline.json"
-        if config["validate"]["serve_check"]:
-            inputs["baseline_serve_check"] = (
-                f"{RESULTS}/baseline/validation/serve_check.json"
-            )
-    return inputs
+        REPORT_INPUTS["baseline_serve_check"] = rules.baseline_serve_check.output[0]
 
 
 rule plot_validation:
     input:
-        unpack(get_report_inputs),
+        **REPORT_INPUTS,
     output:
         server=report(
             f"{RESULTS}/report/server.html",

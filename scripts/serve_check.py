@@ -1,6 +1,7 @@
 """Rule serve_check: the target served by vLLM with the exported draft; spec-decode counters read."""
 
 import logging
+import os
 import sys
 
 from eagle3_pipeline.validate.serve_check import serve_check
@@ -13,7 +14,7 @@ logging.basicConfig(
 sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
 
 serve_check(
-    checkpoint_dir=snakemake.params.checkpoint_dir,  # noqa: F821
+    checkpoint_dir=os.path.dirname(snakemake.input.checkpoint),  # noqa: F821
     validation_path=snakemake.input.validation,  # noqa: F821
     server_json_path=snakemake.input.server,  # noqa: F821
     server_cfg=snakemake.params.server,  # noqa: F821
