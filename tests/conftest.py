@@ -2,8 +2,10 @@
 
 pytest_plugins = [
     "support.draft",
+    "support.generation_server",
     "support.hidden_states",
     "support.http_endpoint",
     "support.sshd",
+    "support.traces",
     "support.vllm_server",
 ]

@@ -22,11 +22,17 @@ GEN = {"concurrency": 4, "global_concurrency": 64, "retries": 5, "request_timeou
 
 def prompts(n, system=None, prefix="q"):
     return pl.DataFrame(
-        {"id": [f"id{i:04d}" for i in range(n)], "source": ["s"] * n, "row": list(range(n)),
-         "turn": [0] * n, "system": [system] * n, "question": [f"{prefix}{i}" for i in range(n)],
-         "original_answer": ["a"] * n},
+        {
+            "id": [f"id{i:04d}" for i in range(n)],
+            "source": ["s"] * n,
+            "row": list(range(n)),
+            "turn": [0] * n,
+            "system": [system] * n,
+            "question": [f"{prefix}{i}" for i in range(n)],
+            "original_answer": ["a"] * n,
+        },
         schema=PROMPT_SCHEMA,
-    )  # fmt: skip
+    )
 
 
 def sampling(max_tokens=64, **kw):
@@ -35,8 +41,16 @@ def sampling(max_tokens=64, **kw):
 
 def generate(endpoint, frame, tmp_path, gen=GEN, **kw):
     kw.setdefault("sampling", sampling())
-    return run_generation(frame, endpoint.base_url, generation=gen, journal_path=tmp_path / "j.jsonl",
-                          identity="ident", shard=3, health_timeout_s=30, **kw)  # fmt: skip
+    return run_generation(
+        frame,
+        endpoint.base_url,
+        generation=gen,
+        journal_path=tmp_path / "j.jsonl",
+        identity="ident",
+        shard=3,
+        health_timeout_s=30,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize(
@@ -54,15 +68,16 @@ def test_split_thinking(text, expected):
 
 
 def test_reasoning_content_fallback():
-    data = {"choices": [{"message": {"content": "c", "reasoning_content": "r"}, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 5}}  # fmt: skip
+    data = {
+        "choices": [{"message": {"content": "c", "reasoning_content": "r"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+    }
     parsed = parse_completion(data)
     assert (parsed["reasoning"], parsed["content"], parsed["completion_tokens"]) == ("r", "c", 5)
 
 
 def test_shard_end_to_end_payload_and_schema(scripted_endpoint, tmp_path):
-    out = generate(scripted_endpoint, prompts(10, system="sys"), tmp_path,
-                   sampling=sampling(thinking=True))  # fmt: skip
+    out = generate(scripted_endpoint, prompts(10, system="sys"), tmp_path, sampling=sampling(thinking=True))
     assert out.schema == pl.Schema(OUTPUT_SCHEMA)
     assert out["status"].to_list() == ["ok"] * 10 and out["id"].to_list() == [f"id{i:04d}" for i in range(10)]
     row = out.row(0, named=True)
@@ -78,8 +93,15 @@ def test_shard_end_to_end_payload_and_schema(scripted_endpoint, tmp_path):
 def test_retries_on_5xx_429_and_dropped_connections(scripted_endpoint, tmp_path):
     scripted_endpoint.failures = [503, 429, 0, 500, 408, 502]
     gen = dict(GEN, retries=6)
-    out = run_generation(prompts(4), scripted_endpoint.base_url, sampling(), gen, tmp_path / "j.jsonl",
-                         identity="i", health_timeout_s=30)  # fmt: skip
+    out = run_generation(
+        prompts(4),
+        scripted_endpoint.base_url,
+        sampling(),
+        gen,
+        tmp_path / "j.jsonl",
+        identity="i",
+        health_timeout_s=30,
+    )
     assert out["status"].to_list() == ["ok"] * 4
     assert sum(scripted_endpoint.requests.values()) == 4 + 6
 
@@ -139,9 +161,14 @@ run_generation(frame, a["url"], Sampling("demo", 64, 0.6, 0.95, 0), a["gen"], a[
 
 def child(endpoint, tmp_path, name, frame, gen):
     frame.write_parquet(tmp_path / f"{name}.parquet")
-    args = {"prompts": str(tmp_path / f"{name}.parquet"), "url": endpoint.base_url, "gen": gen,
-            "journal": str(tmp_path / f"{name}.jsonl"), "slots": str(tmp_path / "slots"),
-            "out": str(tmp_path / f"{name}-out.parquet")}  # fmt: skip
+    args = {
+        "prompts": str(tmp_path / f"{name}.parquet"),
+        "url": endpoint.base_url,
+        "gen": gen,
+        "journal": str(tmp_path / f"{name}.jsonl"),
+        "slots": str(tmp_path / "slots"),
+        "out": str(tmp_path / f"{name}-out.parquet"),
+    }
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(args)], stderr=subprocess.PIPE, text=True
     )

@@ -50,9 +50,14 @@ def test_jsonl_first_turn_with_system_and_original_answer(tmp_path):
     frame = pl.read_parquet(paths[0])
     assert frame.schema == pl.Schema(P.PROMPT_SCHEMA)
     assert frame.row(0, named=True) | {"id": None} == {
-        "id": None, "source": "src", "row": 0, "turn": 1, "system": "be brief", "question": "q1",
+        "id": None,
+        "source": "src",
+        "row": 0,
+        "turn": 1,
+        "system": "be brief",
+        "question": "q1",
         "original_answer": "a1",
-    }  # fmt: skip
+    }
 
 
 def test_turns_all_gives_each_human_turn_its_own_stable_id(tmp_path):
@@ -69,8 +74,16 @@ def test_turns_all_gives_each_human_turn_its_own_stable_id(tmp_path):
 def test_role_content_rows_and_formats_give_the_same_ids(tmp_path):
     items = rows(6)
     jsonl = write_jsonl(tmp_path / "d.jsonl", items)
-    openai = [{"messages": [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
-                            for t in r["conversations"]], "source": r["source"]} for r in items]  # fmt: skip
+    openai = [
+        {
+            "messages": [
+                {"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
+                for t in r["conversations"]
+            ],
+            "source": r["source"],
+        }
+        for r in items
+    ]
     openai_path = write_jsonl(tmp_path / "o.jsonl", openai)
     pl.DataFrame(items).write_parquet(tmp_path / "d.parquet")
     folder = tmp_path / "folder"

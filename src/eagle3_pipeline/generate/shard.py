@@ -25,6 +25,7 @@ from tqdm import tqdm
 from eagle3_pipeline.generate.client import ChatClient, Sampling, request_seed
 from eagle3_pipeline.generate.journal import Journal, params_hash
 from eagle3_pipeline.generate.slots import SlotPool
+from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,15 @@ class _Progress:
 
     def __init__(self, total: int, done: int, shard: int, interval: float) -> None:
         self.bar = tqdm(
-            total=total, initial=done, desc=f"shard {shard:05d}", unit="req", file=_LogStream(),
-            mininterval=interval, ascii=True, ncols=100,
-        )  # fmt: skip
+            total=total,
+            initial=done,
+            desc=f"shard {shard:05d}",
+            unit="req",
+            file=_LogStream(),
+            mininterval=interval,
+            ascii=True,
+            ncols=100,
+        )
         self.tokens, self.start, self.last = 0, time.monotonic(), 0.0
         self.counts: Counter[str] = Counter()
 
@@ -153,19 +160,28 @@ def _prompt_records(prompts: pl.DataFrame) -> list[dict[str, Any]]:
 
 def output_frame(
     records: list[dict], results: dict[str, dict], shard: int, sampling: Sampling, identity: str
-):
-    """The shard's output table, one row per prompt in prompt order."""
-    rows = []
-    for record in records:
-        row = {**record, **results[record["id"]], "shard": shard, "server_identity": identity}
-        row.update(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=request_seed(sampling.seed, record["id"]),
-        )
-        rows.append({name: row.get(name) for name in OUTPUT_SCHEMA})
-    return pl.DataFrame(rows, schema=OUTPUT_SCHEMA)
+) -> pl.DataFrame:
+    """The shard's output table, one row per prompt in prompt order (built by column: fast)."""
+    ordered = [results[record["id"]] for record in records]
+    constant = {
+        "shard": shard,
+        "server_identity": identity,
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+    }
+    columns = {}
+    for name, dtype in OUTPUT_SCHEMA.items():
+        if name in constant:
+            values = [constant[name]] * len(records)
+        elif name == "seed":
+            values = [request_seed(sampling.seed, record["id"]) for record in records]
+        elif name in PROMPT_SCHEMA:
+            values = [record[name] for record in records]
+        else:
+            values = [result.get(name) for result in ordered]
+        columns[name] = pl.Series(name, values, dtype=dtype)
+    return pl.DataFrame(columns)
 
 
 def run_generation(
@@ -203,14 +219,29 @@ def run_generation(
         reused = len(records) - len(pending)
         log.info(
             "shard %05d: %d prompts, %d finished in the journal, %d to send (%d stale journal lines)",
-            shard, len(records), reused, len(pending), journal.stale,
-        )  # fmt: skip
+            shard,
+            len(records),
+            reused,
+            len(pending),
+            journal.stale,
+        )
         start = time.monotonic()
         progress = _Progress(len(records), reused, shard, progress_interval_s)
         try:
             if pending:
-                asyncio.run(_generate(pending, base_url, sampling, generation, api_key, health_timeout_s,
-                                      slots_dir, journal, progress))  # fmt: skip
+                asyncio.run(
+                    _generate(
+                        pending,
+                        base_url,
+                        sampling,
+                        generation,
+                        api_key,
+                        health_timeout_s,
+                        slots_dir,
+                        journal,
+                        progress,
+                    )
+                )
         finally:
             progress.close()
         results = {r["id"]: journal.results[r["id"]] for r in records}
@@ -251,9 +282,19 @@ def _summarise(shard: int, results: dict[str, dict], reused: int, seconds: float
     log.info(
         "shard %05d summary: %d prompts: ok %d, skipped %d, failed %d (%d reused from the journal); "
         "finish %s; %d sent in %.1f s = %.2f req/s, %.0f completion tok/s; median latency %.2f s",
-        shard, len(values), status["ok"], status["skipped"], status["failed"], reused, dict(finish), sent,
-        seconds, sent / max(seconds, 1e-9), new_tokens / max(seconds, 1e-9), median,
-    )  # fmt: skip
+        shard,
+        len(values),
+        status["ok"],
+        status["skipped"],
+        status["failed"],
+        reused,
+        dict(finish),
+        sent,
+        seconds,
+        sent / max(seconds, 1e-9),
+        new_tokens / max(seconds, 1e-9),
+        median,
+    )
     for reason, count in Counter(r["reason"] for r in values if r["reason"]).most_common(5):
         log.info("shard %05d: %d x %s", shard, count, reason[:300])
 

@@ -1,0 +1,368 @@
+"""Generation throughput: the pipeline's client beside a plain sequential client and raw capacity.
+
+(a) Against a vLLM server (`--base-url`, or `--model DIR` to start the demo target on a free port):
+    the pipeline's run_generation (journal, slots, progress included), a plain sequential `requests`
+    client, and raw capacity (the same number of concurrent bare requests, nothing parsed or stored).
+(b) Client overhead against a local endpoint that answers instantly with a canned vLLM-shaped reply
+    (256 completion token ids): requests/s and client CPU microseconds per request, beside a plain
+    sequential `requests` client. The endpoint runs in its own process; both share this machine's cores.
+
+Prints one JSON line per measurement. Examples:
+    .venv/bin/python benchmarks/generation.py --instant-only
+    .venv/bin/python benchmarks/generation.py --model resources/demo/target --requests 64 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import requests
+
+from eagle3_pipeline.generate.client import Sampling, chat_body
+from eagle3_pipeline.generate.http import Connection, Endpoint
+from eagle3_pipeline.generate.shard import run_generation
+from eagle3_pipeline.prompts import PROMPT_SCHEMA
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def emit(**record) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- the instant endpoint (runs in a child process) -------------------------------------------------
+
+
+def canned_body(tokens: int = 256) -> bytes:
+    message = {"role": "assistant", "content": "The answer is 42. " * 8, "reasoning": "Let me think. " * 40}
+    return json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "model": "bench",
+            "prompt_token_ids": list(range(100, 164)),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "stop",
+                    "token_ids": list(range(200, 200 + tokens)),
+                }
+            ],
+            "usage": {"prompt_tokens": 64, "completion_tokens": tokens, "total_tokens": 64 + tokens},
+        }
+    ).encode()
+
+
+class _Instant(asyncio.Protocol):
+    response = b""
+
+    def connection_made(self, transport) -> None:
+        self.transport, self.buffer = transport, b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end].lower()
+            at = head.find(b"content-length:")
+            length = (
+                int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
+                if at >= 0
+                else 0
+            )
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            self.transport.write(self.response)
+
+
+def serve_instant(port: int) -> None:
+    body = canned_body()
+    _Instant.response = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (
+            len(body),
+            body,
+        )
+    )
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(loop.create_server(_Instant, "127.0.0.1", port, backlog=1024))
+    loop.run_forever()
+
+
+# --- clients ----------------------------------------------------------------------------------------
+
+
+def prompt_frame(n: int, questions: list[str] | None = None) -> pl.DataFrame:
+    questions = questions or [f"What is {i} + {i + 1}?" for i in range(n)]
+    questions = [questions[i % len(questions)] + ("" if i < len(questions) else f" ({i})") for i in range(n)]
+    return pl.DataFrame(
+        {
+            "id": [f"b{i:06d}" for i in range(n)],
+            "source": ["bench"] * n,
+            "row": list(range(n)),
+            "turn": [0] * n,
+            "system": [None] * n,
+            "question": questions,
+            "original_answer": [None] * n,
+        },
+        schema=PROMPT_SCHEMA,
+    )
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_pipeline(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrency: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        generation = {
+            "concurrency": concurrency,
+            "global_concurrency": concurrency,
+            "retries": 2,
+            "request_timeout_s": 600,
+        }
+        cpu, start = cpu_seconds(), time.perf_counter()
+        out = run_generation(frame, base_url, sampling, generation, Path(tmp) / "j.jsonl", identity="bench")
+        wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    tokens = int(out["completion_tokens"].sum() or 0)
+    ok = int((out["status"] == "ok").sum())
+    return {
+        "requests": len(out),
+        "ok": ok,
+        "wall_s": round(wall, 3),
+        "req_per_s": round(len(out) / wall, 1),
+        "tok_per_s": round(tokens / wall, 1),
+        "client_cpu_us_per_req": round(cpu / len(out) * 1e6, 1),
+    }
+
+
+def bench_sequential(base_url: str, sampling: Sampling, frame: pl.DataFrame) -> dict:
+    session, tokens = requests.Session(), 0
+    cpu, start = cpu_seconds(), time.perf_counter()
+    for record in frame.to_dicts():
+        response = session.post(
+            f"{base_url}/v1/chat/completions",
+            data=chat_body(record, sampling),
+            headers={"Content-Type": "application/json"},
+            timeout=600,
+        )
+        response.raise_for_status()
+        tokens += len(response.json()["choices"][0]["token_ids"])
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    n = len(frame)
+    return {
+        "requests": n,
+        "wall_s": round(wall, 3),
+        "req_per_s": round(n / wall, 1),
+        "tok_per_s": round(tokens / wall, 1),
+        "client_cpu_us_per_req": round(cpu / n * 1e6, 1),
+    }
+
+
+async def _raw(base_url: str, bodies: list[bytes], concurrency: int) -> int:
+    endpoint, queue, tokens = Endpoint.parse(base_url), list(reversed(bodies)), 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        connection = Connection(endpoint)
+        while queue:
+            response = await connection.request("POST", "/v1/chat/completions", queue.pop(), 600)
+            tokens += response.body.count(b",", response.body.rfind(b'"token_ids"')) + 1
+        connection.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return tokens
+
+
+def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrency: int) -> dict:
+    bodies = [chat_body(record, sampling) for record in frame.to_dicts()]
+    start = time.perf_counter()
+    tokens = asyncio.run(_raw(base_url, bodies, concurrency))
+    wall = time.perf_counter() - start
+    return {
+        "requests": len(bodies),
+        "wall_s": round(wall, 3),
+        "req_per_s": round(len(bodies) / wall, 1),
+        "approx_tok_per_s": round(tokens / wall, 1),
+    }
+
+
+# --- the two parts ---------------------------------------------------------------------------------
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def part_instant(requests_n: int, concurrency: int) -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve-instant", str(port)])
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        sampling = Sampling("bench", 256, 0.6, 0.95, 0)
+        frame = prompt_frame(requests_n)
+        endpoint_cpu = process_cpu_seconds(server.pid)
+        pipeline = bench_pipeline(base_url, sampling, frame, concurrency)
+        endpoint_cpu = (process_cpu_seconds(server.pid) - endpoint_cpu) / requests_n * 1e6
+        emit(
+            bench="instant_endpoint",
+            client="pipeline",
+            concurrency=concurrency,
+            endpoint_cpu_us_per_req=round(endpoint_cpu, 1),
+            load_average_1m=os.getloadavg()[0],
+            **pipeline,
+        )
+        sequential = bench_sequential(base_url, sampling, prompt_frame(min(requests_n, 2000)))
+        emit(bench="instant_endpoint", client="sequential_requests", **sequential)
+        emit(
+            bench="instant_endpoint",
+            ratio="pipeline_over_sequential_req_per_s",
+            value=round(pipeline["req_per_s"] / sequential["req_per_s"], 2),
+        )
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def start_vllm(model: str, max_model_len: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+    )
+    argv = [
+        str(REPO / ".venv-vllm/bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        "bench",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--reasoning-parser",
+        "kimi_k2",
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+    ]
+    log_file = open(Path(tempfile.gettempdir()) / f"bench-vllm-{port}.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited; see {log_file.name}")
+        try:
+            if requests.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return process, base_url
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"vLLM not healthy in 600 s; see {log_file.name}")
+
+
+def part_server(
+    base_url: str, model_name: str, requests_n: int, sequential_n: int, concurrency: int, max_tokens: int
+) -> None:
+    sampling = Sampling(model_name, max_tokens, 0.6, 0.95, 0)
+    frame = prompt_frame(requests_n)
+    bench_raw(base_url, sampling, prompt_frame(8), 8)  # warm-up
+    raw = bench_raw(base_url, sampling, frame, concurrency)
+    emit(bench="vllm_server", client="raw_concurrent", concurrency=concurrency, max_tokens=max_tokens, **raw)
+    pipeline = bench_pipeline(base_url, sampling, frame, concurrency)
+    emit(bench="vllm_server", client="pipeline", concurrency=concurrency, max_tokens=max_tokens, **pipeline)
+    sequential = bench_sequential(base_url, sampling, prompt_frame(sequential_n))
+    emit(bench="vllm_server", client="sequential_requests", max_tokens=max_tokens, **sequential)
+    emit(
+        bench="vllm_server",
+        ratio="pipeline_over_raw_req_per_s",
+        value=round(pipeline["req_per_s"] / raw["req_per_s"], 3),
+    )
+    emit(
+        bench="vllm_server",
+        ratio="pipeline_over_sequential_req_per_s",
+        value=round(pipeline["req_per_s"] / sequential["req_per_s"], 2),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--serve-instant", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--instant-only", action="store_true", help="only part (b)")
+    parser.add_argument("--instant-requests", type=int, default=20000)
+    parser.add_argument("--base-url", help="an running vLLM server for part (a)")
+    parser.add_argument("--served-model-name", default="bench")
+    parser.add_argument("--model", help="start vLLM on this model for part (a) (e.g. resources/demo/target)")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--sequential-requests", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.serve_instant:
+        serve_instant(args.serve_instant)
+        return
+    logging.basicConfig(level=logging.WARNING)
+    part_instant(args.instant_requests, args.concurrency)
+    if args.instant_only:
+        return
+    process = None
+    base_url, name = args.base_url, args.served_model_name
+    if base_url is None:
+        model = args.model or str(REPO / "resources/demo/target")
+        process, base_url = start_vllm(model, 2048)
+        name = "bench"
+    try:
+        part_server(
+            base_url, name, args.requests, args.sequential_requests, args.concurrency, args.max_tokens
+        )
+    finally:
+        if process is not None:
+            os.killpg(process.pid, 15)
+            process.wait(60)
+
+
+if __name__ == "__main__":
+    main()

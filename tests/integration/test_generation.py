@@ -1,0 +1,172 @@
+"""Generation against the real vLLM CPU server on the demo target: a shard end to end through the rule's
+entry point (damaged rows, a too-long prompt, resume sends nothing), the server killed mid-shard and
+restarted (nothing lost, nothing duplicated), and a server without a reasoning parser (split from
+content). Kept small: 16 prompts, max_tokens 64, the CPU is shared with the server."""
+
+import json
+import threading
+import time
+
+import polars as pl
+import pytest
+from support.generation_server import REPO, VllmProcess
+
+from eagle3_pipeline.generate import generate_shard, run_generation
+from eagle3_pipeline.generate.client import Sampling
+from eagle3_pipeline.prompts import prepare_prompts
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+GENERATION = {
+    "max_tokens": 64,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "seed": 0,
+    "concurrency": 8,
+    "global_concurrency": 8,
+    "chat_template_kwargs": {},
+    "retries": 3,
+    "request_timeout_s": 300,
+}
+
+
+def sample_rows(n):
+    lines = (REPO / "config/demo/sample.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines[:n]]
+
+
+def make_prompts(tmp_path, rows, extra_lines=(), num_samples=16):
+    path = tmp_path / "dataset.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "".join(x + "\n" for x in extra_lines))
+    shard = tmp_path / "prompts/shard-00000.parquet"
+    dataset = {
+        "path": str(path),
+        "num_samples": num_samples,
+        "shard_size": num_samples,
+        "seed": 0,
+        "turns": "first",
+    }
+    prepare_prompts(dataset, [str(shard)], str(tmp_path / "prompts/skipped.parquet"))
+    return shard
+
+
+def write_server_json(tmp_path, server):
+    path = tmp_path / "server.json"
+    path.write_text(
+        json.dumps(
+            {
+                "base_url": server.base_url,
+                "served_model_name": server.served_model_name,
+                "reasoning_parser": server.reasoning_parser,
+                "identity": "test-identity",
+            }
+        )
+    )
+    return path
+
+
+def journal_ids(path):
+    return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+def test_shard_end_to_end_with_damaged_rows_and_a_too_long_prompt(vllm_server, tmp_path):
+    too_long = {"conversations": [{"from": "human", "value": "count " * 700}], "source": "long"}
+    damaged = ['{"conversations": [{"from": "human", "value": 7}]}', "{broken json"]
+    shard = make_prompts(tmp_path, [*sample_rows(14), too_long], damaged)
+    skipped_rows = pl.read_parquet(tmp_path / "prompts/skipped.parquet")
+    assert skipped_rows.height == 2
+    server_cfg = {
+        "base_url": None,
+        "manage": False,
+        "unit": "vllm-demo.service",
+        "api_key_env": "NO_SUCH_KEY_VAR",
+        "api_key_file": None,
+        "start_timeout_s": 600,
+    }
+    args = dict(
+        prompts_path=str(shard),
+        output_path=str(tmp_path / "generations/shard-00000.parquet"),
+        server_json_path=str(write_server_json(tmp_path, vllm_server)),
+        server_cfg=server_cfg,
+        generation=GENERATION,
+        journal_path=str(tmp_path / "work/shard-00000.jsonl"),
+        state_dir=str(tmp_path / "work/server"),
+        shard=0,
+    )
+    generate_shard(**args)
+    out = pl.read_parquet(args["output_path"])
+    assert out.height == 15 and out["id"].to_list() == pl.read_parquet(shard)["id"].to_list()
+    long_row = out.filter(pl.col("source") == "long").row(0, named=True)
+    assert long_row["status"] == "skipped" and "context length" in long_row["reason"]
+    ok = out.filter(pl.col("status") == "ok")
+    assert ok.height == 14 and ok["server_identity"].unique().to_list() == ["test-identity"]
+    for row in ok.iter_rows(named=True):
+        assert row["finish_reason"] in ("stop", "length")
+        assert len(row["completion_token_ids"]) == row["completion_tokens"] <= 64
+        assert len(row["prompt_token_ids"]) == row["prompt_tokens"] > 0
+        assert row["reasoning"] is not None  # the kimi_k2 parser starts in the thinking block
+    # a second run sends nothing: every answer comes from the journal
+    lines = journal_ids(tmp_path / "work/shard-00000.jsonl")
+    generate_shard(**args)
+    assert journal_ids(tmp_path / "work/shard-00000.jsonl") == lines
+    assert pl.read_parquet(args["output_path"]).equals(out)
+
+
+def test_server_killed_mid_shard_and_restarted(vllm_server, tmp_path):
+    shard = make_prompts(tmp_path, sample_rows(16))
+    frame = pl.read_parquet(shard)
+    journal = tmp_path / "work/shard-00000.jsonl"
+    outcome = {}
+
+    def generate():
+        outcome["out"] = run_generation(
+            frame,
+            vllm_server.base_url,
+            Sampling(vllm_server.served_model_name, 64, 0.6, 0.95, 0),
+            dict(GENERATION, concurrency=4),
+            journal,
+            "identity",
+            health_timeout_s=600,
+        )
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and (not journal.exists() or len(journal_ids(journal)) < 3):
+        time.sleep(0.2)
+    vllm_server.kill()
+    finished_before_kill = len(journal_ids(journal))
+    assert 3 <= finished_before_kill < 16, "the shard must be killed mid-way"
+    time.sleep(3)
+    vllm_server.start(wait=False)  # what systemd's Restart=on-failure does
+    thread.join(900)
+    assert not thread.is_alive()
+    out = outcome["out"]
+    assert out["status"].to_list() == ["ok"] * 16
+    assert out["id"].to_list() == frame["id"].to_list()
+    ids = journal_ids(journal)
+    assert sorted(ids) == sorted(frame["id"].to_list())  # one journal line per prompt: none lost or repeated
+
+
+def test_server_without_reasoning_parser_is_split_from_content(generation_target, tmp_path):
+    from transformers import AutoTokenizer
+
+    server = VllmProcess(generation_target, tmp_path, reasoning_parser=None).start()
+    try:
+        shard = make_prompts(tmp_path, sample_rows(8), num_samples=8)
+        out = run_generation(
+            pl.read_parquet(shard),
+            server.base_url,
+            Sampling(server.served_model_name, 128, 0.6, 0.95, 0),
+            GENERATION,
+            tmp_path / "j.jsonl",
+            "identity",
+        )
+    finally:
+        server.stop()
+    tokenizer = AutoTokenizer.from_pretrained(generation_target)
+    tags = set(tokenizer.convert_tokens_to_ids(["<think>", "</think>"]))
+    assert out["status"].to_list() == ["ok"] * 8
+    for row in out.iter_rows(named=True):
+        assert "</think>" not in (row["content"] or "")
+        assert (row["reasoning"] is not None) == bool(tags & set(row["completion_token_ids"]))
