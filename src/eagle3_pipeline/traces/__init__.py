@@ -1,0 +1,7 @@
+"""Traces: generation shards merged with polars, every prompt accounted for, filtered, split by id."""
+
+from eagle3_pipeline.traces.filters import TraceFilters, split_of
+from eagle3_pipeline.traces.merge import TraceOutputs, merge_traces
+from eagle3_pipeline.traces.schema import GENERATION_SCHEMA, TraceError
+
+__all__ = ["GENERATION_SCHEMA", "TraceError", "TraceFilters", "TraceOutputs", "merge_traces", "split_of"]

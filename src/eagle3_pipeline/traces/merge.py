@@ -1,0 +1,245 @@
+"""merge_traces: generation shards -> checked, filtered, split training traces, with their accounts.
+
+Passes over the shards, each streaming (polars lazy scans and sinks; memory bounded by a chunk of
+rows, not by the corpus):
+  1. accounting: counts per shard by status and by drop reason, repeated ids, server identity, and
+     (when given) the prompt shards: any mismatch fails before anything is written;
+  2. duplicates: the (system, question, thinking, answer) groups that occur more than once;
+  3. traces.parquet: the kept rows, in shard order, with `split`;
+then train.parquet, validation.parquet, conversations.jsonl and the statistics are read from
+traces.parquet. Every output is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from eagle3_pipeline.traces.checks import (
+    check_shards,
+    duplicate_rows,
+    prompt_table,
+    repeated_ids,
+    shard_table,
+)
+from eagle3_pipeline.traces.export import write_conversations
+from eagle3_pipeline.traces.filters import REASONS, ROW_REASONS, TraceFilters, row_reason, split_expr
+from eagle3_pipeline.traces.plots import plot_counts, plot_lengths
+from eagle3_pipeline.traces.schema import GENERATION_SCHEMA, STATUSES, TraceError, scan_shards
+from eagle3_pipeline.traces.stats import trace_stats
+
+log = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 32 << 20  # target decoded size of one streaming chunk / output row group
+_DECODED_PER_STORED = 4  # rough ratio of decoded to zstd-compressed bytes for text and token ids
+_SAMPLE_SHARDS = 16
+
+
+@dataclass(frozen=True)
+class TraceOutputs:
+    """Where merge_traces writes (the merge_traces rule's outputs)."""
+
+    traces: Path
+    train: Path
+    validation: Path
+    stats: Path
+    conversations: Path
+    lengths_plot: Path
+    counts_plot: Path
+
+    @classmethod
+    def in_dir(cls, directory: str | Path) -> TraceOutputs:
+        """The rule's layout under `directory` (results/{run}/traces)."""
+        d = Path(directory)
+        return cls(
+            d / "traces.parquet",
+            d / "train.parquet",
+            d / "validation.parquet",
+            d / "stats.json",
+            d / "conversations.jsonl",
+            d / "plots" / "lengths.png",
+            d / "plots" / "counts.png",
+        )
+
+
+def read_identity(path: str | Path) -> str:
+    """The server identity hash from server/identity.json ({"identity": hash, "fields": {...}})."""
+    try:
+        identity = json.loads(Path(path).read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise TraceError(
+            f"{path}: not a server identity file ({error}); rerun the snapshot_server rule"
+        ) from error
+    if not isinstance(identity, str) or not identity:
+        raise TraceError(f"{path}: 'identity' must be a non-empty string; rerun the snapshot_server rule")
+    return identity
+
+
+def chunk_rows(paths: Sequence[str | Path]) -> int:
+    """Rows per streaming chunk and output row group, so that one holds about 32 MB decoded.
+
+    Estimated from the stored size per row of a few shards: a thousand 8k-token traces are
+    hundreds of MB, so a fixed row count would not bound memory.
+    """
+    sample = [Path(p) for p in paths[:: max(1, len(paths) // _SAMPLE_SHARDS)]]
+    rows = sum(pl.scan_parquet(p).select(pl.len()).collect().item() for p in sample)
+    stored = sum(p.stat().st_size for p in sample)
+    per_row = _DECODED_PER_STORED * stored / max(rows, 1)
+    return int(min(max(_CHUNK_BYTES / max(per_row, 1.0), 64), 65536))
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _account(frame: pl.LazyFrame, identity: str, filters: TraceFilters, generations, prompts) -> pl.DataFrame:
+    table = shard_table(frame, identity, filters).collect(engine="streaming")
+    prompt_counts = prompt_table(prompts) if prompts else None
+    check_shards(table, repeated_ids(frame), identity, Path(generations[0]).parent, prompt_counts)
+    return table
+
+
+def _write_traces(
+    frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataFrame, out: TraceOutputs, rows: int
+):
+    kept = (
+        frame.with_columns(row_reason(filters))
+        .filter(pl.col("drop_reason").is_null() & ~pl.col("_index").is_in(duplicates["_index"].implode()))
+        .select(*GENERATION_SCHEMA, split_expr(filters.validation_fraction))
+    )
+    with _replacing(out.traces) as path:
+        kept.sink_parquet(path, row_group_size=rows)
+    for split, target in (("train", out.train), ("validation", out.validation)):
+        with _replacing(target) as path:
+            pl.scan_parquet(out.traces).filter(pl.col("split") == split).sink_parquet(
+                path, row_group_size=rows
+            )
+    with _replacing(out.conversations) as path:
+        write_conversations(pl.scan_parquet(out.traces), path)
+
+
+def _by_source(frame: pl.LazyFrame) -> dict[str, dict[str, int]]:
+    counts = (
+        frame.group_by("source", "status")
+        .agg(n=pl.len())
+        .sort("source", "status")
+        .collect(engine="streaming")
+    )
+    result: dict[str, dict[str, int]] = {}
+    for row in counts.to_dicts():
+        result.setdefault(str(row["source"]), {})[row["status"]] = row["n"]
+    return result
+
+
+def _not_ok_reasons(frame: pl.LazyFrame, limit: int = 20) -> list[dict[str, Any]]:
+    counts = (
+        frame.filter(pl.col("status") != "ok")
+        .group_by("status", "reason")
+        .agg(count=pl.len())
+        .sort("count", "status", "reason", descending=[True, False, False])
+        .head(limit)
+        .collect(engine="streaming")
+    )
+    return counts.to_dicts()
+
+
+def _shard_accounts(
+    table: pl.DataFrame, duplicates: pl.DataFrame, kept: dict[int, int]
+) -> list[dict[str, Any]]:
+    """Per shard: prompts = ok + skipped + failed and prompts = kept + dropped (both checked)."""
+    dup_counts = dict(duplicates.group_by("file_shard").len().iter_rows())
+    shards = []
+    for row in table.to_dicts():
+        k = row["file_shard"]
+        dropped = {name: row[f"drop_{name}"] for name in ROW_REASONS} | {"duplicate": dup_counts.get(k, 0)}
+        account = {"shard": k, "prompts": row["rows"], **{s: row[s] for s in STATUSES}}
+        account |= {"kept": kept.get(k, 0), "dropped": dropped}
+        if account["prompts"] != sum(row[s] for s in STATUSES) or account["prompts"] != account["kept"] + sum(
+            dropped.values()
+        ):
+            raise TraceError(f"shard {k:05d}: the accounts do not add up: {account}")
+        shards.append(account)
+    return shards
+
+
+def _build_stats(frame, table, duplicates, out, identity, filters) -> dict[str, Any]:
+    kept_stats = trace_stats(out.traces)
+    shards = _shard_accounts(table, duplicates, kept_stats.pop("kept_by_shard"))
+    totals = {key: sum(s[key] for s in shards) for key in ("prompts", *STATUSES, "kept")}
+    dropped = {name: sum(s["dropped"][name] for s in shards) for name in REASONS}
+    return {
+        **totals,
+        "train": kept_stats["splits"].get("train", 0),
+        "validation": kept_stats["splits"].get("validation", 0),
+        "dropped": dropped,
+        "filters": vars(filters),
+        "server_identity": identity,
+        "by_source": _by_source(frame),
+        "not_ok_reasons": _not_ok_reasons(frame),
+        **kept_stats,
+        "shards": shards,
+    }
+
+
+def merge_traces(
+    generations: Sequence[str | Path],
+    server: str | Path,
+    outputs: TraceOutputs,
+    filters: TraceFilters,
+    prompts: Sequence[str | Path] | None = None,
+) -> dict[str, Any]:
+    """Merge, check, filter and split generation shards; write `outputs`; return the statistics.
+
+    Args:
+        generations: generations/shard-{k:05d}.parquet, in shard order.
+        server: server/identity.json; every row must carry its identity hash.
+        outputs: where to write (see TraceOutputs).
+        filters: the traces.* config section.
+        prompts: prompts/shard-{k:05d}.parquet; when given, each generation shard must hold exactly
+            the ids of the prompt shard with the same number.
+
+    Raises:
+        TraceError: the shards do not account for every prompt exactly once, come from another
+            server, or leave no trace to train on. The message names the shards and the fix.
+    """
+    identity = read_identity(server)
+    frame = scan_shards(generations)
+    rows = chunk_rows(generations)
+    log.info("merging %d generation shards, %d rows per chunk", len(generations), rows)
+    with pl.Config(streaming_chunk_size=rows):
+        table = _account(frame, identity, filters, generations, prompts)
+        duplicates = duplicate_rows(frame, filters)
+        _write_traces(frame, filters, duplicates, outputs, rows)
+        stats = _build_stats(frame, table, duplicates, outputs, identity, filters)
+    if not stats["kept"]:
+        raise TraceError(f"no trace kept out of {stats['prompts']} prompts: dropped {stats['dropped']}")
+    for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):
+        with _replacing(target) as path:
+            plot(stats, path)
+    with _replacing(outputs.stats) as path:
+        path.write_text(json.dumps(stats, indent=1) + "\n")
+    log.info(
+        "kept %d of %d prompts (train %d, validation %d); dropped %s",
+        stats["kept"],
+        stats["prompts"],
+        stats["train"],
+        stats["validation"],
+        stats["dropped"],
+    )
+    return stats
