@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import paramiko
+
 from eagle3_pipeline.server.unit import ExecCommand, split_words
 from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
 from eagle3_pipeline.validate.serve_check import ServeCheckError, with_speculative_draft
@@ -29,6 +31,7 @@ from eagle3_pipeline.validate.serve_check import ServeCheckError, with_speculati
 log = logging.getLogger(__name__)
 
 DROPIN_NAME = "zz-eagle3-serve-check.conf"
+UNIT_DIR = "/etc/systemd/system"
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
 
 
@@ -82,12 +85,40 @@ def checkpoint_digest(checkpoint_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+def _stream(host: Any, local: Path, remote: str) -> None:
+    """Copy a file through an exec channel (`cat > tmp && mv`): for hosts without the SFTP subsystem."""
+    tmp = remote + ".part"
+    channel = host.connection.transport.open_session()
+    try:
+        channel.exec_command(f"cat > {shlex.quote(tmp)} && mv -- {shlex.quote(tmp)} {shlex.quote(remote)}")
+        with open(local, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                channel.sendall(chunk)
+        channel.shutdown_write()
+        status = channel.recv_exit_status()
+    finally:
+        channel.close()
+    if status != 0:
+        raise ServeCheckError(f"copying {local} to {host.name}:{remote} failed (exit {status})")
+
+
 def upload_checkpoint(host: Any, checkpoint_dir: str | Path, remote_dir: str) -> str:
-    """Copy config.json and model.safetensors to remote_dir/<hash>/ on the host; returns that path."""
+    """Copy config.json and model.safetensors to remote_dir/<hash>/ on the host (SFTP, else a plain
+    exec channel); returns that folder. A folder already holding both files is reused."""
     target = posixpath.join(remote_dir, checkpoint_digest(checkpoint_dir))
+    names = " ".join(shlex.quote(posixpath.join(target, n)) for n in CHECKPOINT_FILES)
+    if host.run(f"ls -- {names}").ok:
+        return target
     _must(host.run(f"mkdir -p -- {shlex.quote(target)}"), f"mkdir {target}")
+    host.open()
     for name in CHECKPOINT_FILES:
-        host.connection.put(str(Path(checkpoint_dir) / name), posixpath.join(target, name))
+        local, remote = Path(checkpoint_dir) / name, posixpath.join(target, name)
+        try:
+            host.connection.put(str(local), remote + ".part")
+            _must(host.run(f"mv -- {shlex.quote(remote + '.part')} {shlex.quote(remote)}"), f"mv {remote}")
+        except paramiko.SSHException as err:
+            log.info("SFTP unavailable on %s (%s): streaming %s", host.name, err, name)
+            _stream(host, local, remote)
     return target
 
 
@@ -101,12 +132,12 @@ def _must(result: Any, what: str) -> Any:
 
 @contextlib.contextmanager
 def draft_dropin(
-    host: Any, unit: str, text: str, sudo: bool = True, timeout_s: float = 120
+    host: Any, unit: str, text: str, sudo: bool = True, timeout_s: float = 120, unit_dir: str = UNIT_DIR
 ) -> Iterator[None]:
     """Install the drop-in and restart the unit; on exit remove it and restore the unit's state."""
     prefix = "sudo -n " if sudo else ""
     q_unit = shlex.quote(unit)
-    path = f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}"
+    path = f"{unit_dir}/{unit}.d/{DROPIN_NAME}"
     was_active = host.run(f"systemctl is-active --quiet -- {q_unit}").ok
     _must(
         host.run(f"{prefix}mkdir -p -- {shlex.quote(posixpath.dirname(path))}"), "mkdir of the drop-in folder"
