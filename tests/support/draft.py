@@ -124,3 +124,14 @@ def draft_hidden_states(
     random_target: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[Path]]:
     return write_hidden_states(random_target, tmp_path_factory.mktemp("hidden_states"))
+
+
+@pytest.fixture(scope="session")
+def servable_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A target vLLM can serve: the demo target when built, else the hidden-state tests' tiny Llama
+    (8 layers, head_dim 64, its own tokenizer)."""
+    if (DEMO_TARGET / "model.safetensors").exists() and (DEMO_TARGET / "tokenizer.json").exists():
+        return DEMO_TARGET
+    from support.hidden_states import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("servable_target"))

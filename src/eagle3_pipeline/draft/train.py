@@ -27,10 +27,10 @@ from accelerate.utils import set_seed
 from safetensors.torch import save_file
 
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
-from eagle3_pipeline.draft.data import HiddenStateData
+from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
-from eagle3_pipeline.draft.ttt import Batch, summarize, target_distribution, ttt_loss
+from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, summarize, target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,11 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _forward(ctx: Context, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     batch = batch.to(ctx.accelerator.device)
     probs, in_draft = target_distribution(batch.final_hidden_states, **ctx.head)
     with ctx.accelerator.autocast():
-        logits = ctx.model(batch.aux_hidden_states, batch.input_ids, int(ctx.job.draft["ttt_steps"]))
+        logits = model(batch.aux_hidden_states, batch.input_ids, int(ctx.job.draft["ttt_steps"]))
     return ttt_loss(logits, batch, probs, in_draft, float(ctx.job.draft["step_weight_decay"]))
 
 
@@ -135,7 +135,7 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState) -> bool:
     stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
     ctx.model.train()
     for b in range(state.batch_in_epoch, len(batches)):
-        loss, step_stats = _forward(ctx, data.collate(batches[b]))
+        loss, step_stats = _forward(ctx, ctx.model, data.collate(batches[b]))
         acc.backward(loss)
         acc.clip_grad_norm_(ctx.model.parameters(), float(train["grad_clip"]))
         ctx.optimizer.step()
@@ -160,15 +160,18 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState) -> bool:
 
 @torch.no_grad()
 def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
-    """Validation loss, per-step and conditional accuracy over every process's share, summed."""
+    """Validation loss, per-step and conditional accuracy over every process's share, summed.
+
+    Runs the unwrapped model (no DDP collective in the forward), so processes may hold unequal shares.
+    """
     acc = ctx.accelerator
     if len(data) == 0:
         return None
-    ctx.model.eval()
-    stats = None
-    for batch in data.batches(0, 0, acc.process_index, acc.num_processes):
-        _, step_stats = _forward(ctx, data.collate(batch))
-        stats = step_stats if stats is None else stats + step_stats
+    model = acc.unwrap_model(ctx.model).eval()
+    stats = torch.zeros(len(STAT_ROWS), int(ctx.job.draft["ttt_steps"]), device=acc.device)
+    plan = plan_batches([s.length for s in data.samples], data.batch_tokens, seed=0, epoch=0)
+    for batch in plan[acc.process_index :: acc.num_processes]:
+        stats += _forward(ctx, model, data.collate(batch))[1]
     stats = acc.reduce(stats, reduction="sum")
     return summarize(stats, float(ctx.job.draft["step_weight_decay"]))
 

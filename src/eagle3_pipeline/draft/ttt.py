@@ -54,7 +54,7 @@ def target_distribution(
     flat = final_hidden_states.reshape(-1, final_hidden_states.shape[-1])
     probs, in_draft = [], []
     for rows in flat.split(HEAD_CHUNK_ROWS):
-        logits = rows.float() @ lm_head.float().T  # [n, V]
+        logits = (rows.to(lm_head.dtype) @ lm_head.T).float()  # [n, V], in the head's dtype (bf16 on GPU)
         in_draft.append(t2d[logits.argmax(-1)])
         probs.append(torch.softmax(logits[:, draft_ids], dim=-1))  # [n, Vd]
     shape = final_hidden_states.shape[:-1]
