@@ -297,7 +297,8 @@ def take_snapshot(server_cfg: dict[str, Any], host: Host) -> tuple[str, dict[str
     server, identity = build_server_json(unit, env, command, host, server_cfg)
     redacted_unit = secrets.redact_unit_text(cat_text)
     try:
-        _log_state(host, server_cfg["unit"], argv)
+        if not (host.is_local and server_cfg.get("unit_file")):
+            _log_state(host, server_cfg["unit"], argv)
     except HostError as err:
         log.info("could not read the unit's state: %s", err)
     for item in server["unresolved"]:
