@@ -162,3 +162,38 @@ def test_accelerate_launch_command(traces, hs_target, tmp_path):
     assert meta["compute_dtype"] == "bfloat16"
     with HiddenStateShard(out / "shard-00001.safetensors") as shard:
         assert [len(x["input_ids"]) for x in shard] == [int(o) for o in shard.offsets.diff()]
+
+
+class SequentialRank:
+    """Rank `index` of `world` in a data-parallel job, run one after the other in this process
+    (the barrier is the order of the calls: non-main ranks first, rank 0 last)."""
+
+    def __init__(self, index: int, world: int) -> None:
+        self.process_index, self.num_processes = index, world
+        self.is_main_process = index == 0
+        self.device = torch.device("cpu")
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, tmp_path, monkeypatch):
+    reference = settings_for(traces, hs_target, tmp_path / "ref")
+    extract.extract_shard(reference)
+    s = settings_for(traces, hs_target, tmp_path / "out")
+    ran: dict[int, list] = {0: [], 1: [], 2: []}
+    real = extract.run_batch
+    # what rank 0 does before the first barrier: the work folder for this plan
+    info = extract.target_info(hs_target)
+    layers = extract.sequences.resolve_layers(s.layers, info.num_layers)
+    rows = extract.sequences.load_trace_rows(traces, 0)
+    seqs, _ = extract.sequences.build_sequences(rows, s.max_seq_len, s.overlong, extract._tokenizer_loader(s))
+    extract.prepare_work(s.work, extract.fingerprint(s, seqs, info, layers))
+    for rank in (1, 2, 0):
+        monkeypatch.setattr(extract, "run_batch", lambda *a, r=rank: ran[r].append(a[2]) or real(*a))
+        result = extract.extract_shard(s, state=SequentialRank(rank, 3))
+        assert (result is None) == (rank != 0)
+    assert all(ran.values()) and sorted(i for b in sum(ran.values(), []) for i in b) == list(range(7))
+    with HiddenStateShard(s.output) as got, HiddenStateShard(reference.output) as want:
+        for a, b in zip(got, want, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in a)
