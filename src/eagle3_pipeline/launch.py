@@ -1,8 +1,42 @@
-"""Flags for `accelerate launch` from the resources Snakemake gave a job."""
+"""Launching GPU steps with `accelerate launch`, sized to the GPUs a job really has.
+
+Snakemake gives a job `resources.gpu` (capped locally by `--resources gpu=N`, mapped to `--gpus=N` by
+the SLURM plugin), but assigns no device ids and cannot see what a node really exposes. The flags are
+therefore decided twice:
+
+- `accelerate_args` (params, at plan time): one process per GPU the job was given; deterministic.
+- `python -m eagle3_pipeline.launch` (in the job, at launch time): clamps the process count to the
+  devices visible in the job (`CUDA_VISIBLE_DEVICES`, else torch), logs the decision and execs
+  `accelerate launch`. A rule that asks for more GPUs than the node exposes still runs correctly.
+
+Usage from a rule's `shell:`:
+
+    python -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {rule}/{wildcards.shard} \\
+        [--mode ddp|device_map] [--config-file config/accelerate/ddp_8gpu.yaml] \\
+        -- scripts/extract_hidden_states.py --traces ...
+
+Modes: `ddp` runs one process per GPU (the draft, which fits on one GPU many times over);
+`device_map` runs a single process that sees every GPU of the job, for a target too large for one
+GPU (a 1T MoE is sharded over all 8 with `device_map="auto"`; DDP would need 8 copies of it). The
+mode is exported to the script as EAGLE3_LAUNCH_MODE.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
+import shlex
+import sys
 import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MODES = ("ddp", "device_map")
+MODE_ENV = "EAGLE3_LAUNCH_MODE"
+REPO_ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "config" / "accelerate"
 
 
 def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:
@@ -10,15 +44,124 @@ def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:
     return base + zlib.crc32(job_key.encode()) % span
 
 
-def accelerate_args(gpus: int, job_key: str) -> str:
-    """One process per GPU; a single CPU process when the job has none (the demo, CI).
+def accelerate_args(gpus: int, job_key: str, visible: int | None = None) -> str:
+    """`accelerate launch` flags: one process per GPU; a single CPU process when the job has none.
+
+    Args:
+        gpus: GPUs Snakemake gave the job (`resources.gpu`).
+        job_key: Identifies the job (rule and wildcards); picks its main-process port.
+        visible: Devices the job can see, when known (launch time); the process count is clamped to it.
 
     Precision is the script's choice (bf16 autocast on GPU, fp32 on CPU), not the launcher's.
     """
-    if gpus <= 0:
+    processes = gpus if visible is None else clamp_processes(gpus, visible)
+    if processes <= 0:
         return "--cpu --num_processes 1 --num_machines 1 --dynamo_backend no"
-    multi = "--multi_gpu " if gpus > 1 else ""
+    multi = "--multi_gpu " if processes > 1 else ""
     return (
-        f"{multi}--num_processes {gpus} --num_machines 1 --dynamo_backend no "
+        f"{multi}--num_processes {processes} --num_machines 1 --dynamo_backend no "
         f"--main_process_port {main_process_port(job_key)}"
     )
+
+
+def clamp_processes(requested: int, visible: int) -> int:
+    """Processes to start: what the job asked for, but never more than the devices it can see."""
+    return max(0, min(requested, visible))
+
+
+def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
+    """CUDA devices this process may use: CUDA_VISIBLE_DEVICES when set, else what torch counts.
+
+    Only called at launch time, inside the job: never at parse time (no GPU probe in a dry run).
+    """
+    environ = os.environ if environ is None else environ
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [part for part in listed.replace(" ", "").split(",") if part]
+        # "NoDevFiles" (SLURM without GPUs) and "-1" both mean: no device.
+        return 0 if any(part in ("NoDevFiles", "-1") for part in ids[:1]) else len(ids)
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launch_flags(gpus: int, job_key: str, visible: int, mode: str = "ddp") -> str:
+    """The `accelerate launch` flags for a job given `gpus` GPUs of which `visible` are really there."""
+    if mode not in MODES:
+        raise ValueError(f"unknown launch mode {mode!r}; use one of {MODES}")
+    usable = clamp_processes(gpus, visible)
+    if mode == "device_map" and usable > 0:
+        # One process; the script shards the model over every visible device (device_map="auto").
+        return (
+            "--num_processes 1 --num_machines 1 --dynamo_backend no "
+            f"--main_process_port {main_process_port(job_key)}"
+        )
+    return accelerate_args(usable, job_key)
+
+
+def launch_argv(
+    gpus: int,
+    job_key: str,
+    script_argv: Sequence[str],
+    visible: int,
+    mode: str = "ddp",
+    config_file: str | None = None,
+) -> list[str]:
+    """The full command: this interpreter's `accelerate launch`, its flags, then the script and its args.
+
+    Flags given here override the config file's (accelerate's own precedence).
+    """
+    if not script_argv:
+        raise ValueError("no script to launch: put it after `--`, e.g. -- scripts/train.py --flag")
+    argv = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file:
+        argv += ["--config_file", config_file]
+    argv += shlex.split(launch_flags(gpus, job_key, visible, mode))
+    return argv + list(script_argv)
+
+
+def describe(gpus: int, visible: int, mode: str) -> str:
+    """One log line saying what the job asked for, what it has, and what is started."""
+    usable = clamp_processes(gpus, visible)
+    if usable <= 0:
+        what = "1 CPU process"
+    elif mode == "device_map":
+        what = f"1 process sharding the model over {usable} GPU(s)"
+    else:
+        what = f"{usable} process(es), one per GPU"
+    note = f" (clamped from {gpus}: only {visible} visible)" if gpus > visible else ""
+    return f"job asked for {gpus} GPU(s), {visible} visible: starting {what}{note}"
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m eagle3_pipeline.launch",
+        description="accelerate launch, with the process count clamped to the visible GPUs.",
+    )
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs given to the job (resources.gpu)")
+    parser.add_argument("--job-key", required=True, help="rule and wildcards; picks the main process port")
+    parser.add_argument("--mode", choices=MODES, default="ddp", help="ddp or device_map (see module doc)")
+    parser.add_argument("--config-file", default=None, help="an accelerate config (config/accelerate/)")
+    return parser.parse_args(argv[:split]), argv[split + 1 :]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: decide the flags from the visible devices, log them, exec `accelerate launch`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args, script_argv = _parse(sys.argv[1:] if argv is None else argv)
+    visible = visible_gpu_count()
+    command = launch_argv(args.gpus, args.job_key, script_argv, visible, args.mode, args.config_file)
+    message = describe(args.gpus, visible, args.mode)
+    (logger.warning if args.gpus > visible else logger.info)(message)
+    logger.info("exec: %s", shlex.join(command))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, {**os.environ, MODE_ENV: args.mode})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""The hidden-state disk budget: how many bytes extraction will write, checked against free space.
+
+Per token, extraction stores three auxiliary hidden states and the final one (4 x H values in the
+storage dtype) plus the input id (int64) and the loss mask (one byte):
+
+    bytes = tokens x (4 x H x itemsize + 9)
+
+For Kimi-K2.5 (H = 7168, bf16) that is 57,353 bytes a token: about 470 MB for one 8k-token sample.
+
+Two estimates:
+
+- from the config, before anything ran (`python -m eagle3_pipeline.budget CONFIG`): every sample as
+  long as its prompt plus `generation.max_tokens`, capped at `hidden_states.max_seq_len` (an upper
+  bound: most replies stop earlier);
+- from the traces, once generation is done (rule check_disk_budget): the real sequence lengths.
+
+`check_free_space` fails early, with the numbers, when the results filesystem cannot hold them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STATE_COUNT = 4  # three auxiliary layers + the final hidden state
+TOKEN_OVERHEAD_BYTES = 9  # input id (int64) + loss mask (uint8)
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DEFAULT_PROMPT_TOKENS = 512  # a typical open-perfectblend prompt once templated
+DEFAULT_HEADROOM = 0.05  # keep 5% of the estimate free on top, for metadata and partial shards
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DiskBudgetError(RuntimeError):
+    """The results filesystem cannot hold the hidden states; the message gives the numbers and fixes."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An estimate of the hidden-state bytes of a run."""
+
+    source: str  # "config" (upper bound before generation) or "traces" (real lengths)
+    samples: int
+    tokens: int
+    hidden_size: int
+    dtype: str
+    bytes_per_token: int
+    total_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "total": format_bytes(self.total_bytes)}
+
+
+def bytes_per_token(hidden_size: int, dtype: str = "bfloat16") -> int:
+    """Bytes one token costs on disk: 4 hidden states of `hidden_size` values, its id and its mask."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown hidden_states.dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
+    return STATE_COUNT * hidden_size * DTYPE_BYTES[dtype] + TOKEN_OVERHEAD_BYTES
+
+
+def hidden_size_of(target_config: Mapping[str, Any]) -> int:
+    """The target's hidden size from its config.json (a VL wrapper such as Kimi-K2.5 nests text_config)."""
+    for node in (target_config, target_config.get("text_config") or {}):
+        if isinstance(node.get("hidden_size"), int):
+            return node["hidden_size"]
+    raise ValueError("the target config.json has no hidden_size (nor text_config.hidden_size)")
+
+
+def format_bytes(count: float) -> str:
+    """Human-readable size in powers of 1000 (as disks are sold): '1.23 TB'."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def _budget(source: str, samples: int, tokens: int, hidden_size: int, dtype: str) -> Budget:
+    per_token = bytes_per_token(hidden_size, dtype)
+    return Budget(source, samples, tokens, hidden_size, dtype, per_token, tokens * per_token)
+
+
+def estimate_from_config(
+    config: Mapping[str, Any], hidden_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+) -> Budget:
+    """Upper bound before the run: num_samples x min(prompt + max_tokens, max_seq_len) tokens."""
+    samples = config["dataset"]["num_samples"]
+    per_sample = min(
+        prompt_tokens + config["generation"]["max_tokens"], config["hidden_states"]["max_seq_len"]
+    )
+    return _budget("config", samples, samples * per_sample, hidden_size, config["hidden_states"]["dtype"])
+
+
+def tokens_from_lengths(
+    lengths: Iterable[int], max_seq_len: int, overlong: str = "truncate"
+) -> tuple[int, int]:
+    """(samples, tokens) once each sequence is truncated to max_seq_len, or dropped when overlong=drop."""
+    samples = tokens = 0
+    for length in lengths:
+        if length > max_seq_len and overlong == "drop":
+            continue
+        samples += 1
+        tokens += min(length, max_seq_len)
+    return samples, tokens
+
+
+def trace_lengths(paths: Sequence[str | Path], fallback: int) -> list[int]:
+    """Sequence length (prompt + completion tokens) of every trace row in the given parquet files.
+
+    Token-id lists are counted when present; else the prompt_tokens/completion_tokens columns; a row
+    with neither counts as `fallback` tokens (the conservative max_seq_len).
+    """
+    import polars as pl
+
+    lengths: list[int] = []
+    for path in paths:
+        names = pl.scan_parquet(path).collect_schema().names()
+        parts = [
+            pl.col(ids).list.len() if ids in names else pl.col(count) if count in names else pl.lit(None)
+            for ids, count in (
+                ("prompt_token_ids", "prompt_tokens"),
+                ("completion_token_ids", "completion_tokens"),
+            )
+        ]
+        frame = pl.scan_parquet(path).select((parts[0] + parts[1]).fill_null(fallback).alias("n")).collect()
+        lengths.extend(frame["n"].cast(pl.Int64).to_list())
+    return lengths
+
+
+def estimate_from_traces(
+    paths: Sequence[str | Path], hidden_size: int, max_seq_len: int, overlong: str, dtype: str
+) -> Budget:
+    """The bytes extraction will write for these trace files, from their real lengths."""
+    samples, tokens = tokens_from_lengths(trace_lengths(paths, max_seq_len), max_seq_len, overlong)
+    return _budget("traces", samples, tokens, hidden_size, dtype)
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the filesystem that holds `path` (its nearest existing ancestor if not made yet)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def existing_bytes(directory: str | Path) -> int:
+    """Bytes of hidden-state shards already written (a resumed run needs only the rest)."""
+    root = Path(directory)
+    return sum(p.stat().st_size for p in root.rglob("*.safetensors")) if root.exists() else 0
+
+
+def check_free_space(
+    budget: Budget,
+    results_dir: str | Path,
+    already: int = 0,
+    headroom: float = DEFAULT_HEADROOM,
+    free: int | None = None,
+) -> dict[str, Any]:
+    """Compare what is still to write (+ headroom) with the free space; raise DiskBudgetError if short.
+
+    Returns the figures (needed, free, ...) for the log.
+    """
+    free = free_bytes(results_dir) if free is None else free
+    remaining = max(0, budget.total_bytes - already)
+    needed = int(remaining * (1 + headroom))
+    figures = {"estimate": budget.total_bytes, "already_written": already, "needed": needed, "free": free}
+    if needed > free:
+        raise DiskBudgetError(
+            f"the hidden states need {format_bytes(needed)} ({budget.tokens:,} tokens x "
+            f"{budget.bytes_per_token:,} B/token for {budget.samples:,} samples, {format_bytes(already)} "
+            f"already written, {headroom:.0%} headroom) but {Path(results_dir).absolute()} has "
+            f"{format_bytes(free)} free. Free space there, point results/ at a larger filesystem (a "
+            "symlink), or lower dataset.num_samples / hidden_states.max_seq_len."
+        )
+    return figures
+
+
+def describe(budget: Budget, figures: Mapping[str, int] | None = None) -> str:
+    """A few lines for a person: what is stored, how much, and whether it fits."""
+    lines = [
+        f"hidden-state disk budget ({budget.source}): {budget.samples:,} samples, {budget.tokens:,} tokens",
+        f"  per token: 4 states x {budget.hidden_size:,} x {budget.dtype} + id/mask = "
+        f"{budget.bytes_per_token:,} B",
+        f"  total: {format_bytes(budget.total_bytes)}",
+    ]
+    if figures:
+        lines.append(
+            f"  still to write (+headroom): {format_bytes(figures['needed'])}; "
+            f"free: {format_bytes(figures['free'])}"
+        )
+    return "\n".join(lines)
+
+
+def check_disk_budget(
+    traces: Sequence[str | Path],
+    target_config: str | Path,
+    hidden_states_dir: str | Path,
+    output: str | Path,
+    max_seq_len: int,
+    overlong: str = "truncate",
+    dtype: str = "bfloat16",
+    headroom: float = DEFAULT_HEADROOM,
+) -> Budget:
+    """The guard before extraction: estimate from the traces, check free space, write the estimate.
+
+    The written JSON holds only the estimate (a function of the traces and settings), so re-checking
+    unchanged traces rewrites an identical file and reruns nothing; free space goes to the log.
+    """
+    hidden_size = hidden_size_of(json.loads(Path(target_config).read_text()))
+    budget = estimate_from_traces(traces, hidden_size, max_seq_len, overlong, dtype)
+    figures = check_free_space(budget, hidden_states_dir, existing_bytes(hidden_states_dir), headroom)
+    logger.info("%s", describe(budget, figures))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(budget.to_json(), indent=2) + "\n")
+    return budget
+
+
+def _target_hidden_size(target_dir: str, override: int | None) -> int:
+    if override:
+        return override
+    config_json = Path(target_dir) / "config.json"
+    if not config_json.exists():
+        raise SystemExit(f"{config_json} not found: pass --hidden-size (Kimi-K2.5: 7168)")
+    return hidden_size_of(json.loads(config_json.read_text()))
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m eagle3_pipeline.budget",
+        description="Print the hidden-state disk budget of a config and check it against free space.",
+    )
+    parser.add_argument("config", help="the run's config file (e.g. config/examples/kimi-k2.5-8gpu.yaml)")
+    parser.add_argument(
+        "--hidden-size", type=int, default=None, help="target hidden size, if its config.json is absent"
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS, help="expected prompt length"
+    )
+    parser.add_argument("--results", default="results", help="the results folder (its filesystem is checked)")
+    parser.add_argument("--schema", default=str(REPO_ROOT / "config" / "schema.yaml"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: the config's upper bound, the traces' figure when generation already ran; 1 if it won't fit."""
+    import yaml
+
+    from eagle3_pipeline.config import check_config
+
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    config = check_config(yaml.safe_load(Path(args.config).read_text()), args.schema)
+    hidden_size = _target_hidden_size(config["target"]["model"], args.hidden_size)
+    run_dir = Path(args.results) / config["run"]
+    budget = estimate_from_config(config, hidden_size, args.prompt_tokens)
+    traces = [run_dir / "traces" / f"{split}.parquet" for split in ("train", "validation")]
+    if all(path.exists() for path in traces):
+        hs = config["hidden_states"]
+        budget = estimate_from_traces(traces, hidden_size, hs["max_seq_len"], hs["overlong"], hs["dtype"])
+    already = existing_bytes(run_dir / "hidden_states")
+    try:
+        figures = check_free_space(budget, run_dir, already)
+    except DiskBudgetError as error:
+        sys.stdout.write(describe(budget) + f"\nDOES NOT FIT: {error}\n")
+        return 1
+    sys.stdout.write(describe(budget, figures) + "\nfits.\n")
+    sys.stdout.write(json.dumps({**budget.to_json(), **figures}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The hidden-state disk budget: bytes per token, estimates from config and traces, the free-space guard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from safetensors.torch import save_file
+
+from eagle3_pipeline.budget import (
+    Budget,
+    DiskBudgetError,
+    bytes_per_token,
+    check_disk_budget,
+    check_free_space,
+    estimate_from_config,
+    estimate_from_traces,
+    existing_bytes,
+    format_bytes,
+    free_bytes,
+    hidden_size_of,
+    main,
+    tokens_from_lengths,
+)
+from eagle3_pipeline.config import check_config
+
+REPO = Path(__file__).resolve().parents[2]
+KIMI_CONFIG = str(REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml")
+SCHEMA = REPO / "config" / "schema.yaml"
+
+
+def test_bytes_per_token_counts_four_states_plus_id_and_mask():
+    assert bytes_per_token(7168) == 4 * 7168 * 2 + 9 == 57353  # Kimi-K2.5, bf16
+    assert bytes_per_token(128, "float32") == 4 * 128 * 4 + 9
+    with pytest.raises(ValueError, match="unknown hidden_states.dtype 'int8'"):
+        bytes_per_token(128, "int8")
+
+
+def test_an_8k_kimi_sample_costs_about_470_mb():
+    assert 8192 * bytes_per_token(7168) == pytest.approx(470e6, rel=0.01)
+
+
+def test_hidden_size_is_read_from_a_vl_wrapper_too():
+    assert hidden_size_of({"hidden_size": 128}) == 128
+    assert hidden_size_of({"text_config": {"hidden_size": 7168}}) == 7168
+    with pytest.raises(ValueError, match="no hidden_size"):
+        hidden_size_of({"vocab_size": 3})
+
+
+def test_config_estimate_caps_each_sample_at_max_seq_len():
+    config = {
+        "dataset": {"num_samples": 10},
+        "generation": {"max_tokens": 8192},
+        "hidden_states": {"max_seq_len": 8000, "dtype": "bfloat16"},
+    }
+    budget = estimate_from_config(config, hidden_size=100, prompt_tokens=512)
+    assert (budget.source, budget.samples, budget.tokens) == ("config", 10, 80_000)
+    assert budget.total_bytes == 80_000 * (800 + 9)
+
+
+def test_kimi_example_budget_is_the_documented_figure():
+    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    budget = estimate_from_config(config, hidden_size=7168)
+    # 20,000 samples x min(512 + 8192, 10240) tokens x 57,353 B (docs/cluster.md quotes it)
+    assert budget.tokens == 20_000 * 8704
+    assert format_bytes(budget.total_bytes) == "9.98 TB"
+
+
+def test_lengths_are_truncated_or_dropped_like_extraction_does():
+    assert tokens_from_lengths([10, 50, 200], max_seq_len=100) == (3, 160)
+    assert tokens_from_lengths([10, 50, 200], max_seq_len=100, overlong="drop") == (2, 60)
+
+
+def _traces(path, rows):
+    pl.DataFrame(rows).write_parquet(path)
+    return path
+
+
+def test_trace_estimate_uses_token_ids_then_counts(tmp_path):
+    with_ids = _traces(
+        tmp_path / "train.parquet",
+        {"prompt_token_ids": [[1, 2, 3], [4]], "completion_token_ids": [[5] * 7, [6] * 2]},
+    )
+    counts_only = _traces(tmp_path / "validation.parquet", {"prompt_tokens": [4], "completion_tokens": [500]})
+    budget = estimate_from_traces(
+        [with_ids, counts_only], 16, max_seq_len=100, overlong="truncate", dtype="bfloat16"
+    )
+    assert (budget.source, budget.samples, budget.tokens) == ("traces", 3, 10 + 3 + 100)
+    assert budget.total_bytes == 113 * bytes_per_token(16)
+
+
+def _budget(total: int) -> Budget:
+    return Budget("traces", 1, total, 1, "bfloat16", 1, total)
+
+
+def test_guard_fails_early_with_the_numbers():
+    with pytest.raises(DiskBudgetError) as error:
+        check_free_space(_budget(2_000_000_000), "results/x", free=1_000_000_000, headroom=0.0)
+    message = str(error.value)
+    assert "need 2.00 GB" in message and "1.00 GB free" in message and "dataset.num_samples" in message
+
+
+def test_guard_counts_shards_already_written_and_headroom():
+    figures = check_free_space(_budget(1000), "results/x", already=400, headroom=0.5, free=900)
+    assert figures == {"estimate": 1000, "already_written": 400, "needed": 900, "free": 900}
+    with pytest.raises(DiskBudgetError):
+        check_free_space(_budget(1000), "results/x", already=400, headroom=0.5, free=899)
+
+
+def test_free_and_existing_bytes_on_the_real_filesystem(tmp_path):
+    assert 0 < free_bytes(tmp_path / "not" / "made" / "yet") == free_bytes(tmp_path)
+    import torch
+
+    (tmp_path / "train").mkdir()
+    save_file({"x": torch.zeros(1000, dtype=torch.bfloat16)}, tmp_path / "train" / "shard-00000.safetensors")
+    assert existing_bytes(tmp_path) == (tmp_path / "train" / "shard-00000.safetensors").stat().st_size > 2000
+    assert existing_bytes(tmp_path / "absent") == 0
+
+
+def test_check_disk_budget_writes_a_deterministic_estimate(tmp_path):
+    traces = [_traces(tmp_path / "t.parquet", {"prompt_token_ids": [[1, 2]], "completion_token_ids": [[3]]})]
+    target = tmp_path / "config.json"
+    target.write_text(json.dumps({"hidden_size": 128}))
+    out = tmp_path / "budget" / "hidden_states.json"
+    check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64)
+    first = out.read_text()
+    check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64)
+    assert out.read_text() == first  # unchanged traces: an identical file, nothing downstream reruns
+    assert json.loads(first)["total_bytes"] == 3 * (4 * 128 * 2 + 9)
+
+
+def test_cli_prints_the_kimi_budget_and_says_it_does_not_fit(tmp_path, capsys):
+    code = main([KIMI_CONFIG, "--hidden-size", "7168", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "174,080,000 tokens" in out and "57,353 B" in out and "9.98 TB" in out
+    assert code == (0 if free_bytes(tmp_path) > 10.5e12 else 1)
+
+
+def test_cli_reads_hidden_size_from_the_target(tmp_path, capsys):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 64}}))
+    config = yaml.safe_load(Path(KIMI_CONFIG).read_text())
+    config["target"]["model"] = str(target)
+    config["dataset"]["num_samples"] = 2
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main([str(path), "--results", str(tmp_path / "results")]) == 0
+    assert "per token: 4 states x 64 x bfloat16" in capsys.readouterr().out
+    config["target"]["model"] = str(tmp_path / "absent")
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit, match="pass --hidden-size"):
+        main([str(path)])
