@@ -215,3 +215,12 @@ def test_server_json_has_no_timestamps(sshd_server, fake_systemctl, tmp_path: Pa
     server = json.loads((tmp_path / "out" / "server.json").read_text())
     assert not any("time" in key or "date" in key for key in server)
     shutil.rmtree(tmp_path / "out")
+
+
+def test_refused_port_fails_fast_and_clearly(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
+    ssh = {"known_hosts_file": str(tmp_path / "kh"), "connect_timeout_s": 3}
+    with pytest.raises(HostError, match=f"127.0.0.1:{port}"):
+        RemoteHost(f"nobody@127.0.0.1:{port}", ssh).run("true")
