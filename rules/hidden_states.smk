@@ -24,11 +24,17 @@ rule extract_hidden_states:
         batch_tokens=config["hidden_states"]["batch_tokens"],
         compute_dtype=config["hidden_states"]["compute_dtype"],
         device_map="--device-map" if config["hidden_states"]["device_map"] else "",
+        trust_remote_code=(
+            "--trust-remote-code"
+            if config["hidden_states"]["trust_remote_code"]
+            else ""
+        ),
         work=f"{WORK}/hidden_states/{{split}}-{{shard}}",
     shell:
         "accelerate launch {params.accelerate} scripts/extract_hidden_states.py"
         " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
         " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.device_map}"
+        " {params.trust_remote_code}"
         " --batch-tokens {params.batch_tokens} --work {params.work}"
         " --output {output.states} --metadata {output.metadata} > {log} 2>&1"

@@ -24,6 +24,7 @@ def parse_args(argv: list[str]) -> ExtractSettings:
     p.add_argument("--compute-dtype", choices=["auto", "bfloat16", "float32"], default="auto")
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device-map", action="store_true", help="spread the model over all visible devices")
+    p.add_argument("--trust-remote-code", action="store_true", help="the target ships its own model code")
     settings = ExtractSettings(**vars(p.parse_args(argv)))
     settings.device_map |= os.environ.get("EAGLE3_LAUNCH_MODE") == "device_map"  # eagle3_pipeline.launch
     return settings

@@ -52,12 +52,16 @@ def resolve_compute_dtype(name: str) -> torch.dtype:
 
 
 def load_target(
-    path: str | Path, compute_dtype: torch.dtype, device: torch.device, device_map: bool
+    path: str | Path,
+    compute_dtype: torch.dtype,
+    device: torch.device,
+    device_map: bool,
+    trust_remote_code: bool = False,
 ) -> nn.Module:
     """The target in eval mode: on `device`, or spread over all visible devices with device_map=auto."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": compute_dtype}
+    kwargs: dict[str, Any] = {"dtype": compute_dtype, "trust_remote_code": trust_remote_code}
     if device_map:
         kwargs["device_map"] = "auto"
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)

@@ -53,6 +53,7 @@ class ExtractSettings:
     batch_tokens: int = 16384
     compute_dtype: str = "auto"
     device_map: bool = False
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -63,11 +64,11 @@ class TargetInfo:
     config_sha: str
 
 
-def target_info(target: Path) -> TargetInfo:
+def target_info(target: Path, trust_remote_code: bool = False) -> TargetInfo:
     """Layer count, hidden size and vocab of the target's language model, from its config.json."""
     from transformers import AutoConfig
 
-    config = capture.text_config(AutoConfig.from_pretrained(str(target)))
+    config = capture.text_config(AutoConfig.from_pretrained(str(target), trust_remote_code=trust_remote_code))
     sha = hashlib.sha256((Path(target) / "config.json").read_bytes()).hexdigest()
     return TargetInfo(config.num_hidden_layers, config.hidden_size, config.vocab_size, sha)
 
@@ -136,7 +137,9 @@ def run_batches(
         device,
         ", device_map=auto" * settings.device_map,
     )
-    model = capture.load_target(settings.target, compute_dtype, device, settings.device_map)
+    model = capture.load_target(
+        settings.target, compute_dtype, device, settings.device_map, settings.trust_remote_code
+    )
     parts = settings.work / "parts"
     storage_dtype = storage.TORCH_DTYPES[settings.dtype]
     for done, b in enumerate(todo, 1):
@@ -264,7 +267,7 @@ def extract_shard(settings: ExtractSettings, state: Any = None) -> dict[str, Any
         log.info("device_map placement: rank %d has nothing to do", state.process_index)
         return None
     world, rank = (1, 0) if settings.device_map else (state.num_processes, state.process_index)
-    info = target_info(settings.target)
+    info = target_info(settings.target, settings.trust_remote_code)
     layers = sequences.resolve_layers(settings.layers, info.num_layers)
     rows = sequences.load_trace_rows(settings.traces, settings.shard)
     seqs, stats = sequences.build_sequences(
@@ -318,6 +321,8 @@ def _tokenizer_loader(settings: ExtractSettings):
     def load() -> Any:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(settings.target))
+        return AutoTokenizer.from_pretrained(
+            str(settings.target), trust_remote_code=settings.trust_remote_code
+        )
 
     return load
