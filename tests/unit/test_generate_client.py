@@ -206,3 +206,25 @@ def test_killed_mid_shard_resumes_without_loss_or_duplicate(scripted_endpoint, t
     assert resent == 80 - len(done_before)  # nothing finished is sent again
     with Journal(journal, "unused") as reopened:
         assert reopened.stale == 80  # exactly one line per prompt: no duplicate
+
+
+def test_an_empty_shard_sends_nothing_and_writes_an_empty_table(tmp_path):
+    out = run_generation(
+        prompts(0), "http://127.0.0.1:9", sampling(), GEN, tmp_path / "j.jsonl", identity="i"
+    )
+    assert out.height == 0 and out.schema == pl.Schema(OUTPUT_SCHEMA)
+
+
+def test_a_job_started_later_gets_its_share_of_the_global_cap(scripted_endpoint, tmp_path):
+    scripted_endpoint.delay_s = 0.1
+    gen = dict(GEN, concurrency=8, global_concurrency=8)
+    first = child(scripted_endpoint, tmp_path, "a", prompts(600, prefix="a-"), gen)
+    while sum(scripted_endpoint.requests.values()) < 24:
+        time.sleep(0.02)
+    second = child(scripted_endpoint, tmp_path, "b", prompts(40, prefix="b-"), gen)
+    for job in (first, second):
+        assert job.wait(120) == 0, job.stderr.read()
+    order = [body["messages"][-1]["content"][0] for body in scripted_endpoint.bodies]
+    last_b = max(i for i, who in enumerate(order) if who == "b")
+    # without sharing, "a" would hold all 8 slots until its queue is empty and "b" would come last
+    assert order[last_b + 1 :].count("a") > 40

@@ -82,16 +82,14 @@ class _Progress:
             ascii=True,
             ncols=100,
         )
-        self.tokens, self.start, self.last = 0, time.monotonic(), 0.0
+        self.tokens, self.start = 0, time.monotonic()
         self.counts: Counter[str] = Counter()
 
     def update(self, result: dict[str, Any]) -> None:
         self.counts[result["status"]] += 1
         self.tokens += result["completion_tokens"] or 0
-        now = time.monotonic()
-        if now - self.last >= 1.0:
-            self.last = now
-            self.bar.set_postfix_str(f"{self.tokens / max(now - self.start, 1e-9):.0f} tok/s", refresh=False)
+        rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{rate:.0f} tok/s", refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
@@ -325,7 +323,8 @@ def generate_shard(
     server_json = json.loads(Path(server_json_path).read_text())
     prompts = pl.read_parquet(prompts_path)
     base_url = ensure_running(server_json, server_cfg, Path(state_dir)) if len(prompts) else ""
-    sampling = Sampling.from_config(generation, server_json.get("served_model_name") or server_json["model"])
+    model = server_json.get("served_model_name") or server_json["model"]
+    sampling = Sampling.from_config(generation, model[0] if isinstance(model, list) else model)
     frame = run_generation(
         prompts,
         base_url,
