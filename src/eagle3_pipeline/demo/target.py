@@ -1,0 +1,167 @@
+"""Build the embedded demo's target: tokenizer, fitted tiny Llama, and the systemd unit serving it.
+
+Everything is written into a temporary sibling folder and renamed into place at the end, so an
+interrupted build leaves no half-written target behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, LlamaForCausalLM
+
+from eagle3_pipeline.demo.fit import FitSettings, build_examples, fit, model_config, synthesise_reasoning
+from eagle3_pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+SERVED_MODEL_NAME = "eagle3-demo-target"
+UNIT_PLACEHOLDERS = ("@REPO@", "@TARGET@", "@PORT@")
+
+
+def load_rows(sample_path: str | Path) -> list[dict]:
+    """Read the sample's JSON lines; raise naming the file and line when a row is not in its schema."""
+    rows = []
+    for number, line in enumerate(Path(sample_path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = row["conversations"]
+            ok = all(t["from"] in ("system", "human", "gpt") and isinstance(t["value"], str) for t in turns)
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{sample_path}:{number}: not a conversations row ({error})") from error
+        if not ok:
+            raise ValueError(
+                f"{sample_path}:{number}: turns need 'from' in system/human/gpt and a 'value' string"
+            )
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{sample_path}: no rows; the demo target is fitted on this sample")
+    return rows
+
+
+def _tokenizer_texts(rows: list[dict]) -> list[str]:
+    texts = [turn["value"] for row in rows for turn in row["conversations"]]
+    for row in rows:
+        turns = row["conversations"]
+        texts += [
+            synthesise_reasoning(q["value"], a["value"]) for q, a in zip(turns, turns[1:], strict=False)
+        ]
+    return texts
+
+
+def build_target(rows: list[dict], out_dir: Path, settings: FitSettings) -> dict[str, float]:
+    """Train the tokenizer, fit the model and save both (plus generation_config.json) into ``out_dir``."""
+    tokenizer = train_tokenizer(_tokenizer_texts(rows))
+    examples = build_examples(rows, tokenizer, settings.seed)
+    logger.info("%d examples, %d tokens", len(examples), sum(len(ids) for ids, _ in examples))
+    torch.manual_seed(settings.seed)
+    model = LlamaForCausalLM(model_config(tokenizer))
+    figures = fit(model, examples, tokenizer.pad_token_id, settings)
+    logger.info("fit: %s", figures)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out_dir)
+    save_tokenizer(tokenizer, out_dir)
+    (out_dir / "fit.json").write_text(json.dumps({**figures, "examples": len(examples)}, indent=2) + "\n")
+    return figures
+
+
+def render_unit(template: str, repo: Path, target_dir: Path, port: int) -> str:
+    """Fill the unit template's @REPO@, @TARGET@ and @PORT@ (``${}`` is systemd's own syntax)."""
+    missing = [p for p in UNIT_PLACEHOLDERS if p not in template]
+    if missing:
+        raise ValueError(
+            f"unit template lacks placeholder(s) {missing}; see config/demo/vllm-demo.service.in"
+        )
+    text = template.replace("@REPO@", str(repo)).replace("@TARGET@", str(target_dir))
+    return text.replace("@PORT@", str(port))
+
+
+def _unit_lines(unit: str) -> list[str]:
+    joined = re.sub(r"\\\n", " ", unit)
+    return [
+        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def unit_exec_start(unit: str) -> list[str]:
+    """The argv of the demo unit's ExecStart (this unit's subset of systemd syntax: continuations)."""
+    commands = [line.partition("=")[2] for line in _unit_lines(unit) if line.startswith("ExecStart=")]
+    if not commands or not commands[-1]:
+        raise ValueError("unit has no ExecStart= line")
+    return shlex.split(commands[-1].lstrip("-@:+!"))
+
+
+def unit_environment(unit: str) -> dict[str, str]:
+    """The variables of the unit's Environment= lines (repeated lines merge, the last wins)."""
+    env: dict[str, str] = {}
+    for line in _unit_lines(unit):
+        if line.startswith("Environment="):
+            env.update(item.split("=", 1) for item in shlex.split(line.partition("=")[2]) if "=" in item)
+    return env
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def build_demo_target(
+    sample_path: str | Path,
+    unit_template_path: str | Path,
+    target_dir: str | Path,
+    unit_path: str | Path,
+    port: int,
+    settings: FitSettings,
+    repo: str | Path | None = None,
+) -> dict[str, float]:
+    """Build the demo target into ``target_dir`` and its systemd unit into ``unit_path``.
+
+    Args:
+        sample_path: The sample in open-perfectblend's schema (config/demo/sample.jsonl).
+        unit_template_path: The unit template with @REPO@, @TARGET@ and @PORT@ placeholders.
+        target_dir: Where the model and tokenizer go (replaced whole, atomically).
+        unit_path: Where the rendered unit goes.
+        port: The port the unit's server listens on (127.0.0.1).
+        settings: How long and how the model is fitted.
+        repo: The repository root the unit runs from (default: the current directory).
+
+    Returns:
+        The fit's figures.
+    """
+    target_dir = Path(target_dir).absolute()
+    rows = load_rows(sample_path)
+    unit = render_unit(
+        Path(unit_template_path).read_text(), Path(repo or Path.cwd()).absolute(), target_dir, port
+    )
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.", dir=target_dir.parent))
+    try:
+        figures = build_target(rows, work, settings)
+        old = target_dir.with_name(f".{target_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if target_dir.exists():
+            target_dir.rename(old)
+        work.rename(target_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _atomic_write(Path(unit_path), unit)
+    logger.info("demo target in %s, unit %s", target_dir, unit_path)
+    return figures

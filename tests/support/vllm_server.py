@@ -1,0 +1,137 @@
+"""Session fixture ``demo_vllm_server``: the real vLLM CPU server (.venv-vllm) serving the demo target.
+
+The target is resources/demo/target when it is built (rule build_demo_target); otherwise it is built
+once into .pytest_cache/demo-target/<sample hash>/ with a short fit and reused by later sessions.
+The server runs the ExecStart of the demo's own unit template, on a free 127.0.0.1 port.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline.demo.fit import FitSettings
+from eagle3_pipeline.demo.target import (
+    SERVED_MODEL_NAME,
+    build_demo_target,
+    render_unit,
+    unit_environment,
+    unit_exec_start,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SAMPLE = REPO / "config" / "demo" / "sample.jsonl"
+UNIT_TEMPLATE = REPO / "config" / "demo" / "vllm-demo.service.in"
+BUILT_TARGET = REPO / "resources" / "demo" / "target"
+TEST_FIT_SECONDS = 60.0  # enough for <think>...</think> answer <|im_end|> (the rule's default is 100)
+HEALTH_TIMEOUT_S = 300.0
+
+
+def demo_target_dir() -> Path:
+    """The built demo target, or one built (once, cached) under .pytest_cache for the tests."""
+    if (BUILT_TARGET / "model.safetensors").exists() and (BUILT_TARGET / "tokenizer.json").exists():
+        return BUILT_TARGET
+    key = hashlib.sha256(SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes()).hexdigest()[:12]
+    cached = REPO / ".pytest_cache" / "demo-target" / key
+    if not (cached / "target" / "model.safetensors").exists():
+        build_demo_target(
+            SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service", 18500,
+            FitSettings(seconds=TEST_FIT_SECONDS), repo=REPO,
+        )  # fmt: skip
+    return cached / "target"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DemoServer:
+    """A real vLLM CPU server process; ``kill()`` and ``restart()`` serve tests that kill it mid-run."""
+
+    def __init__(self, target_dir: Path, port: int, log_path: Path) -> None:
+        self.target_dir = target_dir
+        self.port = port
+        self.log_path = log_path
+        self.model = SERVED_MODEL_NAME
+        self.base_url = f"http://127.0.0.1:{port}"
+        unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, target_dir, port)
+        self.command = unit_exec_start(unit)
+        self.env = {**os.environ, **unit_environment(unit)}
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        """Start the server and wait for /health; fail with the log's tail if it does not come up."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"vLLM exited with {self.process.returncode} while starting:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(1.0)
+        self.kill()
+        pytest.fail(f"vLLM /health not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the server's whole process group (the API server and its engine core) and reap it."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Terminate gracefully (SIGTERM), killing after 30 s."""
+        self.kill(signal.SIGTERM)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def demo_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
+    """The demo target served by the real vLLM CPU build on 127.0.0.1 (session-scoped)."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: install the demo server with `make install-vllm`")
+    target = demo_target_dir()
+    server = DemoServer(target, free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
