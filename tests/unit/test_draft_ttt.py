@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eagle3_pipeline.draft.ttt import Batch, step_targets, summarize, target_distribution, ttt_loss
+from eagle3_pipeline.draft.ttt import Batch, step_mask, summarize, target_distribution, ttt_loss
 
 
 def tiny_batch(loss_mask: list[int], has_final: list[int] | None = None) -> Batch:
@@ -26,22 +26,43 @@ def test_targets_and_mask_shift_with_each_step():
     # the draft vocabulary. Row i of step k targets position i+1+k and predicts x_{i+2+k}.
     batch = tiny_batch([0, 0, 1, 1, 1, 0])
     in_draft = torch.tensor([[1, 1, 1, 0, 1, 1]], dtype=torch.bool)
-    probs = torch.arange(6, dtype=torch.float32).view(1, 6, 1).expand(1, 6, 3)  # probs[., j, .] = j
-    target, valid = step_targets(batch, probs, in_draft, 0)
-    assert valid[0].int().tolist() == [1, 1, 0, 0, 0, 0]
-    assert target[0, :, 0].tolist() == [1, 2, 3, 4, 5, 0]
-    target, valid = step_targets(batch, probs, in_draft, 1)
-    assert valid[0].int().tolist() == [1, 0, 0, 0, 0, 0]
-    assert target[0, :, 0].tolist() == [2, 3, 4, 5, 0, 0]
-    _, valid = step_targets(batch, probs, in_draft, 2)
-    assert valid[0].int().tolist() == [0, 0, 0, 0, 0, 0]  # row 0 would target position 3
+    assert step_mask(batch, in_draft, 0)[0].int().tolist() == [1, 1, 0, 0, 0, 0]
+    assert step_mask(batch, in_draft, 1)[0].int().tolist() == [1, 0, 0, 0, 0, 0]
+    assert step_mask(batch, in_draft, 2)[0].int().tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]  # row 0 would target position 3
+
+
+def test_each_step_targets_the_distribution_one_place_further():
+    # one-hot targets: position j says draft id j; a draft that answers "row i at step k -> id i+1+k"
+    # is right everywhere, one that answers "i+k" (not shifted with the step) is wrong everywhere
+    batch = tiny_batch([1] * 6)
+    in_draft = torch.ones(1, 6, dtype=torch.bool)
+    probs = torch.eye(8)[:6][None]  # [1, 6, 8]
+    rows = torch.arange(6)
+    shifted = [torch.nn.functional.one_hot((rows + 1 + k) % 8, 8)[None].float() * 20 for k in range(3)]
+    unshifted = [torch.nn.functional.one_hot((rows + k) % 8, 8)[None].float() * 20 for k in range(3)]
+    assert summarize(ttt_loss(shifted, batch, probs, in_draft, 0.8)[1], 0.8)["step_accuracy"] == [
+        1.0,
+        1.0,
+        1.0,
+    ]
+    assert summarize(ttt_loss(unshifted, batch, probs, in_draft, 0.8)[1], 0.8)["step_accuracy"] == [
+        0.0,
+        0.0,
+        0.0,
+    ]
 
 
 def test_rows_without_a_stored_final_state_do_not_count():
     batch = tiny_batch([0, 1, 1, 1, 1], has_final=[0, 1, 0, 1, 1])
     in_draft = torch.ones(1, 5, dtype=torch.bool)
-    _, valid = step_targets(batch, torch.zeros(1, 5, 2), in_draft, 0)
-    assert valid[0].int().tolist() == [1, 0, 1, 0, 0]
+    assert step_mask(batch, in_draft, 0)[0].int().tolist() == [1, 0, 1, 0, 0]
 
 
 def test_target_distribution_is_restricted_to_the_draft_vocabulary():

@@ -61,13 +61,9 @@ def target_distribution(
     return torch.cat(probs).view(*shape, -1), torch.cat(in_draft).view(shape)
 
 
-def step_targets(
-    batch: Batch, probs: torch.Tensor, in_draft: torch.Tensor, step: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(target probabilities [B, T, Vd], counted rows [B, T] bool) for TTT step `step`."""
-    target = shift_left(probs, 1 + step)
-    valid = shift_left(in_draft & batch.has_final, 1 + step) & shift_left(batch.loss_mask, 2 + step)
-    return target, valid
+def step_mask(batch: Batch, in_draft: torch.Tensor, step: int) -> torch.Tensor:
+    """Rows [B, T] (bool) that count at TTT step `step`; row i targets position i + 1 + step."""
+    return shift_left(in_draft & batch.has_final, 1 + step) & shift_left(batch.loss_mask, 2 + step)
 
 
 def ttt_loss(
@@ -75,24 +71,33 @@ def ttt_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum_k decay^k * mean soft cross-entropy of step k, stats [len(STAT_ROWS), steps] of sums).
 
-    Conditional accuracy at step k counts rows whose steps 0..k-1 were all right: what a chain of
-    drafts accepted so far sees.
+    Only counted rows are gathered (logits and their targets), so padding and prompt rows cost nothing
+    past the draft's forward. Conditional accuracy at step k counts rows whose steps 0..k-1 were all
+    right: what a chain of drafts accepted so far sees.
     """
     total = step_logits[0].new_zeros((), dtype=torch.float32)
     stats = torch.zeros(len(STAT_ROWS), len(step_logits), device=step_logits[0].device)
     chain = torch.ones_like(batch.loss_mask)
     for k, logits in enumerate(step_logits):
-        target, valid = step_targets(batch, probs, in_draft, k)
-        cross_entropy = -(target * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
-        loss_sum = (cross_entropy * valid).sum()
-        count = valid.sum()
-        total = total + decay**k * loss_sum / count.clamp(min=1)
+        rows, positions = step_mask(batch, in_draft, k).nonzero(as_tuple=True)
+        draft = logits[rows, positions].float()  # [n, Vd]
+        target = probs[rows, positions + 1 + k]  # [n, Vd]
+        loss_sum = F.cross_entropy(draft, target, reduction="sum")  # soft targets: -sum p log q
+        total = total + decay**k * loss_sum / max(len(rows), 1)
         with torch.no_grad():
-            correct = (logits.argmax(-1) == target.argmax(-1)) & valid
+            correct = draft.argmax(-1) == target.argmax(-1)
+            before = chain[rows, positions]
             stats[:, k] = torch.stack(
-                [loss_sum.detach(), count, correct.sum(), (correct & chain).sum(), (valid & chain).sum()]
+                [
+                    loss_sum.detach(),
+                    torch.tensor(float(len(rows)), device=stats.device),
+                    correct.sum(),
+                    (correct & before).sum(),
+                    before.sum(),
+                ]
             ).float()
-            chain = chain & correct
+            chain = torch.zeros_like(chain)
+            chain[rows, positions] = correct & before
     return total, stats
 
 
