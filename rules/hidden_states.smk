@@ -15,7 +15,7 @@ rule extract_hidden_states:
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
-        accelerate=get_accelerate_args,
+        launch_mode="device_map" if config["hidden_states"]["device_map"] else "ddp",
         target=config["target"]["model"],
         layers=config["hidden_states"]["layers"],
         max_seq_len=config["hidden_states"]["max_seq_len"],
@@ -23,7 +23,6 @@ rule extract_hidden_states:
         dtype=config["hidden_states"]["dtype"],
         batch_tokens=config["hidden_states"]["batch_tokens"],
         compute_dtype=config["hidden_states"]["compute_dtype"],
-        device_map="--device-map" if config["hidden_states"]["device_map"] else "",
         trust_remote_code=(
             "--trust-remote-code"
             if config["hidden_states"]["trust_remote_code"]
@@ -31,10 +30,13 @@ rule extract_hidden_states:
         ),
         work=f"{WORK}/hidden_states/{{split}}-{{shard}}",
     shell:
-        "accelerate launch {params.accelerate} scripts/extract_hidden_states.py"
+        # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
+        # when none); --mode device_map starts one process that spreads the target over all of them.
+        "python -m eagle3_pipeline.launch --gpus {resources.gpu} --mode {params.launch_mode}"
+        " --job-key extract_hidden_states/{wildcards.split}-{wildcards.shard}"
+        " -- scripts/extract_hidden_states.py"
         " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
-        " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.device_map}"
-        " {params.trust_remote_code}"
+        " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.trust_remote_code}"
         " --batch-tokens {params.batch_tokens} --work {params.work}"
         " --output {output.states} --metadata {output.metadata} > {log} 2>&1"

@@ -4,6 +4,7 @@ real `accelerate launch` command (slow)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,20 +143,31 @@ def test_overlong_drop_is_counted_in_metadata(traces, hs_target, tmp_path):
     assert set(meta["overlong"]["dropped_ids"]).isdisjoint(meta["ids"])
 
 
+LAUNCHERS = {
+    "accelerate": ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+                   "--dynamo_backend", "no"],
+    # what rule extract_hidden_states runs: processes clamped to the visible GPUs (none here: --cpu)
+    "rule": ["python", "-m", "eagle3_pipeline.launch", "--gpus", "1", "--mode", "ddp",
+             "--job-key", "t/1", "--"],
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_accelerate_launch_command(traces, hs_target, tmp_path):
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_accelerate_launch_command(traces, hs_target, tmp_path, launcher):
     """The command rule extract_hidden_states runs, on CPU, one process."""
     out = tmp_path / "hidden_states" / "train"
     out.mkdir(parents=True)
+    head = LAUNCHERS[launcher]
     cmd = [
-        str(Path(sys.executable).with_name("accelerate")), "launch", "--cpu", "--num_processes", "1",
-        "--num_machines", "1", "--dynamo_backend", "no", "scripts/extract_hidden_states.py",
+        str(Path(sys.executable).with_name(head[0])), *head[1:], "scripts/extract_hidden_states.py",
         "--traces", str(traces), "--shard", "00001", "--target", str(hs_target), "--layers", "1", "3", "5",
         "--max-seq-len", "2048", "--overlong", "truncate", "--dtype", "bfloat16", "--compute-dtype", "auto",
         "--batch-tokens", "8192", "--work", str(tmp_path / "work"),
         "--output", str(out / "shard-00001.safetensors"), "--metadata", str(out / "shard-00001.json"),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     meta = json.loads((out / "shard-00001.json").read_text())
     assert meta["ids"] == ["id0007", "id0008"] and meta["aux_layers_vllm"] == [2, 4, 6]
