@@ -1,5 +1,11 @@
 # The target run over each full conversation (prompt + thinking + answer, the server's own token ids);
 # three auxiliary layers and the final one stored packed in bf16, one file per trace shard and split.
+import sys
+
+# Absolute, so that `snakemake --directory elsewhere` and a PATH without the venv both work; globals
+# (not params) so that moving the checkout does not rerun finished shards.
+HIDDEN_STATES_PYTHON = sys.executable
+HIDDEN_STATES_SCRIPT = f"{workflow.basedir}/scripts/extract_hidden_states.py"
 
 
 rule extract_hidden_states:
@@ -32,9 +38,10 @@ rule extract_hidden_states:
     shell:
         # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
         # when none); --mode device_map starts one process that spreads the target over all of them.
-        "python -m eagle3_pipeline.launch --gpus {resources.gpu} --mode {params.launch_mode}"
+        "{HIDDEN_STATES_PYTHON} -m eagle3_pipeline.launch --gpus {resources.gpu}"
+        " --mode {params.launch_mode}"
         " --job-key extract_hidden_states/{wildcards.split}-{wildcards.shard}"
-        " -- scripts/extract_hidden_states.py"
+        " -- {HIDDEN_STATES_SCRIPT}"
         " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
         " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.trust_remote_code}"
