@@ -1,0 +1,89 @@
+"""Planning at scale: how long `snakemake -n` takes for 10, 100, 1,000 and 10,000 shards.
+
+Each case is a temporary copy of config/config.yaml with dataset.num_samples = shards x shard_size
+and a run name of its own (results/planning-<shards>/ does not exist, so every job is planned). The
+demo stays enabled, so no server, SSH host or model is needed: only the dataset file. Parse time
+alone (`snakemake --list-rules`, which builds no DAG) is printed beside the dry run, to tell the
+workflow's own parse-time work from Snakemake's DAG building.
+
+    .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--timeout 1800]
+
+Prints one JSON line per case: shards, jobs planned, parse_s, dry_run_s, ms_per_job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(folder: Path, shards: int) -> Path:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["run"] = f"planning-{shards}"
+    config["demo"]["enabled"] = True
+    config["dataset"]["num_samples"] = shards * config["dataset"]["shard_size"]
+    path = folder / f"planning-{shards}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _timed(args: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
+    start = time.perf_counter()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "snakemake", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, None
+    return time.perf_counter() - start, result
+
+
+def _total_jobs(stdout: str) -> int | None:
+    totals = [line.split()[1] for line in stdout.splitlines() if line.startswith("total ")]
+    return int(totals[-1]) if totals else None
+
+
+def measure(shards: int, folder: Path, timeout: float) -> dict[str, object]:
+    """Parse time and dry-run time of one shard count."""
+    config = str(_config(folder, shards))
+    parse_s, _ = _timed(["--list-rules", "--configfile", config], timeout)
+    dry_s, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
+    record: dict[str, object] = {"shards": shards, "parse_s": round(parse_s, 2), "dry_run_s": round(dry_s, 2)}
+    if result is None:
+        record["error"] = f"timed out after {timeout:.0f} s"
+    elif result.returncode != 0:
+        record["error"] = result.stderr.strip().splitlines()[-1:]
+    else:
+        jobs = _total_jobs(result.stdout)
+        record["jobs"] = jobs
+        record["ms_per_job"] = round(1000 * dry_s / jobs, 2) if jobs else None
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per snakemake call")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        for shards in args.shards:
+            sys.stdout.write(json.dumps(measure(shards, Path(folder), args.timeout)) + "\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Running the real workflow in dry-run mode: temporary configs, `snakemake -n`, its job table.
+
+Used by tests/workflow/ and benchmarks/planning.py. Nothing here executes a rule: a dry run needs the
+dataset file and the repository, no server, no SSH and no model weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_CONFIG = REPO / "config" / "config.yaml"
+KIMI_CONFIG = REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml"
+
+# The shape of Kimi-K2.5's config.json that the pipeline reads (a DeepseekV3 text model in a VL wrapper).
+KIMI_TARGET_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": {
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "vocab_size": 163840,
+    },
+}
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, section by section (a new dict)."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def write_config(path: Path, base: Path = DEMO_CONFIG, **sections: Any) -> Path:
+    """A copy of `base` with some sections overridden, written to `path`."""
+    config = merge(yaml.safe_load(base.read_text()), sections)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(*args: str, cwd: Path = REPO, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run the real snakemake CLI (this interpreter's) in the repository."""
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def dry_run(configfile: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """`snakemake -n` with only the job table printed; fails the test with snakemake's stderr."""
+    result = snakemake("-n", "--quiet", "rules", "--configfile", str(configfile), *args, cwd=cwd)
+    if result.returncode != 0:
+        pytest.fail(
+            f"snakemake -n failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+        )
+    return result
+
+
+def job_counts(stdout: str) -> Counter[str]:
+    """The 'Job stats' table of a dry run: rule -> number of jobs (the 'total' row left out)."""
+    counts: Counter[str] = Counter()
+    lines = stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.strip() == "Job stats:")
+    for line in lines[start + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit() or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.fixture
+def kimi_target(tmp_path: Path) -> Path:
+    """A folder standing where Kimi-K2.5's weights would be: its config.json (no weights needed to plan)."""
+    target = tmp_path / "Kimi-K2.5"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(KIMI_TARGET_CONFIG))
+    return target
+
+
+def planned_jobs(args: list[str], executor: str, repo: Path = REPO) -> tuple[list[Any], Any]:
+    """The jobs of a real dry-run DAG, built through snakemake.api exactly as the CLI would.
+
+    `args` are parsed by Snakemake's own CLI parser, so the workflow profile they name (default-
+    resources, set-resources, set-threads, executor settings) is applied by Snakemake itself.
+    Returns (jobs, executor settings).
+    """
+    import os
+
+    from snakemake.api import SnakemakeApi
+    from snakemake.cli import parse_args
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    cwd = Path.cwd()
+    os.chdir(repo)
+    try:
+        _, args_ = parse_args(["-n", *args])
+        settings = ExecutorPluginRegistry().get_plugin(executor).get_settings(args_)
+        with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+            workflow_api = api.workflow(
+                resource_settings=ResourceSettings(
+                    nodes=args_.jobs,
+                    cores=args_.cores,  # None for a cluster: threads are not capped locally
+                    resources=args_.resources,
+                    overwrite_threads=args_.set_threads,
+                    overwrite_resources=args_.set_resources,
+                    default_resources=args_.default_resources,
+                ),
+                config_settings=ConfigSettings(configfiles=args_.configfile),
+                snakefile=repo / "Snakefile",
+            )
+            dag_api = workflow_api.dag(DAGSettings())
+            dag_api.execute_workflow(executor=executor, pseudo_executor="dryrun")
+            jobs = list(workflow_api._workflow.dag.jobs)
+    finally:
+        os.chdir(cwd)
+    return jobs, settings

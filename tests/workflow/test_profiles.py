@@ -1,0 +1,145 @@
+"""The workflow profiles, checked through Snakemake and the SLURM plugin's own code.
+
+The sbatch lines are rendered by snakemake-executor-plugin-slurm itself (get_submit_command,
+set_gres_string, validate_slurm_extra, Executor.get_partition_arg) for jobs of a real dry-run DAG of
+the Kimi example planned with profiles/slurm: the same calls Executor.run_job makes before `sbatch`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from snakemake_executor_plugin_slurm import Executor
+from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+from snakemake_executor_plugin_slurm.utils import set_gres_string
+from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, planned_jobs, write_config
+
+GPU_RULES = ("extract_hidden_states", "train_draft")
+
+
+def render_sbatch(job, settings) -> str:
+    """The sbatch call the plugin would submit for `job` (without --wrap, the command it runs)."""
+    validate_slurm_extra(job)  # raises WorkflowError on --gpus/--gres/... in slurm_extra
+    plugin = SimpleNamespace(_partitions=None, _fallback_partition=None, logger=logging.getLogger("slurm"))
+    params = {
+        "run_uuid": "RUN",
+        "slurm_logfile": f".snakemake/slurm_logs/rule_{job.name}/%j.log",
+        "comment_str": f"rule_{job.name}",
+        # The plugin checks a given slurm_account with sacctmgr (no SLURM here) and else guesses one;
+        # when it cannot, it submits without -A, as rendered here.
+        "account": "",
+        "partition": Executor.get_partition_arg(plugin, job),
+        "workdir": str(REPO),
+    }
+    return get_submit_command(job, params, settings=settings) + set_gres_string(job)
+
+
+def _plan(tmp_path: Path, profile: Path) -> dict[str, list]:
+    target = tmp_path / "Kimi-K2.5"
+    target.mkdir(exist_ok=True)
+    (target / "config.json").write_text(json.dumps(KIMI_TARGET_CONFIG))
+    config = write_config(
+        tmp_path / "kimi.yaml", KIMI_CONFIG, run=f"test-{tmp_path.name}", target={"model": str(target)}
+    )
+    jobs, settings = planned_jobs(["--workflow-profile", str(profile), "--configfile", str(config)], "slurm")
+    by_rule: dict[str, list] = {}
+    for job in jobs:
+        by_rule.setdefault(job.rule.name, []).append(job)
+    return {"jobs": by_rule, "settings": settings}
+
+
+@pytest.fixture(scope="module")
+def slurm_plan(tmp_path_factory):
+    return _plan(tmp_path_factory.mktemp("slurm"), REPO / "profiles" / "slurm")
+
+
+@pytest.mark.parametrize("rule", GPU_RULES)
+def test_gpu_rules_ask_slurm_for_8_gpus_by_the_gpu_resource(slurm_plan, rule):
+    for job in slurm_plan["jobs"][rule][:3]:
+        line = render_sbatch(job, slurm_plan["settings"])
+        assert re.findall(r"--gpus=\S+", line) == ["--gpus=8"], line
+        assert "--gres" not in line
+        assert " -p gpu " in line and "--cpus-per-gpu=8" in line
+        assert re.search(r" -t \d+ ", line) and re.search(r" --mem \d+ ", line)
+
+
+def test_extraction_and_training_sizes_come_from_the_profile(slurm_plan):
+    settings = slurm_plan["settings"]
+    extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
+    train = render_sbatch(slurm_plan["jobs"]["train_draft"][0], settings)
+    assert " -t 240 " in extract and " --mem 1000000 " in extract
+    assert " -t 1440 " in train and " --mem 256000 " in train
+
+
+def test_cpu_rules_get_no_gpu_and_the_default_partition(slurm_plan):
+    settings = slurm_plan["settings"]
+    for rule in ("generate_shard", "merge_traces", "prepare_prompts"):
+        line = render_sbatch(slurm_plan["jobs"][rule][0], settings)
+        assert "--gpus" not in line and "--gres" not in line
+        assert " -p cpu " in line and "--ntasks=1" in line
+    assert "--cpus-per-task=8" in render_sbatch(slurm_plan["jobs"]["merge_traces"][0], settings)
+    assert " -t 720 " in render_sbatch(slurm_plan["jobs"]["generate_shard"][0], settings)
+
+
+def test_no_job_carries_forbidden_flags_in_slurm_extra(slurm_plan):
+    for jobs in slurm_plan["jobs"].values():
+        for job in jobs:
+            validate_slurm_extra(job)
+            extra = job.resources.get("slurm_extra", "") or ""
+            assert "--gpus" not in extra and "--gres" not in extra
+
+
+def test_the_gpu_rules_plan_every_shard(slurm_plan):
+    config = yaml.safe_load(KIMI_CONFIG.read_text())
+    shards = -(-config["dataset"]["num_samples"] // config["dataset"]["shard_size"])
+    assert len(slurm_plan["jobs"]["extract_hidden_states"]) == 2 * shards  # train and validation
+    assert len(slurm_plan["jobs"]["train_draft"]) == 1
+
+
+def test_gpu_model_becomes_a_typed_gpus_request(tmp_path):
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["set-resources"]["extract_hidden_states"]["gpu_model"] = "b200"
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    plan = _plan(tmp_path, tmp_path / "profile")
+    line = render_sbatch(plan["jobs"]["extract_hidden_states"][0], plan["settings"])
+    assert re.findall(r"--gpus=\S+", line) == ["--gpus=b200:8"]
+
+
+def test_forbidden_slurm_extra_is_refused_by_the_plugin(tmp_path):
+    from snakemake_interface_common.exceptions import WorkflowError
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["set-resources"]["train_draft"]["slurm_extra"] = "'--gres=gpu:8'"
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    plan = _plan(tmp_path, tmp_path / "profile")
+    with pytest.raises(WorkflowError, match="generic resources"):
+        render_sbatch(plan["jobs"]["train_draft"][0], plan["settings"])
+
+
+def test_default_profile_caps_gpu_requests_to_what_the_machine_has(tmp_path):
+    """Locally a rule asking for 8 GPUs on a 1-GPU profile is given 1, and launched with 1 process."""
+    config = write_config(tmp_path / "demo.yaml", run=f"test-{tmp_path.name}")
+    jobs, _ = planned_jobs(
+        ["--configfile", str(config), "--set-resources", "extract_hidden_states:gpu=8", "train_draft:gpu=8"],
+        "local",
+    )
+    gpu_jobs = [job for job in jobs if job.rule.name in GPU_RULES]
+    assert gpu_jobs and all(job.resources.gpu == 1 for job in gpu_jobs)
+    extract = next(job for job in gpu_jobs if job.rule.name == "extract_hidden_states")
+    assert "python -m eagle3_pipeline.launch --gpus 1 " in extract.shellcmd  # then clamped to what is visible
+
+
+def test_default_profile_settings():
+    profile = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert profile["resources"] == ["gpu=1"]
+    assert set(profile["rerun-triggers"]) == {"mtime", "params", "input", "software-env", "code"}
+    assert profile["keep-going"] is False and profile["printshellcmds"] is True
