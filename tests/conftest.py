@@ -8,4 +8,5 @@ pytest_plugins = [
     "support.sshd",
     "support.traces",
     "support.vllm_server",
+    "support.workflow",
 ]
