@@ -18,6 +18,7 @@ from eagle3_pipeline.traces import (
     merge_traces,
     split_of,
 )
+from eagle3_pipeline.traces.export import json_string
 from eagle3_pipeline.traces.filters import REASONS
 
 
@@ -315,3 +316,16 @@ def test_bad_identity_file(tmp_path, generation_shards):
     server.write_text("{}")
     with pytest.raises(TraceError, match="rerun the snapshot_server rule"):
         merge_traces(generation_shards, server, TraceOutputs.in_dir(tmp_path / "t"), TraceFilters())
+
+
+def test_json_strings_round_trip():
+    nasty = ['quote " backslash \\ slash /', "new\nline\ttab\r\x00\x1f\x7f", "é 😀 \u2028", "", '{"a": [1]}']
+    encoded = pl.select(json_string(pl.Series(nasty))).to_series().to_list()
+    assert [json.loads(e) for e in encoded] == nasty
+
+
+def test_schema_is_the_generators():
+    """The columns read here are the columns generate_shard writes (same names, order and types)."""
+    from eagle3_pipeline.generate.shard import OUTPUT_SCHEMA
+
+    assert pl.Schema(OUTPUT_SCHEMA) == pl.Schema(GENERATION_SCHEMA)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from eagle3_pipeline.traces.stats import trace_stats
 
 log = logging.getLogger(__name__)
 
-_CHUNK_BYTES = 32 << 20  # target decoded size of one streaming chunk / output row group
+_CHUNK_BYTES = 16 << 20  # target decoded size of one streaming chunk / output row group
 _DECODED_PER_STORED = 4  # rough ratio of decoded to zstd-compressed bytes for text and token ids
 _SAMPLE_SHARDS = 16
 
@@ -54,6 +56,10 @@ class TraceOutputs:
     conversations: Path
     lengths_plot: Path
     counts_plot: Path
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            object.__setattr__(self, field.name, Path(getattr(self, field.name)))
 
     @classmethod
     def in_dir(cls, directory: str | Path) -> TraceOutputs:
@@ -84,7 +90,7 @@ def read_identity(path: str | Path) -> str:
 
 
 def chunk_rows(paths: Sequence[str | Path]) -> int:
-    """Rows per streaming chunk and output row group, so that one holds about 32 MB decoded.
+    """Rows per streaming chunk and output row group, so that one holds about 16 MB decoded.
 
     Estimated from the stored size per row of a few shards: a thousand 8k-token traces are
     hundreds of MB, so a fixed row count would not bound memory.
@@ -94,6 +100,15 @@ def chunk_rows(paths: Sequence[str | Path]) -> int:
     stored = sum(p.stat().st_size for p in sample)
     per_row = _DECODED_PER_STORED * stored / max(rows, 1)
     return int(min(max(_CHUNK_BYTES / max(per_row, 1.0), 64), 65536))
+
+
+@contextmanager
+def _step(name: str) -> Iterator[None]:
+    """Log how long a pass took and the process's peak memory after it."""
+    start = time.perf_counter()
+    yield
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    log.info("%s: %.1f s, peak RSS %.0f MB", name, time.perf_counter() - start, peak_mb)
 
 
 @contextmanager
@@ -115,23 +130,26 @@ def _account(frame: pl.LazyFrame, identity: str, filters: TraceFilters, generati
     return table
 
 
-def _write_traces(
-    frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataFrame, out: TraceOutputs, rows: int
-):
-    kept = (
+def kept_traces(frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataFrame) -> pl.LazyFrame:
+    """The rows that become traces (no drop reason, not a later duplicate), with `split`."""
+    return (
         frame.with_columns(row_reason(filters))
         .filter(pl.col("drop_reason").is_null() & ~pl.col("_index").is_in(duplicates["_index"].implode()))
         .select(*GENERATION_SCHEMA, split_expr(filters.validation_fraction))
     )
-    with _replacing(out.traces) as path:
+
+
+def _write_traces(kept: pl.LazyFrame, out: TraceOutputs, rows: int) -> None:
+    # Each output is its own streaming pass over the shards: one query with several sinks buffers
+    # whatever the slowest sink has not taken yet, and reading back the merged file prefetches many
+    # row groups at once; both made peak memory grow with the corpus.
+    with _step("traces.parquet"), _replacing(out.traces) as path:
         kept.sink_parquet(path, row_group_size=rows)
     for split, target in (("train", out.train), ("validation", out.validation)):
-        with _replacing(target) as path:
-            pl.scan_parquet(out.traces).filter(pl.col("split") == split).sink_parquet(
-                path, row_group_size=rows
-            )
-    with _replacing(out.conversations) as path:
-        write_conversations(pl.scan_parquet(out.traces), path)
+        with _step(f"{split}.parquet"), _replacing(target) as path:
+            kept.filter(pl.col("split") == split).sink_parquet(path, row_group_size=rows)
+    with _step("conversations.jsonl"), _replacing(out.conversations) as path:
+        write_conversations(kept, path)
 
 
 def _by_source(frame: pl.LazyFrame) -> dict[str, dict[str, int]]:
@@ -178,8 +196,8 @@ def _shard_accounts(
     return shards
 
 
-def _build_stats(frame, table, duplicates, out, identity, filters) -> dict[str, Any]:
-    kept_stats = trace_stats(out.traces)
+def _build_stats(frame, kept, table, duplicates, identity, filters) -> dict[str, Any]:
+    kept_stats = trace_stats(kept)
     shards = _shard_accounts(table, duplicates, kept_stats.pop("kept_by_shard"))
     totals = {key: sum(s[key] for s in shards) for key in ("prompts", *STATUSES, "kept")}
     dropped = {name: sum(s["dropped"][name] for s in shards) for name in REASONS}
@@ -223,10 +241,14 @@ def merge_traces(
     rows = chunk_rows(generations)
     log.info("merging %d generation shards, %d rows per chunk", len(generations), rows)
     with pl.Config(streaming_chunk_size=rows):
-        table = _account(frame, identity, filters, generations, prompts)
-        duplicates = duplicate_rows(frame, filters)
-        _write_traces(frame, filters, duplicates, outputs, rows)
-        stats = _build_stats(frame, table, duplicates, outputs, identity, filters)
+        with _step("accounting"):
+            table = _account(frame, identity, filters, generations, prompts)
+        with _step("duplicates"):
+            duplicates = duplicate_rows(frame, filters)
+        kept = kept_traces(frame, filters, duplicates)
+        _write_traces(kept, outputs, rows)
+        with _step("statistics"):
+            stats = _build_stats(frame, kept, table, duplicates, identity, filters)
     if not stats["kept"]:
         raise TraceError(f"no trace kept out of {stats['prompts']} prompts: dropped {stats['dropped']}")
     for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):

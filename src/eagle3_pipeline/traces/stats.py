@@ -9,7 +9,6 @@ the characters of `reasoning` and `content`. Their exact character counts are re
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -27,6 +26,7 @@ TOKEN_COUNT_METHOD = (
     "answer_tokens: completion_tokens shared in proportion to the characters of reasoning and content "
     "(an estimate: the position of </think> is not known without the tokenizer)"
 )
+HISTOGRAMS = ("prompt_tokens", "thinking_tokens", "answer_tokens")
 BINS_PER_OCTAVE = 4  # histogram bins: quarter powers of two, so no maximum is needed in advance
 _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
@@ -56,54 +56,57 @@ def _summary_exprs(name: str) -> list[pl.Expr]:
     return [*exprs, col.sum().alias(f"{name}.sum")]
 
 
-def length_summary(lengths: pl.LazyFrame) -> dict[str, dict[str, float]]:
-    """count, mean, min, p50, p90, p99, max, sum of each of LENGTHS."""
-    row = lengths.select(pl.len().alias("count"), *(e for n in LENGTHS for e in _summary_exprs(n)))
-    values = row.collect(engine="streaming").to_dicts()[0]
-    count = values.pop("count")
+def _length_summary(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    count = row.pop("count")
     summary: dict[str, dict[str, float]] = {name: {"count": count} for name in LENGTHS}
-    for key, value in values.items():
+    for key, value in row.items():
         name, stat = key.split(".")
         summary[name][stat] = round(value, 2) if isinstance(value, float) else value
     return summary
 
 
 def bin_edges(index: int) -> tuple[int, int]:
-    """[low, high) token counts of histogram bin `index` (see histogram)."""
+    """[low, high) token counts of histogram bin `index` (see _histogram)."""
     return math.ceil(2 ** (index / BINS_PER_OCTAVE) - 1), math.ceil(2 ** ((index + 1) / BINS_PER_OCTAVE) - 1)
 
 
-def histogram(lengths: pl.LazyFrame, name: str) -> list[dict[str, int]]:
+def _histogram(lengths: pl.LazyFrame, name: str) -> pl.LazyFrame:
     """Counts in log-spaced bins: bin i holds values x with floor(4 * log2(x + 1)) == i."""
     bins = (pl.col(name).cast(pl.Float64) + 1).log(2).mul(BINS_PER_OCTAVE).floor().cast(pl.Int32).alias("bin")
-    counts = lengths.group_by(bins).agg(count=pl.len()).sort("bin").collect(engine="streaming")
+    return lengths.group_by(bins).agg(count=pl.len()).sort("bin")
+
+
+def _bins(counts: pl.DataFrame) -> list[dict[str, int]]:
     return [
         {"low": bin_edges(row["bin"])[0], "high": bin_edges(row["bin"])[1], "count": row["count"]}
         for row in counts.to_dicts()
     ]
 
 
-def trace_stats(traces_path: str | Path) -> dict[str, Any]:
-    """Length summaries and histograms of the kept traces, and their counts by shard, source and split."""
-    traces = pl.scan_parquet(traces_path)
+def _counts(frame: pl.DataFrame, key: str) -> dict[Any, int]:
+    return dict(zip(frame[key].to_list(), frame["count"].to_list(), strict=True))
+
+
+def trace_stats(traces: pl.LazyFrame) -> dict[str, Any]:
+    """Length summaries and histograms of the kept traces, and their counts by shard, source and split.
+
+    All aggregations run as one streaming query over the columns they need; their state is a few
+    numbers per shard, source and bin, plus one column per length for the exact quantiles.
+    """
     lengths = traces.select(length_columns())
-    by = {
-        key: traces.group_by(key).agg(count=pl.len()).sort(key).collect(engine="streaming")
-        for key in ("shard", "source", "split")
-    }
-    truncated = traces.select((pl.col("finish_reason") == "length").sum()).collect(engine="streaming").item()
+    summary = lengths.select(pl.len().alias("count"), *(e for n in LENGTHS for e in _summary_exprs(n)))
+    keys = ("shard", "source", "split")
+    queries = [summary, *(_histogram(lengths, name) for name in HISTOGRAMS)]
+    queries += [traces.group_by(key).agg(count=pl.len()).sort(key) for key in keys]
+    queries.append(traces.select((pl.col("finish_reason") == "length").sum()))
+    results = pl.collect_all(queries, engine="streaming")
+    by = dict(zip(keys, results[1 + len(HISTOGRAMS) : -1], strict=True))
     return {
         "token_counts": TOKEN_COUNT_METHOD,
-        "lengths": length_summary(lengths),
-        "histograms": {
-            name: histogram(lengths, name) for name in ("prompt_tokens", "thinking_tokens", "answer_tokens")
-        },
-        "kept_by_shard": dict(
-            zip(by["shard"]["shard"].to_list(), by["shard"]["count"].to_list(), strict=True)
-        ),
-        "kept_by_source": dict(
-            zip(by["source"]["source"].to_list(), by["source"]["count"].to_list(), strict=True)
-        ),
-        "splits": dict(zip(by["split"]["split"].to_list(), by["split"]["count"].to_list(), strict=True)),
-        "kept_truncated": truncated,
+        "lengths": _length_summary(results[0].to_dicts()[0]),
+        "histograms": {name: _bins(r) for name, r in zip(HISTOGRAMS, results[1:], strict=False)},
+        "kept_by_shard": _counts(by["shard"], "shard"),
+        "kept_by_source": _counts(by["source"], "source"),
+        "splits": _counts(by["split"], "split"),
+        "kept_truncated": results[-1].item(),
     }
