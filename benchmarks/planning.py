@@ -8,13 +8,15 @@ workflow's own parse-time work from Snakemake's DAG building.
 
     .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--timeout 1800]
 
-Prints one JSON line per case: shards, jobs planned, parse_s, dry_run_s, ms_per_job.
+Prints one JSON line per case: shards, jobs planned, parse and dry-run seconds (wall, and CPU: the
+figure to compare on a shared machine), ms_per_job.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -36,8 +38,14 @@ def _config(folder: Path, shards: int) -> Path:
     return path
 
 
-def _timed(args: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
-    start = time.perf_counter()
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(args: list[str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess[str] | None]:
+    """Wall seconds, CPU seconds (robust on a shared machine) and the result (None on timeout)."""
+    start, cpu = time.perf_counter(), _children_cpu_s()
     try:
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", *args],
@@ -48,8 +56,8 @@ def _timed(args: list[str], timeout: float) -> tuple[float, subprocess.Completed
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - start, None
-    return time.perf_counter() - start, result
+        return time.perf_counter() - start, _children_cpu_s() - cpu, None
+    return time.perf_counter() - start, _children_cpu_s() - cpu, result
 
 
 def _total_jobs(stdout: str) -> int | None:
@@ -60,13 +68,19 @@ def _total_jobs(stdout: str) -> int | None:
 def measure(shards: int, folder: Path, timeout: float) -> dict[str, object]:
     """Parse time and dry-run time of one shard count."""
     config = str(_config(folder, shards))
-    parse_s, _ = _timed(["--list-rules", "--configfile", config], timeout)
-    dry_s, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
-    record: dict[str, object] = {"shards": shards, "parse_s": round(parse_s, 2), "dry_run_s": round(dry_s, 2)}
+    parse_s, parse_cpu, _ = _timed(["--list-rules", "--configfile", config], timeout)
+    dry_s, dry_cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
+    record: dict[str, object] = {
+        "shards": shards,
+        "parse_s": round(parse_s, 2),
+        "parse_cpu_s": round(parse_cpu, 2),
+        "dry_run_s": round(dry_s, 2),
+        "dry_run_cpu_s": round(dry_cpu, 2),
+    }
     if result is None:
         record["error"] = f"timed out after {timeout:.0f} s"
     elif result.returncode != 0:
-        record["error"] = result.stderr.strip().splitlines()[-1:]
+        record["error"] = result.stderr.strip().splitlines()[-8:]
     else:
         jobs = _total_jobs(result.stdout)
         record["jobs"] = jobs
