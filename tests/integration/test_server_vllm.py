@@ -41,6 +41,7 @@ def test_start_health_model_check_stop(demo_unit: Path, tmp_path: Path) -> None:
     assert server["base_url"] == f"http://127.0.0.1:{PORT}"
     assert server["served_model_name"] == "eagle3-demo-target" and server["reasoning_parser"] == "kimi_k2"
     assert server["unresolved"] == []
+    assert server["vllm_version"].startswith("0.")  # read from .venv-vllm's package metadata
     server = json.loads((out / "server.json").read_text())
 
     urls: list[str] = []

