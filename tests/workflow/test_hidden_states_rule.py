@@ -1,0 +1,54 @@
+"""Rule extract_hidden_states through Snakemake itself: the launcher command it builds runs (PATH without
+the venv, --directory elsewhere), empty shards are written, and a second run does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.hidden_states import trace_rows, write_traces
+
+from eagle3_pipeline.hidden_states import HiddenStateShard
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    targets = [
+        f"results/t/hidden_states/{s}/shard-{k:05d}.safetensors" for s, k in (("train", 0), ("validation", 1))
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
+    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
+    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_rule_runs_the_launcher_and_is_idempotent(hs_target, hs_tokenizer, tmp_path):
+    traces = tmp_path / "results" / "t" / "traces"
+    traces.mkdir(parents=True)
+    write_traces(traces / "train.parquet", trace_rows(hs_tokenizer, 4, shard=0))
+    write_traces(
+        traces / "validation.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=4)
+    )  # shard 1: none
+    (tmp_path / "config").symlink_to(REPO / "config")
+    config = {"run": "t", "demo": {"enabled": False}, "target": {"model": str(hs_target)},
+              "hidden_states": {"batch_tokens": 256}}  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    done = snakemake(tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = tmp_path / "results" / "t" / "hidden_states"
+    meta = json.loads((out / "train" / "shard-00000.json").read_text())
+    assert meta["num_samples"] == 4 and meta["aux_layers_vllm"] == [2, 4, 5]
+    assert json.loads((out / "validation" / "shard-00001.json").read_text())["num_samples"] == 0
+    with HiddenStateShard(out / "train" / "shard-00000.safetensors") as shard:
+        assert len(shard) == 4
+    again = snakemake(tmp_path, "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
