@@ -150,6 +150,8 @@ def build_demo_target(
         Path(unit_template_path).read_text(), Path(repo or Path.cwd()).absolute(), target_dir, port
     )
     target_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target_dir.parent.glob(f".{target_dir.name}.*"):  # left by a killed build
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.", dir=target_dir.parent))
     try:
         figures = build_target(rows, work, settings)
