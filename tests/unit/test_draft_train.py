@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, 
 from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import build_vocab_map
 
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = {
     "epochs": 2,
     "lr": 3e-3,
@@ -101,3 +105,42 @@ def test_shards_split_by_their_folder():
     )
     with pytest.raises(ValueError, match="train/ or validation/"):
         split_shards(["h/other/shard-00000.safetensors"])
+
+
+@pytest.mark.slow
+def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
+    """SIGKILL the real training script once it has saved a state, start it again: same weights."""
+    assert main(job)
+    out = tmp_path / "killed"
+    argv = [sys.executable, str(REPO / "scripts" / "train_draft.py"), "--states", *job.train_shards]
+    argv += [
+        *job.validation_shards,
+        "--vocab-map",
+        job.vocab_map,
+        "--target",
+        job.target,
+        "--work",
+        str(out / "work"),
+    ]
+    argv += [
+        "--weights",
+        str(out / "model.safetensors"),
+        "--history",
+        str(out / "history.json"),
+        "--ttt-steps",
+        "3",
+    ]
+    for key, value in (job.train | {"save_every_steps": 1}).items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    process = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out / "work" / "state.pt").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    assert not (out / "model.safetensors").exists(), "finished before it could be killed"
+    subprocess.run(argv, check=True, stderr=subprocess.DEVNULL, timeout=600)
+    a, b = load_file(job.weights), load_file(out / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert json.loads(Path(job.history).read_text()) == json.loads((out / "history.json").read_text())
