@@ -191,7 +191,8 @@ async def _raw(base_url: str, bodies: list[bytes], concurrency: int) -> int:
         connection = Connection(endpoint)
         while queue:
             response = await connection.request("POST", "/v1/chat/completions", queue.pop(), 600)
-            tokens += response.body.count(b",", response.body.rfind(b'"token_ids"')) + 1
+            start = response.body.find(b'"token_ids":[')  # the choice's ids (not prompt_token_ids)
+            tokens += response.body.count(b",", start, response.body.find(b"]", start)) + 1
         connection.close()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -207,7 +208,7 @@ def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrenc
         "requests": len(bodies),
         "wall_s": round(wall, 3),
         "req_per_s": round(len(bodies) / wall, 1),
-        "approx_tok_per_s": round(tokens / wall, 1),
+        "tok_per_s": round(tokens / wall, 1),
     }
 
 
@@ -352,7 +353,7 @@ def main() -> None:
     base_url, name = args.base_url, args.served_model_name
     if base_url is None:
         model = args.model or str(REPO / "resources/demo/target")
-        process, base_url = start_vllm(model, 2048)
+        process, base_url = start_vllm(str(Path(model).resolve()), 2048)
         name = "bench"
     try:
         part_server(

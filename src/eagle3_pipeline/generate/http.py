@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 
 class ConnectionLost(ConnectionError):
-    """The connection closed or broke before a complete response; `sent` says whether the request left."""
+    """The connection closed or broke before a complete response; `reused` says whether it had served
+    a request before (then the server most likely closed it while idle)."""
 
     def __init__(self, message: str, reused: bool) -> None:
         super().__init__(message)
@@ -63,10 +64,14 @@ class Connection:
             ConnectionLost: the connection broke; `reused` is True when it had served a request before
                 (a keep-alive connection the server closed while idle: safe to retry at once).
             OSError: the connection could not be opened (server down or restarting).
-            TimeoutError: no complete response within `timeout` seconds.
+            TimeoutError: no connection within min(timeout, 30) s, or no complete response within
+                `timeout` seconds.
         """
         if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
+            async with asyncio.timeout(min(timeout, 30.0)):
+                self._reader, self._writer = await asyncio.open_connection(
+                    self.endpoint.host, self.endpoint.port
+                )
             self._used = False
         reused = self._used
         head = (
