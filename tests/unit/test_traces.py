@@ -4,7 +4,10 @@ filters, the id split, and the exports."""
 from __future__ import annotations
 
 import json
+import runpy
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
@@ -329,3 +332,24 @@ def test_schema_is_the_generators():
     from eagle3_pipeline.generate.shard import OUTPUT_SCHEMA
 
     assert pl.Schema(OUTPUT_SCHEMA) == pl.Schema(GENERATION_SCHEMA)
+
+
+def test_rule_script_reads_the_named_inputs_and_outputs(
+    tmp_path, generation_shards, server_identity, monkeypatch
+):
+    """scripts/merge_traces.py with the rule's input/output/params names (a namespace for `snakemake`)."""
+    prompts = [
+        _write(tmp_path / "prompts" / p.name, pl.read_parquet(p, columns=["id"])) for p in generation_shards
+    ]
+    out = TraceOutputs.in_dir(tmp_path / "traces")
+    snakemake = SimpleNamespace(
+        input=SimpleNamespace(generations=generation_shards, prompts=prompts, server=str(server_identity)),
+        output=SimpleNamespace(**{name: str(getattr(out, name)) for name in vars(out)}),
+        params=SimpleNamespace(traces={"drop_truncated": True, "validation_fraction": 0.2}),
+        log=[str(tmp_path / "merge_traces.log")],
+    )
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # the script sends stderr to the log; restored after
+    runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "merge_traces.py"), {"snakemake": snakemake})
+    stats = json.loads(out.stats.read_text())
+    assert stats["filters"]["drop_truncated"] is True and stats["dropped"]["truncated"] > 0
+    assert all(getattr(out, name).exists() for name in vars(out))

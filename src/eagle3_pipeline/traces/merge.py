@@ -123,7 +123,14 @@ def _replacing(path: Path) -> Iterator[Path]:
         partial.unlink(missing_ok=True)
 
 
-def _account(frame: pl.LazyFrame, identity: str, filters: TraceFilters, generations, prompts) -> pl.DataFrame:
+def _account(
+    frame: pl.LazyFrame,
+    identity: str,
+    filters: TraceFilters,
+    generations: Sequence[str | Path],
+    prompts: Sequence[str | Path] | None,
+) -> pl.DataFrame:
+    """Pass 1: the per-shard table; raises TraceError when the shards do not add up."""
     table = shard_table(frame, identity, filters).collect(engine="streaming")
     prompt_counts = prompt_table(prompts) if prompts else None
     check_shards(table, repeated_ids(frame), identity, Path(generations[0]).parent, prompt_counts)
@@ -196,7 +203,15 @@ def _shard_accounts(
     return shards
 
 
-def _build_stats(frame, kept, table, duplicates, identity, filters) -> dict[str, Any]:
+def _build_stats(
+    frame: pl.LazyFrame,
+    kept: pl.LazyFrame,
+    table: pl.DataFrame,
+    duplicates: pl.DataFrame,
+    identity: str,
+    filters: TraceFilters,
+) -> dict[str, Any]:
+    """stats.json: the accounts (checked again per shard), drop reasons and the kept traces' figures."""
     kept_stats = trace_stats(kept)
     shards = _shard_accounts(table, duplicates, kept_stats.pop("kept_by_shard"))
     totals = {key: sum(s[key] for s in shards) for key in ("prompts", *STATUSES, "kept")}
@@ -251,6 +266,8 @@ def merge_traces(
             stats = _build_stats(frame, kept, table, duplicates, identity, filters)
     if not stats["kept"]:
         raise TraceError(f"no trace kept out of {stats['prompts']} prompts: dropped {stats['dropped']}")
+    if not stats["validation"]:
+        log.warning("no trace in validation (traces.validation_fraction %s)", filters.validation_fraction)
     for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):
         with _replacing(target) as path:
             plot(stats, path)
