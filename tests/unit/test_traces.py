@@ -353,3 +353,47 @@ def test_rule_script_reads_the_named_inputs_and_outputs(
     stats = json.loads(out.stats.read_text())
     assert stats["filters"]["drop_truncated"] is True and stats["dropped"]["truncated"] > 0
     assert all(getattr(out, name).exists() for name in vars(out))
+
+
+def _generator_shard(tmp_path: Path, k: int) -> tuple[Path, Path]:
+    """A prompt shard and the generation shard generate_shard's own table code makes of it."""
+    from eagle3_pipeline.generate.client import Sampling
+    from eagle3_pipeline.generate.shard import output_frame, write_output
+    from eagle3_pipeline.prompts import PROMPT_SCHEMA
+
+    prompts = pl.DataFrame(
+        {
+            "id": [f"p{k}-{i}" for i in range(4)],
+            "source": "demo-math",
+            "row": [10 * k + i for i in range(4)],
+            "turn": 0,
+            "system": [None, "Be brief.", None, None],
+            "question": [f"What is {i} + {k}?" for i in range(4)],
+            "original_answer": "",
+        },
+        schema=PROMPT_SCHEMA,
+    )
+    ok = {"reasoning": "I add them.", "content": "It is 5.", "finish_reason": "stop"}
+    ok |= {"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5, 6, 7], "prompt_tokens": 3}
+    ok |= {"completion_tokens": 4, "status": "ok", "reason": None, "latency_s": 0.5}
+    outcomes = [
+        ok | {"content": f"It is {i + k}."} for i in range(2)
+    ] + [  # a reply cut off by max_tokens, a prompt too long for the server
+        ok | {"content": None, "finish_reason": "length"},
+        {"status": "skipped", "reason": "HTTP 400: context length", "latency_s": 0.1},
+    ]
+    records = prompts.to_dicts()
+    results = {r["id"]: outcome for r, outcome in zip(records, outcomes, strict=True)}
+    frame = output_frame(records, results, k, Sampling("demo", 64, 0.6, 0.95, 0), IDENTITY)
+    prompt_path = _write(tmp_path / "prompts" / f"shard-{k:05d}.parquet", prompts)
+    write_output(frame, _shard_path(tmp_path, k))
+    return prompt_path, _shard_path(tmp_path, k)
+
+
+def test_shards_from_the_generators_own_table_code(tmp_path):
+    prompts, shards = zip(*(_generator_shard(tmp_path, k) for k in range(2)), strict=True)
+    stats = _merge(tmp_path, list(shards), prompts=list(prompts))
+    assert (stats["prompts"], stats["ok"], stats["skipped"], stats["kept"]) == (8, 6, 2, 6)
+    assert stats["kept_truncated"] == 2
+    lines = (tmp_path / "traces" / "conversations.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["conversations"][0] == {"role": "system", "content": "Be brief."}
