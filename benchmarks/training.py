@@ -1,10 +1,11 @@
 """Draft training speed: tokens/s and step time beside the step's FLOPs at this machine's matmul rate.
 
-One run measures, side by side: square-matmul GFLOP/s in fp32 and bf16 (the machine's ceiling for a
-FLOP-bound step), then full TTT training steps (target distribution, draft forward over all steps,
-loss, backward, clip, AdamW) on a synthetic batch, in fp32 and under bf16 autocast. For each it prints
-the step's forward+backward FLOPs, the time those FLOPs would take at the measured matmul rate, and
-the measured step time: their ratio is the fraction of the machine the training step uses.
+One run measures, side by side and for each torch thread count: square-matmul GFLOP/s in fp32 and
+bf16 (the machine's ceiling for a FLOP-bound step), then full TTT training steps (target
+distribution, draft forward over all steps, loss, backward, clip, AdamW) on a synthetic batch, in
+fp32 and under bf16 autocast. For each it prints the step's forward+backward FLOPs, the time those
+FLOPs would take at the measured matmul rate, and the measured step time: their ratio is the
+fraction of the machine the training step uses.
 
 FLOPs counted (2 per multiply-add; backward = 2x forward for trained matmuls, 1x for fc, whose input
 needs no gradient; the target head once, no gradient; attention as implemented: a dense T x T block
@@ -114,6 +115,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--matmul-n", type=int, default=1024)
+    p.add_argument("--threads", default="1,2", help="torch thread counts to compare (comma-separated)")
     a = p.parse_args(argv)
     c = DraftConfig(
         hidden_size=a.hidden, target_hidden_size=a.hidden, intermediate_size=a.intermediate,
@@ -121,24 +123,25 @@ def main(argv: list[str]) -> None:
         rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=8192, vocab_size=a.vocab,
         draft_vocab_size=a.draft_vocab or a.vocab,
     )  # fmt: skip
-    rates = {
-        name: matmul_gflops(dtype, a.matmul_n)
-        for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]
-    }
-    emit({"measure": "matmul_gflops", "n": a.matmul_n, "threads": torch.get_num_threads(), **rates})
     flops = step_flops(c, a.batch, a.seq, a.ttt_steps)
     tokens = a.batch * a.seq
-    for precision, bf16 in [("fp32", False), ("bf16_autocast", True)]:
-        seconds = time_training(c, a.batch, a.seq, a.ttt_steps, bf16, a.repeats)
-        at_rate = flops["total"] / (rates["bf16" if bf16 else "fp32"] * 1e9)
-        emit({
-            "measure": "train_step", "precision": precision, "shape": {"hidden": a.hidden, "heads": a.heads,
-            "intermediate": a.intermediate, "vocab": a.vocab, "draft_vocab": c.draft_vocab_size},
-            "batch": a.batch, "seq": a.seq, "ttt_steps": a.ttt_steps, "tokens_per_step": tokens,
-            "step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
-            "step_gflop": round(flops["total"] / 1e9, 2), "flop_bound_step_s": round(at_rate, 4),
-            "fraction_of_matmul_rate": round(at_rate / seconds, 3),
-        })  # fmt: skip
+    for threads in [int(t) for t in a.threads.split(",")]:
+        torch.set_num_threads(threads)
+        rates = {
+            name: matmul_gflops(dtype, a.matmul_n)
+            for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+        }
+        emit({"measure": "matmul_gflops", "n": a.matmul_n, "threads": threads, **rates})
+        for precision, bf16 in [("fp32", False), ("bf16_autocast", True)]:
+            seconds = time_training(c, a.batch, a.seq, a.ttt_steps, bf16, a.repeats)
+            at_rate = flops["total"] / (rates["bf16" if bf16 else "fp32"] * 1e9)
+            shape = {"hidden": a.hidden, "heads": a.heads, "intermediate": a.intermediate}
+            shape |= {"vocab": a.vocab, "draft_vocab": c.draft_vocab_size}
+            record = {"measure": "train_step", "precision": precision, "threads": threads, "shape": shape}
+            record |= {"batch": a.batch, "seq": a.seq, "ttt_steps": a.ttt_steps, "tokens_per_step": tokens}
+            record |= {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1)}
+            record |= {"step_gflop": round(flops["total"] / 1e9, 2), "flop_bound_step_s": round(at_rate, 4)}
+            emit(record | {"fraction_of_matmul_rate": round(at_rate / seconds, 3)})
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ rule train_draft:
         history=f"{RESULTS}/draft/trained/history.json",
     log:
         f"{LOGS}/train_draft.log",
+    threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
     resources:
         gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
     params:
@@ -39,7 +40,7 @@ rule train_draft:
     shell:
         "accelerate launch {params.accelerate} scripts/train_draft.py"
         " --states {input.states} --vocab-map {input.vocab_map} --target {params.target}"
-        " --work {params.work} --weights {output.weights} --history {output.history}"
+        " --threads {threads} --work {params.work} --weights {output.weights} --history {output.history}"
         " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
         " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
         " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"

@@ -17,6 +17,7 @@ def parse_args(argv: list[str]) -> TrainJob:
     p.add_argument("--work", required=True, help="training state, for resume")
     p.add_argument("--weights", required=True, help="output: draft/trained/model.safetensors")
     p.add_argument("--history", required=True, help="output: draft/trained/history.json")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--step-weight-decay", type=float, default=0.8)
     for flag, kind in [("epochs", int), ("lr", float), ("warmup-ratio", float), ("weight-decay", float)]:
@@ -45,6 +46,7 @@ def parse_args(argv: list[str]) -> TrainJob:
         work=a.work,
         weights=a.weights,
         history=a.history,
+        cpu_threads=a.threads,
     )
 
 

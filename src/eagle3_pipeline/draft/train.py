@@ -50,6 +50,7 @@ class TrainJob:
     weights: str  # output: trained tensors
     history: str  # output: per-epoch metrics
     stop_after_steps: int | None = None  # stop (state saved) after this many steps: an interruption
+    cpu_threads: int = 0  # torch threads on CPU (0: torch's default); see docs/training.md
 
 
 @dataclass
@@ -241,6 +242,8 @@ def main(job: TrainJob) -> bool:
         "true",
     )
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no")
+    if not use_gpu and job.cpu_threads > 0:
+        torch.set_num_threads(job.cpu_threads)  # more threads than free cores slows OpenMP ops many-fold
     model, head = build_model(job)
     train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
     validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
