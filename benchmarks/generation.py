@@ -154,8 +154,8 @@ def bench_pipeline(base_url: str, sampling: Sampling, frame: pl.DataFrame, concu
         "requests": len(out),
         "ok": ok,
         "wall_s": round(wall, 3),
-        "req_per_s": round(len(out) / wall, 1),
-        "tok_per_s": round(tokens / wall, 1),
+        "req_per_s": round(len(out) / wall, 3),
+        "tok_per_s": round(tokens / wall, 2),
         "client_cpu_us_per_req": round(cpu / len(out) * 1e6, 1),
     }
 
@@ -177,8 +177,8 @@ def bench_sequential(base_url: str, sampling: Sampling, frame: pl.DataFrame) -> 
     return {
         "requests": n,
         "wall_s": round(wall, 3),
-        "req_per_s": round(n / wall, 1),
-        "tok_per_s": round(tokens / wall, 1),
+        "req_per_s": round(n / wall, 3),
+        "tok_per_s": round(tokens / wall, 2),
         "client_cpu_us_per_req": round(cpu / n * 1e6, 1),
     }
 
@@ -207,8 +207,8 @@ def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrenc
     return {
         "requests": len(bodies),
         "wall_s": round(wall, 3),
-        "req_per_s": round(len(bodies) / wall, 1),
-        "tok_per_s": round(tokens / wall, 1),
+        "req_per_s": round(len(bodies) / wall, 3),
+        "tok_per_s": round(tokens / wall, 2),
     }
 
 
