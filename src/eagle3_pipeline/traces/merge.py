@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,13 @@ def _shard_accounts(
     return shards
 
 
+def _package_version() -> str:
+    try:
+        return metadata.version("eagle3-pipeline")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
+
+
 def _build_stats(
     frame: pl.LazyFrame,
     kept: pl.LazyFrame,
@@ -223,6 +231,7 @@ def _build_stats(
         "dropped": dropped,
         "filters": vars(filters),
         "server_identity": identity,
+        "versions": {"polars": pl.__version__, "eagle3_pipeline": _package_version()},
         "by_source": _by_source(frame),
         "not_ok_reasons": _not_ok_reasons(frame),
         **kept_stats,
