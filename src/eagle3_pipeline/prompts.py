@@ -14,6 +14,7 @@ shard stays byte-identical.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import logging
 import math
@@ -202,9 +203,23 @@ def _order_key(prompt_id_: str, seed: int) -> str:
     return hashlib.blake2b(f"{seed}:{prompt_id_}".encode(), digest_size=16).hexdigest()
 
 
-def collect(path: str, turns_mode: str) -> tuple[list[Prompt], list[dict[str, Any]]]:
-    """Every usable question of the dataset (first occurrence of each id) and the skipped rows."""
-    prompts: dict[str, Prompt] = {}
+@dataclass
+class Selection:
+    """The selected questions (in selection order), the skipped rows and the usable-question count."""
+
+    selected: list[Prompt]
+    skipped: list[dict[str, Any]]
+    usable: int
+
+
+def select(path: str, turns_mode: str, num_samples: int, seed: int) -> Selection:
+    """Stream the dataset and keep the num_samples questions first in hash(seed, id) order.
+
+    The order is a prefix, stable as num_samples grows. Memory is a bounded heap of num_samples
+    questions plus one small entry per distinct id (for de-duplication), not the whole dataset.
+    """
+    heap: list[tuple[str, int, Prompt]] = []  # (negated order key, tie, prompt): a max-heap on the key
+    first_row: dict[str, int] = {}
     skipped: list[dict[str, Any]] = []
     for index, row in iter_rows(path):
         source = row.get("source") if isinstance(row, dict) and isinstance(row.get("source"), str) else None
@@ -214,18 +229,30 @@ def collect(path: str, turns_mode: str) -> tuple[list[Prompt], list[dict[str, An
             skipped.append({"row": index, "source": source, "reason": str(exc), "id": None})
             continue
         for prompt in found:
-            if prompt.id in prompts:
-                first = prompts[prompt.id]
-                reason = f"duplicate of row {first.row} turn {first.turn}"
+            if prompt.id in first_row:
+                reason = f"duplicate of row {first_row[prompt.id]}"
                 skipped.append({"row": index, "source": source, "reason": reason, "id": prompt.id})
-            else:
-                prompts[prompt.id] = prompt
-    return list(prompts.values()), skipped
+                continue
+            first_row[prompt.id] = index
+            entry = (_Desc(_order_key(prompt.id, seed)), len(first_row), prompt)
+            if len(heap) < num_samples:
+                heapq.heappush(heap, entry)
+            elif entry[0].key < heap[0][0].key:
+                heapq.heapreplace(heap, entry)
+    selected = [prompt for _, _, prompt in sorted(heap, key=lambda e: e[0].key)]
+    return Selection(selected, skipped, len(first_row))
 
 
-def select(prompts: list[Prompt], num_samples: int, seed: int) -> list[Prompt]:
-    """The first num_samples questions in hash(id, seed) order: a prefix, stable as num_samples grows."""
-    return sorted(prompts, key=lambda p: _order_key(p.id, seed))[:num_samples]
+class _Desc:
+    """An order key compared in reverse, so that heapq's min-heap keeps the largest key on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Desc) -> bool:
+        return self.key > other.key
 
 
 def shard_frames(selected: list[Prompt], num_samples: int, shard_size: int) -> list[pl.DataFrame]:
@@ -263,22 +290,22 @@ def prepare_prompts(dataset: dict[str, Any], shard_paths: list[str], skipped_pat
     expected = math.ceil(num_samples / shard_size)
     if len(shard_paths) != expected:
         raise ValueError(f"{len(shard_paths)} shard paths for {expected} shards of {shard_size}")
-    prompts, skipped = collect(dataset["path"], dataset.get("turns", "first"))
-    selected = select(prompts, num_samples, dataset.get("seed", 0))
+    found = select(dataset["path"], dataset.get("turns", "first"), num_samples, dataset.get("seed", 0))
+    selected, skipped = found.selected, found.skipped
     for frame, path in zip(shard_frames(selected, num_samples, shard_size), shard_paths, strict=True):
         write_parquet(frame, path)
     write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
-    log.info("%d usable questions, %d rows skipped: %s", len(prompts), len(skipped), dict(reasons))
+    log.info("%d usable questions, %d rows skipped: %s", found.usable, len(skipped), dict(reasons))
     if len(selected) < num_samples:
         log.warning(
             "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the last %d of %d "
             "shards are short or empty",
             dataset["path"],
-            len(prompts),
+            found.usable,
             num_samples,
             expected - len(selected) // shard_size,
             expected,
         )
     log.info("selected %d questions into %d shards of %d", len(selected), expected, shard_size)
-    return {"usable": len(prompts), "skipped": len(skipped), "selected": len(selected)}
+    return {"usable": found.usable, "skipped": len(skipped), "selected": len(selected)}
