@@ -2,11 +2,6 @@
 # three auxiliary layers and the final one stored packed in bf16, one file per trace shard and split.
 import sys
 
-# Absolute, so that `snakemake --directory elsewhere` and a PATH without the venv both work; globals
-# (not params) so that moving the checkout does not rerun finished shards.
-HIDDEN_STATES_PYTHON = sys.executable
-HIDDEN_STATES_SCRIPT = f"{workflow.basedir}/scripts/extract_hidden_states.py"
-
 
 rule extract_hidden_states:
     input:
@@ -21,8 +16,10 @@ rule extract_hidden_states:
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
+        # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
+        python=sys.executable,
+        script=f"{workflow.basedir}/scripts/extract_hidden_states.py",
         launch_mode="device_map" if config["hidden_states"]["device_map"] else "ddp",
-        target=config["target"]["model"],
         layers=config["hidden_states"]["layers"],
         max_seq_len=config["hidden_states"]["max_seq_len"],
         overlong=config["hidden_states"]["overlong"],
@@ -38,11 +35,11 @@ rule extract_hidden_states:
     shell:
         # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
         # when none); --mode device_map starts one process that spreads the target over all of them.
-        "{HIDDEN_STATES_PYTHON} -m eagle3_pipeline.launch --gpus {resources.gpu}"
+        "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu}"
         " --mode {params.launch_mode}"
-        " --job-key extract_hidden_states/{wildcards.split}-{wildcards.shard}"
-        " -- {HIDDEN_STATES_SCRIPT}"
-        " --traces {input.traces} --shard {wildcards.shard} --target {params.target}"
+        " --job-key {params.work}"  # a main-process port per job
+        " -- {params.script}"
+        " --traces {input.traces} --shard {wildcards.shard} --target $(dirname {input.target})"
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
         " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.trust_remote_code}"
         " --batch-tokens {params.batch_tokens} --work {params.work}"
