@@ -73,3 +73,17 @@ def test_launch_local_stop_kills_the_process_group(tmp_path: Path) -> None:
     assert proc.alive() and proc.pid_file.exists()
     assert proc.stop(timeout_s=5)
     assert not proc.alive() and not proc.pid_file.exists()
+
+
+def test_local_command_teaches_the_redactor(tmp_path: Path) -> None:
+    from eagle3_pipeline.server.lifecycle import local_command
+    from eagle3_pipeline.server.secrets import REDACTOR
+
+    cfg = _cfg(tmp_path, "/opt/vllm/bin/vllm serve /m --api-key sk-local-command-key-55")
+    argv, env, cwd = local_command(cfg)
+    assert (
+        "sk-local-command-key-55" in argv and env["HF_TOKEN"] == "hf_lifecycleSecret99"
+    )  # real values to run
+    assert cwd == str(tmp_path)
+    scrubbed = REDACTOR.scrub(" ".join(argv) + " " + env["HF_TOKEN"])  # what a log line would show
+    assert "sk-local-command-key-55" not in scrubbed and "hf_lifecycleSecret99" not in scrubbed

@@ -212,9 +212,8 @@ def local_command(server_cfg: dict[str, Any]) -> tuple[list[str], dict[str, str]
     unit, env, argv, command = parse_service(read_unit_text(host, server_cfg), server_cfg["unit"], host)
     if not argv:
         raise ServerError(f"{server_cfg['unit_file']}: no ExecStart= to run")
-    for name, value in env.items():
-        if secrets.is_secret_name(name):
-            secrets.REDACTOR.add(value)
+    secrets.redact_env(env)  # remember the secret values, so that logs and errors scrub them
+    secrets.redact_flags(command.flags)
     return argv, env, unit.working_directory
 
 
