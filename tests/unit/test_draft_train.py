@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -144,3 +145,40 @@ def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
     assert json.loads(Path(job.history).read_text()) == json.loads((out / "history.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
+    """torchrun with two CPU processes (gloo DDP): each takes half the batches; metrics are summed
+    over both, so the epoch counts every token once, and only the main process writes."""
+    assert main(job)
+    out = tmp_path / "ddp"
+    argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "18575"]
+    argv += [str(REPO / "scripts" / "train_draft.py"), "--threads", "1", "--states", *job.train_shards]
+    argv += [
+        *job.validation_shards,
+        "--vocab-map",
+        job.vocab_map,
+        "--target",
+        job.target,
+        "--work",
+        str(out / "work"),
+    ]
+    argv += [
+        "--weights",
+        str(out / "model.safetensors"),
+        "--history",
+        str(out / "history.json"),
+        "--ttt-steps",
+        "3",
+    ]
+    for key, value in job.train.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    env = os.environ | {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, *argv], check=True, env=env, timeout=600, capture_output=True)
+    single, ddp = json.loads(Path(job.history).read_text()), json.loads((out / "history.json").read_text())
+    assert [r["step"] for r in ddp] == [r["step"] // 2 for r in single]  # half the steps per process
+    for a, b in zip(single, ddp, strict=True):
+        assert a["train"]["tokens"] == b["train"]["tokens"]
+        assert a["validation"]["tokens"] == b["validation"]["tokens"]
+    assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
