@@ -98,3 +98,15 @@ def test_dropin_resets() -> None:
 def test_unit_error_names_file_and_line() -> None:
     with pytest.raises(UnitError, match=r"f.service:3"):
         merge_unit([("f.service", "[Service]\nUser=x\nnot an assignment\n")], "f.service")
+
+
+def test_wrapper_script_unknown_variable_is_reported() -> None:
+    script = '#!/bin/sh\ncd "$HOME"\nexec /opt/v/bin/vllm serve "$MODEL" --port "$PORT" "$@"\n'
+    cmd = parse_command(["/srv/run.sh", "--seed", "1"], _read({"/srv/run.sh": script}), "/", {"MODEL": "m"})
+    assert cmd.model == "m" and cmd.flags == {"--port": "", "--seed": "1"}
+    assert [u.why for u in cmd.unresolved] == ["$PORT is not set by the unit or the script"]
+
+
+def test_non_shell_executable_is_not_read_as_a_script() -> None:
+    cmd = parse_command(["/srv/bin"], _read({"/srv/bin": "\x7fELF binary vllm serve m"}), "/")
+    assert not cmd.found and cmd.model is None

@@ -121,7 +121,7 @@ def parse_service(
     env = resolve_environment(unit, host)
     index = _select_exec(unit)
     argv = command_argv(unit.exec_start[index], env, unit.unresolved) if index is not None else []
-    command = parse_command(argv, host.read_file, unit.working_directory or "/")
+    command = parse_command(argv, host.read_file, unit.working_directory or "/", env)
     env.update(command.env)
     return unit, env, argv, command
 

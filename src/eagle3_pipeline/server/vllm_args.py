@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from eagle3_pipeline.server._vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
-from eagle3_pipeline.server.unit import Unresolved
+from eagle3_pipeline.server.unit import Unresolved, logical_lines
 
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 SHELLS = ("sh", "bash", "dash", "zsh")
@@ -149,9 +150,15 @@ def config_file_flags(text: str, path: str) -> dict[str, Any]:
     return flags
 
 
-def parse_command(argv: list[str], read_file: Any, cwd: str) -> VllmCommand:
-    """Find vLLM in argv and read its flags, following `--config FILE` through `read_file(path)`."""
+def parse_command(
+    argv: list[str], read_file: Any, cwd: str, env: dict[str, str] | None = None
+) -> VllmCommand:
+    """Find vLLM in argv (or inside the shell wrapper script argv runs) and read its flags, following
+    `--config FILE` through `read_file(path)`."""
     found = find_vllm(argv)
+    script_unresolved: list[Unresolved] = []
+    if found is None and argv and argv[0].startswith("/"):
+        found = wrapper_script_command(argv, read_file, env or {}, script_unresolved)
     if found is None:
         return VllmCommand(
             launcher=argv,
@@ -161,15 +168,15 @@ def parse_command(argv: list[str], read_file: Any, cwd: str) -> VllmCommand:
                 Unresolved(
                     "model",
                     f"ExecStart runs {argv[0] if argv else '(nothing)'!r}, not `vllm serve` or "
-                    "`python -m vllm.entrypoints.openai.api_server` (a wrapper script?); set server.base_url "
-                    "and check the command by hand",
+                    "`python -m vllm.entrypoints.openai.api_server`, and no vLLM command was found in it; "
+                    "set server.base_url and check the command by hand",
                 )
             ],
         )
     launcher, words, env = found
     positional_model = not launcher[-1].startswith("vllm.entrypoints")
     model, flags, stray = parse_flags(words, positional_model)
-    command = VllmCommand(launcher=launcher, model=model, env=env)
+    command = VllmCommand(launcher=launcher, model=model, env=env, unresolved=script_unresolved)
     if stray:
         command.unresolved.append(Unresolved("args", f"unexpected positional words {len(stray)} ignored"))
     config_path = flags.get("--config")
@@ -190,6 +197,67 @@ def parse_command(argv: list[str], read_file: Any, cwd: str) -> VllmCommand:
     if command.model is None:
         command.unresolved.append(Unresolved("model", "no model given on the command line or in --config"))
     return command
+
+
+_SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_SHELL_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def _expand_shell(text: str, env: dict[str, str], unresolved: list[Unresolved], where: str) -> str:
+    """`$VAR`, `${VAR}` and `${VAR:-default}` from env; an unknown variable is reported."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        if name in env:
+            return env[name]
+        if match.group(2) is not None:
+            return match.group(2)
+        unresolved.append(Unresolved(where, f"${name} is not set by the unit or the script"))
+        return ""
+
+    return _SHELL_VAR.sub(replace, text)
+
+
+def wrapper_script_command(
+    argv: list[str], read_file: Any, env: dict[str, str], unresolved: list[Unresolved]
+) -> tuple[list[str], list[str], dict[str, str]] | None:
+    """The vLLM command inside a shell wrapper script that ExecStart runs: its simple assignments
+    (`NAME=value`, `export NAME=value`) and the unit's environment expanded, `"$@"` and `$1`... taken
+    from ExecStart's arguments. None when the script cannot be read or holds no vLLM command."""
+    try:
+        text = read_file(argv[0])
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("#!") or "sh" not in text.splitlines()[0]:
+        return None
+    where = f"wrapper script {argv[0]}"
+    scope = dict(env)
+    for _, line in logical_lines(text):
+        assignment = _SHELL_ASSIGNMENT.match(line)
+        if assignment and " " not in assignment.group(2).strip().strip("\"'"):
+            scope[assignment.group(1)] = shell_words(
+                _expand_shell(assignment.group(2), scope, [], where) or "''"
+            )[0]
+            continue
+        line_unresolved: list[Unresolved] = []
+        words = shell_words(_expand_shell(line, scope, line_unresolved, where))
+        words = [arg for word in words for arg in _positional(word, argv[1:])]
+        found = find_vllm(words)
+        if found:
+            unresolved.extend(line_unresolved)  # only the vLLM line's unknowns matter
+            args = found[1]
+            ends = [k for k, w in enumerate(args) if w in SHELL_OPERATORS]
+            return [argv[0], *found[0]], args[: ends[0]] if ends else args, found[2]
+    return None
+
+
+def _positional(word: str, args: list[str]) -> list[str]:
+    if word in ("$@", "$*"):
+        return list(args)
+    if re.fullmatch(r"\$[1-9]", word):
+        index = int(word[1]) - 1
+        return [args[index]] if index < len(args) else []
+    return [word]
 
 
 def parse_length(value: Any) -> int:
