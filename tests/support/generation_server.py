@@ -9,6 +9,7 @@ this suite's own, on ports 18540-18559, so a test may kill one or start one with
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -115,11 +116,14 @@ class VllmProcess:
 
 
 @pytest.fixture(scope="session")
-def generation_target() -> Path:
-    """The demo target's folder (resources/demo/target, or the test build cached by support.vllm_server)."""
+def generation_target(tmp_path_factory) -> Path:
+    """A private copy of the demo target (resources/demo/target, or the test build cached by
+    support.vllm_server), so that a rebuild of the demo target during the session cannot break a server."""
     from support.vllm_server import demo_target_dir
 
-    return demo_target_dir()
+    copy = tmp_path_factory.mktemp("generation") / "target"
+    shutil.copytree(demo_target_dir(), copy)
+    return copy
 
 
 @pytest.fixture(scope="module")
