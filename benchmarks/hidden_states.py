@@ -89,20 +89,23 @@ def synthetic_traces(path: Path, vocab: int, tokens: int, seed: int = 0) -> Path
     return path
 
 
-def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Best wall and best CPU seconds of `repeats` runs (after one warm-up).
+def timed(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
+    """Best wall and best CPU seconds of each function over `repeats` rounds (after one warm-up each).
 
-    The machine is shared: CPU seconds (this process, all threads) measure the work itself, wall seconds
-    also count the time neighbours took the cores.
+    Rounds interleave the functions so that a neighbour's burst hits all of them alike. The machine is
+    shared: CPU seconds (this process) measure the work itself, wall seconds also count the time
+    neighbours took the cores; with --threads 1 no thread spins while waiting for another.
     """
-    fn()
-    wall = cpu = float("inf")
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
+    best = {name: (float("inf"), float("inf")) for name in fns}
+    for fn in fns.values():
         fn()
-        wall = min(wall, time.perf_counter() - start)
-        cpu = min(cpu, time.process_time() - start_cpu)
-    return wall, cpu
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    return best
 
 
 def forward_variants(model: torch.nn.Module, batches: list[list[list[int]]], layers: list[int]) -> dict:
@@ -132,8 +135,7 @@ def bench_forwards(target: Path, seqs: list[list[int]], args: argparse.Namespace
     states = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = capture.load_target(target, dtype, torch.device("cpu"), device_map=False)
-        for name, fn in forward_variants(model, batches, layers).items():
-            seconds, cpu = timed(fn, args.repeats)
+        for name, (seconds, cpu) in timed(forward_variants(model, batches, layers), args.repeats).items():
             emit(
                 measure=name,
                 compute_dtype=str(dtype)[6:],
@@ -209,8 +211,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000, help="random target: vocabulary")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens to extract")
     parser.add_argument("--batch-tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="bench_hidden_states_") as tmp:
