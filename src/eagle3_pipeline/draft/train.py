@@ -144,7 +144,7 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState) -> bool:
         ctx.optimizer.zero_grad(set_to_none=True)
         stats = step_stats.cpu() if stats is None else stats + step_stats.cpu()
         state.step, state.batch_in_epoch, state.epoch_stats = state.step + 1, b + 1, stats.tolist()
-        if state.step % 10 == 0 or b == 0:
+        if acc.is_main_process and (state.step % 10 == 0 or b == 0):
             log.info(
                 "epoch %d step %d loss %.4f lr %.2e",
                 state.epoch,
