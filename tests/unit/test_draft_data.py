@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle3_pipeline.draft import data as data_module
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches, rank_batches
 from eagle3_pipeline.hidden_states.storage import HiddenStateShard
 
@@ -46,3 +47,16 @@ def test_long_samples_are_cut_to_the_budget(draft_hidden_states):
     data = HiddenStateData(draft_hidden_states["train"], batch_tokens=16)
     assert max(s.length for s in data.samples) == 16
     assert data.collate([0]).input_ids.shape[1] <= 16
+
+
+def test_at_most_max_open_shards_are_held_open(draft_hidden_states, monkeypatch):
+    monkeypatch.setattr(data_module, "MAX_OPEN_SHARDS", 1)
+    paths = draft_hidden_states["train"]
+    data = HiddenStateData(paths, batch_tokens=256)
+    first = next(i for i, s in enumerate(data.samples) if s.shard == 0)
+    second = next(i for i, s in enumerate(data.samples) if s.shard == 1)
+    a = data.collate([first])
+    data.collate([second])
+    assert list(data._open) == [1]
+    assert torch.equal(data.collate([first]).aux_hidden_states, a.aux_hidden_states)  # reopened
+    assert list(data._open) == [0]

@@ -9,10 +9,10 @@ distributed run takes every world-th batch, all processes the same count.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -22,6 +22,7 @@ from eagle3_pipeline.hidden_states.storage import HiddenStateShard
 log = logging.getLogger(__name__)
 
 SORT_WINDOW = 64
+MAX_OPEN_SHARDS = 32
 
 
 @dataclass(frozen=True)
@@ -62,24 +63,35 @@ def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[i
 
 
 class HiddenStateData:
-    """The samples of some hidden-state shards, opened memory-mapped."""
+    """The samples of some hidden-state shards. Shards are opened memory-mapped on demand, at most
+    MAX_OPEN_SHARDS at a time (thousands of shards would otherwise exhaust the file-handle limit)."""
 
     def __init__(self, paths: Sequence[str | Path], batch_tokens: int) -> None:
-        self.shards = [HiddenStateShard(p) for p in paths]
+        self.paths = [Path(p) for p in paths]
         self.batch_tokens = batch_tokens
         self.samples: list[SampleRef] = []
+        self.final_rows: list[str] = []
+        self._open: OrderedDict[int, HiddenStateShard] = OrderedDict()
         cut = 0
-        for s, shard in enumerate(self.shards):
-            for i, n in enumerate(shard.offsets.diff().tolist()):
+        for s, path in enumerate(self.paths):
+            with HiddenStateShard(path) as shard:
+                self.final_rows.append(shard.metadata.get("final_rows", "all"))
+                lengths = shard.offsets.diff().tolist()
+            for i, n in enumerate(lengths):
                 if n > 0:
                     self.samples.append(SampleRef(s, i, min(n, batch_tokens)))
                 cut += n > batch_tokens
         if cut:
             log.warning("%d samples longer than train.batch_tokens=%d are cut to it", cut, batch_tokens)
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.shards[0].metadata if self.shards else {}
+    def _shard(self, index: int) -> HiddenStateShard:
+        if index in self._open:
+            self._open.move_to_end(index)
+        else:
+            self._open[index] = HiddenStateShard(self.paths[index])
+            if len(self._open) > MAX_OPEN_SHARDS:
+                self._open.popitem(last=False)[1].close()
+        return self._open[index]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -110,9 +122,8 @@ class HiddenStateData:
         )
 
     def _read(self, ref: SampleRef) -> dict[str, torch.Tensor]:
-        shard = self.shards[ref.shard]
-        sample = {k: v[: ref.length] for k, v in shard[ref.index].items()}
-        if shard.metadata.get("final_rows", "all") == "loss_mask":
+        sample = {k: v[: ref.length] for k, v in self._shard(ref.shard)[ref.index].items()}
+        if self.final_rows[ref.shard] == "loss_mask":
             sample["has_final"] = sample["loss_mask"].bool()
         else:
             sample["has_final"] = torch.ones(ref.length, dtype=torch.bool)
