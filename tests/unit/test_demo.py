@@ -14,7 +14,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle3_pipeline.demo.check import greedy_replies
 from eagle3_pipeline.demo.fit import FitSettings, synthesise_reasoning
 from eagle3_pipeline.demo.sample import SOURCES, dumps_sample, generate_sample
-from eagle3_pipeline.demo.target import build_demo_target, load_rows, render_unit, unit_exec_start
+from eagle3_pipeline.demo.target import (
+    build_demo_target,
+    load_rows,
+    render_unit,
+    unit_environment,
+    unit_exec_start,
+)
 from eagle3_pipeline.demo.tokenizer import CHAT_TOKENS, THINK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +96,10 @@ def test_unit_template_renders_a_vllm_command(tmp_path):
         tmp_path / "target"
     )
     assert argv[argv.index("--reasoning-parser") + 1] == "kimi_k2"
+    assert (
+        unit_environment(unit)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        and unit_environment(unit)["HF_HUB_OFFLINE"] == "1"
+    )
     with pytest.raises(ValueError, match="@PORT@"):
         render_unit("ExecStart=@REPO@ @TARGET@", REPO, tmp_path, 1)
 
