@@ -32,7 +32,7 @@ def demo_workdir(tmp_path_factory) -> Path:
     overrides = {
         "run": "e2e",
         # smaller than the demo default so that the suite fits CI; same code paths
-        "demo": {"port": 18611, "fit_seconds": 60},
+        "demo": {"port": 18611},
         "dataset": {"num_samples": 96, "shard_size": 32},
         "generation": {"max_tokens": 256},
         "train": {"epochs": 2},
