@@ -1,5 +1,6 @@
-"""Parsing real /metrics text captured from vLLM 0.32.0 (CPU) serving a tiny Llama with an untrained
-EAGLE-3 draft (3 speculative tokens), before and after three requests of 40 tokens."""
+"""Parsing real /metrics text captured from vLLM 0.32.0 (CPU) serving a tiny Llama with EAGLE-3 drafts (3
+speculative tokens): an untrained draft before and after three requests of 40 tokens, and the demo
+target with a draft trained by the pipeline's code after three such requests."""
 
 from pathlib import Path
 
@@ -62,3 +63,13 @@ def test_a_server_without_speculative_decoding_is_named():
 def test_garbage_line_is_named():
     with pytest.raises(ValueError, match="unreadable /metrics line"):
         parse_prometheus("this is not { prometheus\n")
+
+
+def test_real_counters_of_a_trained_draft():
+    """Captured after three 40-token greedy requests to the demo target with a trained draft."""
+    counters = spec_decode_counters(parse_prometheus(read("vllm-0.32.0-metrics-trained-draft.txt")))
+    assert counters == SpecDecodeCounters(35, 105, 86, (32, 28, 26))
+    assert sum(counters.accepted_per_position) == counters.accepted_tokens  # position i: first i+1 accepted
+    result = online_acceptance(SpecDecodeCounters(0, 0, 0, (0, 0, 0)), counters)
+    assert result.acceptance_length == pytest.approx(1 + 86 / 35)
+    assert result.conditional == pytest.approx([32 / 35, 28 / 32, 26 / 28])
