@@ -23,8 +23,8 @@ test: install
 	source .venv/bin/activate && python -m pytest $(PYTEST_ARGS)
 
 lint: install-pipeline
-	source .venv/bin/activate && ruff check src scripts tests benchmarks && snakefmt --check Snakefile rules \
-		&& snakemake --lint
+	source .venv/bin/activate && ruff check src scripts tests benchmarks && ruff format --check src scripts tests benchmarks \
+		&& snakefmt --check Snakefile rules  # snakemake --lint: tests/workflow/test_planning.py
 
 clean-demo:
 	rm -rf results/demo resources/demo .snakemake

@@ -26,12 +26,13 @@ include: "rules/server.smk"
 include: "rules/prompts.smk"
 include: "rules/generate.smk"
 include: "rules/traces.smk"
+include: "rules/budget.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/validate.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_outputs(),
-    default_target: True

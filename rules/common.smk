@@ -2,7 +2,6 @@
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
 from eagle3_pipeline.config import check_config, shard_ids
 
-
 check_config(config, workflow.source_path("../config/schema.yaml"))
 
 RESULTS = f"results/{config['run']}"
@@ -38,7 +37,11 @@ def get_generation_shards():
 
 
 def get_hidden_state_shards(wildcards):
-    return expand(f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors", split=SPLITS, shard=SHARDS)
+    return expand(
+        f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
+        split=SPLITS,
+        shard=SHARDS,
+    )
 
 
 def get_final_outputs():
@@ -51,11 +54,3 @@ def get_final_outputs():
     if config["validate"]["serve_check"]:
         outputs.append(f"{RESULTS}/validation/serve_check.json")
     return outputs
-
-
-def get_accelerate_args(wildcards, resources):
-    """`accelerate launch` flags: one process per GPU given to the job (CPU when none), and a
-    main-process port per job so that jobs running side by side do not collide."""
-    from eagle3_pipeline.launch import accelerate_args
-
-    return accelerate_args(resources.gpu, job_key="/".join(map(str, wildcards)))

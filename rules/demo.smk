@@ -15,7 +15,6 @@ if config["demo"]["enabled"]:
             f"{LOGS}/build_demo_target.log",
         threads: 2
         params:
-            target_dir="resources/demo/target",
             port=config["demo"]["port"],
             fit_seconds=config["demo"]["fit_seconds"],
             seed=config["demo"]["seed"],

@@ -1,5 +1,6 @@
 # The EAGLE-3 draft: a draft vocabulary from loss-masked token counts, training-time-test training
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
+import sys
 
 
 rule vocab_map:
@@ -32,14 +33,18 @@ rule train_draft:
     resources:
         gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
     params:
-        accelerate=get_accelerate_args,
-        target=config["target"]["model"],
+        # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
+        python=sys.executable,
+        script=f"{workflow.basedir}/scripts/train_draft.py",
         draft=config["draft"],
         train=config["train"],
         work=f"{WORK}/train",
     shell:
-        "accelerate launch {params.accelerate} scripts/train_draft.py"
-        " --states {input.states} --vocab-map {input.vocab_map} --target {params.target}"
+        # eagle3_pipeline.launch: `accelerate launch` with DDP over the GPUs the job sees (CPU when
+        # none) and a main-process port per job (keyed on the work dir: baseline and main differ)
+        "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {params.work}"
+        " -- {params.script}"
+        " --states {input.states} --vocab-map {input.vocab_map} --target $(dirname {input.target})"
         " --threads {threads} --work {params.work} --weights {output.weights} --history {output.history}"
         " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
         " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"

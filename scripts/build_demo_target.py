@@ -1,24 +1,19 @@
 """Rule build_demo_target: fit the tiny demo target on the sample and render its systemd unit."""
 
-import logging
-import sys
+import os
 
 from eagle3_pipeline.demo.fit import FitSettings
 from eagle3_pipeline.demo.target import build_demo_target
+from eagle3_pipeline.logs import setup_script_logging
 
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
-logging.captureWarnings(True)
-sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "build_demo_target")
 
 build_demo_target(
-    sample_path=snakemake.input.sample,  # noqa: F821
-    unit_template_path=snakemake.input.unit_template,  # noqa: F821
-    target_dir=snakemake.params.target_dir,  # noqa: F821
-    unit_path=snakemake.output.unit,  # noqa: F821
-    port=snakemake.params.port,  # noqa: F821
-    settings=FitSettings(seconds=snakemake.params.fit_seconds, seed=snakemake.params.seed),  # noqa: F821
+    sample_path=snakemake.input.sample,
+    unit_template_path=snakemake.input.unit_template,
+    target_dir=os.path.dirname(snakemake.output.config),
+    unit_path=snakemake.output.unit,
+    port=snakemake.params.port,
+    settings=FitSettings(seconds=snakemake.params.fit_seconds, seed=snakemake.params.seed),
 )

@@ -1,23 +1,17 @@
 """Rule check_disk_budget: the hidden states' disk need, from the traces, checked against free space."""
 
-import logging
-import sys
-
 from eagle3_pipeline.budget import check_disk_budget
+from eagle3_pipeline.logs import setup_script_logging
 
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
-sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "check_disk_budget")
 
 check_disk_budget(
-    traces=[snakemake.input.train, snakemake.input.validation],  # noqa: F821
-    target_config=snakemake.input.target,  # noqa: F821
-    hidden_states_dir=snakemake.params.hidden_states,  # noqa: F821
-    output=snakemake.output[0],  # noqa: F821
-    max_seq_len=snakemake.params.max_seq_len,  # noqa: F821
-    overlong=snakemake.params.overlong,  # noqa: F821
-    dtype=snakemake.params.dtype,  # noqa: F821
+    traces=[snakemake.input.train, snakemake.input.validation],
+    target_config=snakemake.input.target,
+    hidden_states_dir=snakemake.params.hidden_states,
+    output=snakemake.output[0],
+    max_seq_len=snakemake.params.max_seq_len,
+    overlong=snakemake.params.overlong,
+    dtype=snakemake.params.dtype,
 )

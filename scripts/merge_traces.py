@@ -1,21 +1,15 @@
 """Rule merge_traces: generation shards -> traces, train/validation split, stats, conversations."""
 
-import logging
-import sys
-
+from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.traces import TraceFilters, TraceOutputs, merge_traces
 
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
-sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "merge_traces")
 
-output = snakemake.output  # noqa: F821
+output = snakemake.output
 merge_traces(
-    generations=list(snakemake.input.generations),  # noqa: F821
-    server=snakemake.input.server,  # noqa: F821
+    generations=list(snakemake.input.generations),
+    server=snakemake.input.server,
     outputs=TraceOutputs(
         output.traces,
         output.train,
@@ -25,6 +19,6 @@ merge_traces(
         output.lengths_plot,
         output.counts_plot,
     ),
-    filters=TraceFilters.from_config(snakemake.params.traces),  # noqa: F821
-    prompts=list(snakemake.input.prompts),  # noqa: F821
+    filters=TraceFilters.from_config(snakemake.params.traces),
+    prompts=list(snakemake.input.prompts),
 )

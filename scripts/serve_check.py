@@ -1,25 +1,20 @@
 """Rule serve_check: the target served by vLLM with the exported draft; spec-decode counters read."""
 
-import logging
 import os
-import sys
 
+from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.validate.serve_check import serve_check
 
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
-sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "serve_check")
 
 serve_check(
-    checkpoint_dir=os.path.dirname(snakemake.input.checkpoint),  # noqa: F821
-    validation_path=snakemake.input.validation,  # noqa: F821
-    server_json_path=snakemake.input.server,  # noqa: F821
-    server_cfg=snakemake.params.server,  # noqa: F821
-    generation=snakemake.params.generation,  # noqa: F821
-    validate=snakemake.params.validate,  # noqa: F821
-    work_dir=snakemake.params.work,  # noqa: F821
-    output_path=snakemake.output[0],  # noqa: F821
+    checkpoint_dir=os.path.dirname(snakemake.input.checkpoint),
+    validation_path=snakemake.input.validation,
+    server_json_path=snakemake.input.server,
+    server_cfg=snakemake.params.server,
+    generation=snakemake.params.generation,
+    validate=snakemake.params.validate,
+    work_dir=snakemake.params.work,
+    output_path=snakemake.output[0],
 )

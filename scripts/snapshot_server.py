@@ -1,7 +1,7 @@
 """Rule snapshot_server: read the vLLM unit (systemctl cat, or the unit file) and write
 unit.service, server.json and identity.json, secrets redacted."""
 
-from eagle3_pipeline.server.secrets import setup_script_logging
+from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.server.snapshot import snapshot_server
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive

@@ -4,8 +4,8 @@
 import json
 from pathlib import Path
 
+from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.server.lifecycle import stop, write_stop_report
-from eagle3_pipeline.server.secrets import setup_script_logging
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 log = setup_script_logging(snakemake.log[0], "stop_server")

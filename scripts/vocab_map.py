@@ -1,22 +1,15 @@
 """Rule vocab_map: d2t / t2d from the loss-masked token counts of the training hidden states."""
 
-import logging
-import sys
-
 from eagle3_pipeline.draft.config import read_target_config
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.logs import setup_script_logging
 
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
-logging.captureWarnings(True)
-sys.stderr = open(snakemake.log[0], "a")  # noqa: F821, SIM115
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "vocab_map")
 
 build_vocab_map(
-    metadata_paths=snakemake.input.metadata,  # noqa: F821
-    target_vocab_size=int(read_target_config(snakemake.input.target)["vocab_size"]),  # noqa: F821
-    draft_vocab_size=snakemake.params.draft_vocab_size,  # noqa: F821
-    output=snakemake.output[0],  # noqa: F821
+    metadata_paths=snakemake.input.metadata,
+    target_vocab_size=int(read_target_config(snakemake.input.target)["vocab_size"]),
+    draft_vocab_size=snakemake.params.draft_vocab_size,
+    output=snakemake.output[0],
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(
@@ -121,20 +120,3 @@ def protect_logging(redactor: Redactor = REDACTOR) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter(redactor))
-
-
-def setup_script_logging(log_path: str, name: str) -> logging.Logger:
-    """Route logging to `log_path` through the redacting filter, and make an uncaught error end the
-    script with its (scrubbed) message on stderr and in the log instead of a raw traceback."""
-    logging.basicConfig(
-        filename=log_path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    protect_logging()
-    logger = logging.getLogger(name)
-
-    def excepthook(kind: type[BaseException], err: BaseException, tb: object) -> None:
-        logger.error("%s failed: %s: %s", name, kind.__name__, err)
-        sys.stderr.write(f"{name} failed: {kind.__name__}: {REDACTOR.scrub(str(err))}\n")
-
-    sys.excepthook = excepthook
-    return logger
