@@ -5,9 +5,12 @@
 #   prompts/       shard-{k:05d}.parquet, skipped.parquet
 #   generations/   shard-{k:05d}.parquet (one row per prompt: ok | skipped | failed)
 #   traces/        traces.parquet, train.parquet, validation.parquet, stats.json, conversations.jsonl
+#   budget/        hidden_states.json (disk need, checked against free space before extraction)
 #   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata)
-#   draft/         vocab_map.safetensors, checkpoint/ (EAGLE-3, loadable by vLLM and SGLang)
+#   draft/         vocab_map.safetensors, trained/, checkpoint/ (EAGLE-3, loadable by vLLM and SGLang)
 #   validation/    offline.json, serve_check.json
+#   report/        the pictures of `snakemake --report`
+#   baseline/      the same draft trained on the dataset's original answers (validate.baseline)
 #   work/          resumable state: generation journals, training state
 #   logs/          one log per job
 # resources/demo/  the embedded demo's tiny target and its systemd unit (demo.enabled)
