@@ -115,8 +115,9 @@ def serve_instant(port: int) -> None:
 # --- clients ----------------------------------------------------------------------------------------
 
 
-def prompt_frame(n: int, questions: list[str] | None = None) -> pl.DataFrame:
-    questions = questions or [f"What is {i} + {i + 1}?" for i in range(n)]
+def prompt_frame(n: int, questions: list[str] | None = None, offset: int = 0) -> pl.DataFrame:
+    """n distinct questions (offset gives each measurement its own, so no prefix-cache hits carry over)."""
+    questions = questions or [f"What is {i} + {i + 1}?" for i in range(offset, offset + n)]
     questions = [questions[i % len(questions)] + ("" if i < len(questions) else f" ({i})") for i in range(n)]
     return pl.DataFrame(
         {
@@ -307,13 +308,34 @@ def part_server(
     base_url: str, model_name: str, requests_n: int, sequential_n: int, concurrency: int, max_tokens: int
 ) -> None:
     sampling = Sampling(model_name, max_tokens, 0.6, 0.95, 0)
-    frame = prompt_frame(requests_n)
-    bench_raw(base_url, sampling, prompt_frame(8), 8)  # warm-up
-    raw = bench_raw(base_url, sampling, frame, concurrency)
-    emit(bench="vllm_server", client="raw_concurrent", concurrency=concurrency, max_tokens=max_tokens, **raw)
-    pipeline = bench_pipeline(base_url, sampling, frame, concurrency)
-    emit(bench="vllm_server", client="pipeline", concurrency=concurrency, max_tokens=max_tokens, **pipeline)
-    sequential = bench_sequential(base_url, sampling, prompt_frame(sequential_n))
+    bench_raw(base_url, sampling, prompt_frame(8, offset=10**6), 8)  # warm-up
+    raws, pipelines = [], []
+    for round_ in range(2):  # alternate, so that neither side gets the quieter moment or a warmer server
+        raw = bench_raw(
+            base_url, sampling, prompt_frame(requests_n, offset=(2 * round_) * requests_n), concurrency
+        )
+        emit(
+            bench="vllm_server",
+            client="raw_concurrent",
+            round=round_,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            **raw,
+        )
+        frame = prompt_frame(requests_n, offset=(2 * round_ + 1) * requests_n)
+        pipeline = bench_pipeline(base_url, sampling, frame, concurrency)
+        emit(
+            bench="vllm_server",
+            client="pipeline",
+            round=round_,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            **pipeline,
+        )
+        raws.append(raw["req_per_s"])
+        pipelines.append(pipeline["req_per_s"])
+    raw, pipeline = {"req_per_s": sum(raws) / 2}, {"req_per_s": sum(pipelines) / 2}
+    sequential = bench_sequential(base_url, sampling, prompt_frame(sequential_n, offset=4 * requests_n))
     emit(bench="vllm_server", client="sequential_requests", max_tokens=max_tokens, **sequential)
     emit(
         bench="vllm_server",
