@@ -129,6 +129,32 @@ def test_restarting_server_is_waited_for_on_health(scripted_endpoint, tmp_path):
     assert out["status"].to_list() == ["ok"] * 6  # retries=1 would not survive 3 x 503 without the wait
 
 
+def test_dead_managed_server_is_started_again(scripted_endpoint, tmp_path, monkeypatch):
+    import eagle3_pipeline.generate.client as client_module
+
+    monkeypatch.setattr(client_module, "REVIVE_AFTER_S", 0.5)
+    scripted_endpoint.healthy = False
+    scripted_endpoint.failures = [503] * 2
+    revived = []
+
+    def revive() -> None:  # what lifecycle.ensure_running does for a managed server: start it
+        revived.append(True)
+        scripted_endpoint.healthy = True
+
+    frame = run_generation(
+        prompts(4),
+        scripted_endpoint.base_url,
+        sampling(),
+        dict(GEN, retries=1),
+        tmp_path / "j.jsonl",
+        identity="i",
+        health_timeout_s=60,
+        revive=revive,
+    )
+    assert revived == [True]
+    assert frame["status"].to_list() == ["ok"] * 4
+
+
 def test_resume_sends_nothing_twice_and_max_tokens_change_resends(scripted_endpoint, tmp_path):
     generate(scripted_endpoint, prompts(5), tmp_path)
     first = generate(scripted_endpoint, prompts(5), tmp_path)

@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,11 +137,23 @@ def is_context_error(status: int, message: str) -> bool:
     return status == 400 and any(hint in message.lower() for hint in CONTEXT_HINTS)
 
 
+REVIVE_AFTER_S = 30.0  # grace for a supervisor (systemd Restart=) before the pipeline starts it itself
+
+
 class HealthGate:
     """A single /health poller that every worker waits on after a refused connection or a 503."""
 
-    def __init__(self, endpoint: Endpoint, headers: dict[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        headers: dict[str, str],
+        timeout_s: float,
+        revive: Callable[[], object] | None = None,
+    ) -> None:
         self.endpoint, self.headers, self.timeout_s = endpoint, headers, timeout_s
+        # A managed server that died (not merely restarting under systemd's Restart=) is started
+        # again by `revive` once it has been down for REVIVE_AFTER_S.
+        self.revive = revive
         self._healthy = asyncio.Event()
         self._healthy.set()
         self._poller: asyncio.Task[None] | None = None
@@ -157,7 +170,7 @@ class HealthGate:
 
     async def _poll(self) -> None:
         connection = Connection(self.endpoint, self.headers)
-        start = time.monotonic()
+        start, revived = time.monotonic(), False
         while time.monotonic() - start < self.timeout_s:
             try:
                 response = await connection.request("GET", "/health", timeout=10)
@@ -166,6 +179,15 @@ class HealthGate:
                     break
             except (OSError, TimeoutError):
                 pass
+            if self.revive and not revived and time.monotonic() - start > REVIVE_AFTER_S:
+                revived = True
+                log.warning("server still down after %.0f s: starting it again", REVIVE_AFTER_S)
+                try:
+                    await asyncio.to_thread(self.revive)
+                except Exception as exc:  # noqa: BLE001 - reported as the reason requests fail
+                    self.dead = f"server died and could not be started again: {exc}"
+                    log.error(self.dead)
+                    break
             await asyncio.sleep(1.0)
         else:
             self.dead = f"server not healthy within {self.timeout_s:.0f} s"
@@ -184,6 +206,7 @@ class ChatClient:
         retries: attempts after the first, on retryable errors.
         request_timeout_s: seconds for one attempt.
         health_timeout_s: how long a restarting server may take before requests fail.
+        revive: called (in a thread) when the server stays down: starts a managed server again.
     """
 
     def __init__(
@@ -195,6 +218,7 @@ class ChatClient:
         request_timeout_s: float = 1800.0,
         health_timeout_s: float = 1800.0,
         backoff_s: float = 1.0,
+        revive: Callable[[], object] | None = None,
     ) -> None:
         self.endpoint = Endpoint.parse(base_url)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -204,7 +228,7 @@ class ChatClient:
             request_timeout_s,
             backoff_s,
         )
-        self.health = HealthGate(self.endpoint, self.headers, health_timeout_s)
+        self.health = HealthGate(self.endpoint, self.headers, health_timeout_s, revive)
 
     def connection(self) -> Connection:
         return Connection(self.endpoint, self.headers)

@@ -16,6 +16,8 @@ import math
 import os
 import time
 from collections import Counter, deque
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,7 @@ def run_generation(
     health_timeout_s: float = 1800.0,
     slots_dir: str | os.PathLike[str] | None = None,
     progress_interval_s: float = 10.0,
+    revive: Callable[[], object] | None = None,
 ) -> pl.DataFrame:
     """Generate every prompt not already in the journal and return the complete shard table.
 
@@ -205,6 +208,7 @@ def run_generation(
         journal_path: the shard's journal under results/{run}/work/.
         identity: the server identity hash (server.json "identity"); part of the journal's params hash.
         slots_dir: the global-cap slot folder shared by parallel shard jobs (default: next to the journal).
+        revive: starts a managed server again when it stays down mid-shard (None: only wait for it).
 
     Raises:
         RuntimeError: every request of a non-empty shard failed (server down, wrong model name...).
@@ -238,6 +242,7 @@ def run_generation(
                         slots_dir,
                         journal,
                         progress,
+                        revive,
                     )
                 )
         finally:
@@ -253,7 +258,7 @@ def run_generation(
 
 
 async def _generate(
-    pending, base_url, sampling, generation, api_key, health_timeout_s, slots_dir, journal, progress
+    pending, base_url, sampling, generation, api_key, health_timeout_s, slots_dir, journal, progress, revive
 ):
     client = ChatClient(
         base_url,
@@ -262,6 +267,7 @@ async def _generate(
         retries=generation.get("retries", 5),
         request_timeout_s=generation.get("request_timeout_s", 1800),
         health_timeout_s=health_timeout_s,
+        revive=revive,
     )
     pool = SlotPool(slots_dir, generation.get("global_concurrency", generation.get("concurrency", 64)))
     try:
@@ -335,5 +341,9 @@ def generate_shard(
         shard=shard,
         api_key=api_key(server_cfg),
         health_timeout_s=server_cfg.get("start_timeout_s", 1800),
+        # a managed server that dies mid-shard is started again (systemd would, with Restart=)
+        revive=partial(ensure_running, server_json, server_cfg, Path(state_dir))
+        if server_cfg.get("manage", True)
+        else None,
     )
     write_output(frame, output_path)
