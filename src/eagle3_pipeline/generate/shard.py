@@ -31,15 +31,11 @@ from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
 log = logging.getLogger(__name__)
 
+# the prompt's columns (shard after id), then what the server wrote
 OUTPUT_SCHEMA = {
-    "id": pl.String,
+    "id": PROMPT_SCHEMA["id"],
     "shard": pl.Int32,
-    "source": pl.String,
-    "row": pl.Int64,
-    "turn": pl.Int32,
-    "system": pl.String,
-    "question": pl.String,
-    "original_answer": pl.String,
+    **{name: dtype for name, dtype in PROMPT_SCHEMA.items() if name != "id"},
     "reasoning": pl.String,
     "content": pl.String,
     "finish_reason": pl.String,
