@@ -155,6 +155,21 @@ def test_dead_managed_server_is_started_again(scripted_endpoint, tmp_path, monke
     assert frame["status"].to_list() == ["ok"] * 4
 
 
+def test_finished_shard_never_starts_the_server(scripted_endpoint, tmp_path):
+    generate(scripted_endpoint, prompts(3), tmp_path)
+    started = []
+
+    def start_server() -> str:  # lifecycle.ensure_running in the rule: minutes of model load on a GPU box
+        started.append(True)
+        return scripted_endpoint.base_url
+
+    again = run_generation(prompts(3), start_server, sampling(), GEN, tmp_path / "j.jsonl", identity="ident")
+    assert started == []
+    assert again["status"].to_list() == ["ok"] * 3
+    run_generation(prompts(4), start_server, sampling(), GEN, tmp_path / "j.jsonl", identity="ident")
+    assert started == [True]  # one new question: now the server is needed
+
+
 def test_resume_sends_nothing_twice_and_max_tokens_change_resends(scripted_endpoint, tmp_path):
     generate(scripted_endpoint, prompts(5), tmp_path)
     first = generate(scripted_endpoint, prompts(5), tmp_path)

@@ -182,7 +182,7 @@ def output_frame(
 
 def run_generation(
     prompts: pl.DataFrame,
-    base_url: str,
+    base_url: str | Callable[[], str],
     sampling: Sampling,
     generation: dict[str, Any],
     journal_path: str | os.PathLike[str],
@@ -198,7 +198,8 @@ def run_generation(
 
     Args:
         prompts: a prompt shard (prompts.PROMPT_SCHEMA).
-        base_url: the server, e.g. http://127.0.0.1:8000.
+        base_url: the server, e.g. http://127.0.0.1:8000, or a callable giving it (called only when
+            something is left to send, so that a finished shard never starts a server).
         sampling: model and sampling parameters.
         generation: the `generation` config (concurrency, global_concurrency, retries, request_timeout_s).
         journal_path: the shard's journal under results/{run}/work/.
@@ -227,6 +228,7 @@ def run_generation(
         progress = _Progress(len(records), reused, shard, progress_interval_s)
         try:
             if pending:
+                base_url = base_url() if callable(base_url) else base_url
                 asyncio.run(
                     _generate(
                         pending,
@@ -324,12 +326,12 @@ def generate_shard(
 
     server_json = json.loads(Path(server_json_path).read_text())
     prompts = pl.read_parquet(prompts_path)
-    base_url = ensure_running(server_json, server_cfg, Path(state_dir)) if len(prompts) else ""
+    start_server = partial(ensure_running, server_json, server_cfg, Path(state_dir))
     model = server_json.get("served_model_name") or server_json["model"]
     sampling = Sampling.from_config(generation, model[0] if isinstance(model, list) else model)
     frame = run_generation(
         prompts,
-        base_url,
+        start_server,  # only when some request is left to send
         sampling,
         generation,
         journal_path,
@@ -338,8 +340,6 @@ def generate_shard(
         api_key=api_key(server_cfg),
         health_timeout_s=server_cfg.get("start_timeout_s", 1800),
         # a managed server that dies mid-shard is started again (systemd would, with Restart=)
-        revive=partial(ensure_running, server_json, server_cfg, Path(state_dir))
-        if server_cfg.get("manage", True)
-        else None,
+        revive=start_server if server_cfg.get("manage", True) else None,
     )
     write_output(frame, output_path)
