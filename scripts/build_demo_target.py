@@ -16,4 +16,6 @@ build_demo_target(
     unit_path=snakemake.output.unit,
     port=snakemake.params.port,
     settings=FitSettings(seconds=snakemake.params.fit_seconds, seed=snakemake.params.seed),
+    # the checkout holding .venv-vllm, also under `snakemake --directory elsewhere`
+    repo=os.path.dirname(snakemake.scriptdir),
 )
