@@ -20,7 +20,7 @@ plan: install-pipeline
 	source .venv/bin/activate && snakemake -n
 
 test: install
-	source .venv/bin/activate && python -m pytest $(PYTEST_ARGS)
+	source .venv/bin/activate && python -m pytest --durations=15 $(PYTEST_ARGS)
 
 lint: install-pipeline
 	source .venv/bin/activate && ruff check src scripts tests benchmarks && ruff format --check src scripts tests benchmarks \
