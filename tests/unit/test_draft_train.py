@@ -110,31 +110,20 @@ def test_shards_split_by_their_folder():
         split_shards(["h/other/shard-00000.safetensors"])
 
 
+def _script_args(job: TrainJob, out: Path) -> list[str]:
+    """scripts/train_draft.py and its flags for `job`, writing under `out`."""
+    args = [str(REPO / "scripts" / "train_draft.py"), "--states", *job.train_shards, *job.validation_shards]
+    args += ["--vocab-map", job.vocab_map, "--target", job.target, "--work", str(out / "work")]
+    args += ["--weights", str(out / "model.safetensors"), "--history", str(out / "history.json")]
+    return args + ["--ttt-steps", "3", "--threads", str(job.cpu_threads)]
+
+
 @pytest.mark.slow
 def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
     """SIGKILL the real training script once it has saved a state, start it again: same weights."""
     assert main(job)
     out = tmp_path / "killed"
-    argv = [sys.executable, str(REPO / "scripts" / "train_draft.py"), "--states", *job.train_shards]
-    argv += [
-        *job.validation_shards,
-        "--vocab-map",
-        job.vocab_map,
-        "--target",
-        job.target,
-        "--work",
-        str(out / "work"),
-    ]
-    argv += [
-        "--weights",
-        str(out / "model.safetensors"),
-        "--history",
-        str(out / "history.json"),
-        "--ttt-steps",
-        "3",
-        "--threads",
-        str(job.cpu_threads),
-    ]
+    argv = [sys.executable, *_script_args(job, out)]
     for key, value in (job.train | {"save_every_steps": 1}).items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     process = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
@@ -158,26 +147,7 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
     assert main(job)
     out = tmp_path / "ddp"
     argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "18575"]
-    argv += [str(REPO / "scripts" / "train_draft.py"), "--threads", "1", "--states", *job.train_shards]
-    argv += [
-        *job.validation_shards,
-        "--vocab-map",
-        job.vocab_map,
-        "--target",
-        job.target,
-        "--work",
-        str(out / "work"),
-    ]
-    argv += [
-        "--weights",
-        str(out / "model.safetensors"),
-        "--history",
-        str(out / "history.json"),
-        "--ttt-steps",
-        "3",
-        "--threads",
-        str(job.cpu_threads),
-    ]
+    argv += _script_args(job, out)
     for key, value in job.train.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     env = os.environ | {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
