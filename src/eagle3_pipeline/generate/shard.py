@@ -27,7 +27,7 @@ from tqdm import tqdm
 from eagle3_pipeline.generate.client import ChatClient, Sampling, request_seed
 from eagle3_pipeline.generate.journal import Journal, params_hash
 from eagle3_pipeline.generate.slots import SlotPool
-from eagle3_pipeline.prompts import PROMPT_SCHEMA
+from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -301,13 +301,8 @@ def _summarise(shard: int, results: dict[str, dict], reused: int, seconds: float
         log.info("shard %05d: %d x %s", shard, count, reason[:300])
 
 
-def write_output(frame: pl.DataFrame, path: str | os.PathLike[str]) -> None:
-    """Atomic write: a tmp file in the same folder, renamed over the output."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.write_parquet(tmp, compression="zstd", statistics=False)
-    os.replace(tmp, path)
+# Same writer as the prompt shards: atomic, and byte-identical for identical content.
+write_output = write_parquet
 
 
 def generate_shard(
