@@ -10,8 +10,11 @@ set, one line per method, and the ratios side by side.
 Methods:
   merge_tenth  merge_traces on the first 10% of the shards: peak memory should not grow 10x with the
                corpus (it is bounded by chunks, not rows).
-  merge        eagle3_pipeline.traces.merge_traces: every output (traces, train, validation,
-               conversations.jsonl, stats.json, plots), streaming.
+  merge        eagle3_pipeline.traces.merge_traces: every output (traces, conversations.jsonl,
+               stats.json, plots), streaming.
+  split_tenth  split_traces (rule split_traces) on merge_tenth's traces.parquet.
+  split        split_traces on merge's traces.parquet -> train.parquet, validation.parquet: peak
+               memory should not grow 10x over split_tenth either.
   read_all     pl.read_parquet of every shard + pl.concat: the floor of any in-memory approach.
   eager_merge  read_all, then filter ok rows, split and write traces/train/validation eagerly: the
                in-memory way to the main outputs (no checks, no dedup, no stats).
@@ -33,9 +36,15 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 import polars as pl  # noqa: E402
 
-from eagle3_pipeline.traces import TraceFilters, TraceOutputs, merge_traces, split_of  # noqa: E402
+from eagle3_pipeline.traces import (  # noqa: E402
+    TraceFilters,
+    TraceOutputs,
+    merge_traces,
+    split_of,
+    split_traces,
+)
 
-METHODS = ("merge_tenth", "merge", "read_all", "eager_merge")
+METHODS = ("merge_tenth", "merge", "split_tenth", "split", "read_all", "eager_merge")
 
 
 def _shards(directory: Path, kind: str = "generations") -> list[Path]:
@@ -81,6 +90,12 @@ def run_method(method: str, directory: Path) -> dict:
     """The work of one method, in this (child) process; returns figures about its output."""
     paths = _shards(directory)
     out = directory / f"out-{method}"
+    if method.startswith("split"):
+        merged = directory / f"out-{method.replace('split', 'merge')}"  # written by that method's run
+        traces = TraceOutputs.in_dir(merged).traces
+        if not traces.exists():
+            raise SystemExit(f"{traces} is missing: run the merge method of the same size first")
+        return split_traces(traces, out / "train.parquet", out / "validation.parquet")
     if method.startswith("merge"):
         if method == "merge_tenth":
             paths = paths[: max(1, len(paths) // 10)]

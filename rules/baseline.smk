@@ -7,7 +7,7 @@ BASELINE = f"{RESULTS}/baseline"
 
 rule baseline_traces:
     input:
-        rules.merge_traces.output.train,
+        rules.split_traces.output.train,
     output:
         f"{BASELINE}/traces/train.parquet",
     log:
@@ -31,9 +31,7 @@ use rule extract_hidden_states as baseline_extract_hidden_states with:
 
 use rule vocab_map as baseline_vocab_map with:
     input:
-        metadata=expand(
-            f"{BASELINE}/hidden_states/train/shard-{{shard}}.json", shard=SHARDS
-        ),
+        metadata=shard_files(f"{BASELINE}/hidden_states/train/shard-{{shard}}.json"),
         target=get_target_config(),
     output:
         f"{BASELINE}/draft/vocab_map.safetensors",
@@ -43,12 +41,9 @@ use rule vocab_map as baseline_vocab_map with:
 
 use rule train_draft as baseline_train_draft with:
     input:
-        states=expand(
-            f"{BASELINE}/hidden_states/train/shard-{{shard}}.safetensors", shard=SHARDS
-        )
-        + expand(
+        states=shard_files(
+            f"{BASELINE}/hidden_states/train/shard-{{shard}}.safetensors",
             f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
-            shard=SHARDS,
         ),
         vocab_map=rules.baseline_vocab_map.output,
         target=get_target_config(),
@@ -77,9 +72,8 @@ use rule export_draft as baseline_export_draft with:
 use rule validate_offline as baseline_validate_offline with:
     input:
         checkpoint=rules.baseline_export_draft.output.config,
-        states=expand(
-            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
-            shard=SHARDS,
+        states=shard_files(
+            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
         ),
         target=get_target_config(),
     output:
@@ -91,7 +85,7 @@ use rule validate_offline as baseline_validate_offline with:
 use rule serve_check as baseline_serve_check with:
     input:
         checkpoint=rules.baseline_export_draft.output.config,
-        validation=rules.merge_traces.output.validation,
+        validation=rules.split_traces.output.validation,
         server=rules.snapshot_server.output.server,
         after=rules.serve_check.output,
     output:

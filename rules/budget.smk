@@ -9,8 +9,8 @@ localrules:
 
 rule check_disk_budget:
     input:
-        train=rules.merge_traces.output.train,
-        validation=rules.merge_traces.output.validation,
+        train=rules.split_traces.output.train,
+        validation=rules.split_traces.output.validation,
         target=get_target_config(),
     output:
         f"{RESULTS}/budget/hidden_states.json",

@@ -16,6 +16,20 @@ wildcard_constraints:
     split="train|validation",
 
 
+def shard_files(*patterns):
+    """An input function giving each pattern's file for every shard.
+
+    A function rather than a list: Snakemake hashes a list input once per file in it when the rule
+    also names another rule's output, which is quadratic in the shard count.
+    """
+    files = [path for pattern in patterns for path in expand(pattern, shard=SHARDS)]
+
+    def get_shard_files(wildcards):
+        return files
+
+    return get_shard_files
+
+
 def get_unit_file_input():
     """The local unit file when the snapshot reads one (so the demo builder runs first)."""
     unit_file = config["server"]["unit_file"]
@@ -28,20 +42,30 @@ def get_dataset_input():
     return [] if "://" in path else [path]
 
 
+def get_selection_params():
+    """What the order of the selected questions depends on (not num_samples: it only cuts a prefix)."""
+    return {key: config["dataset"][key] for key in ("path", "seed", "turns")}
+
+
+def get_prompt_shard_rows(wildcards):
+    """Shard k's rows of the selection: [k * shard_size, min((k + 1) * shard_size, num_samples))."""
+    size, total = config["dataset"]["shard_size"], config["dataset"]["num_samples"]
+    start = int(wildcards.shard) * size
+    return {"start": start, "stop": min(start + size, total)}
+
+
 def get_target_config():
     return f"{config['target']['model']}/config.json"
 
 
-def get_generation_shards():
-    return expand(f"{RESULTS}/generations/shard-{{shard}}.parquet", shard=SHARDS)
-
-
-def get_hidden_state_shards(wildcards):
-    return expand(
-        f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
-        split=SPLITS,
-        shard=SHARDS,
+get_prompt_shards = shard_files(f"{RESULTS}/prompts/shard-{{shard}}.parquet")
+get_generation_shards = shard_files(f"{RESULTS}/generations/shard-{{shard}}.parquet")
+get_hidden_state_shards = shard_files(
+    *(
+        f"{RESULTS}/hidden_states/{split}/shard-{{shard}}.safetensors"
+        for split in SPLITS
     )
+)
 
 
 def get_final_outputs():

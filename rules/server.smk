@@ -20,7 +20,7 @@ rule snapshot_server:
 rule stop_server:
     input:
         server=rules.snapshot_server.output.server,
-        generations=get_generation_shards(),
+        generations=get_generation_shards,
     output:
         temp(f"{RESULTS}/server/stopped.json"),
     log:

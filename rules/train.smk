@@ -5,9 +5,7 @@ import sys
 
 rule vocab_map:
     input:
-        metadata=expand(
-            f"{RESULTS}/hidden_states/train/shard-{{shard}}.json", shard=SHARDS
-        ),
+        metadata=shard_files(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"),
         target=get_target_config(),
     output:
         f"{RESULTS}/draft/vocab_map.safetensors",

@@ -5,9 +5,8 @@
 rule validate_offline:
     input:
         checkpoint=rules.export_draft.output.config,
-        states=expand(
-            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
-            shard=SHARDS,
+        states=shard_files(
+            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
         ),
         target=get_target_config(),
     output:
@@ -25,7 +24,7 @@ rule validate_offline:
 rule serve_check:
     input:
         checkpoint=rules.export_draft.output.config,
-        validation=rules.merge_traces.output.validation,
+        validation=rules.split_traces.output.validation,
         server=rules.snapshot_server.output.server,
     output:
         f"{RESULTS}/validation/serve_check.json",

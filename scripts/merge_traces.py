@@ -1,4 +1,4 @@
-"""Rule merge_traces: generation shards -> traces, train/validation split, stats, conversations."""
+"""Rule merge_traces: generation shards -> traces (with their split), stats, conversations, plots."""
 
 from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.traces import TraceFilters, TraceOutputs, merge_traces
@@ -12,8 +12,6 @@ merge_traces(
     server=snakemake.input.server,
     outputs=TraceOutputs(
         output.traces,
-        output.train,
-        output.validation,
         output.stats,
         output.conversations,
         output.lengths_plot,

@@ -1,4 +1,4 @@
-"""Rule prepare_prompts: the dataset's questions, with stable ids, in fixed-membership shards."""
+"""Rule prepare_prompts: the dataset's questions, with stable ids, in selection order."""
 
 from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.prompts import prepare_prompts
@@ -7,7 +7,8 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 setup_script_logging(snakemake.log[0], "prepare_prompts")
 
 prepare_prompts(
-    dataset=snakemake.params.dataset,
-    shard_paths=list(snakemake.output.shards),
+    selection=snakemake.params.selection,
+    num_samples=snakemake.params.num_samples,
+    selection_path=snakemake.output.selection,
     skipped_path=snakemake.output.skipped,
 )

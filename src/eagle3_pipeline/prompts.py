@@ -7,8 +7,9 @@ it is counted and its reason kept in the skipped table.
 
 A question's id hashes the row's normalised messages, its source and the turn index, so it depends
 neither on the file format nor on shard size or num_samples. The selection orders every usable
-question by `hash(id, seed)` and takes a prefix: raising num_samples appends, so every earlier full
-shard stays byte-identical.
+question by `hash(id, seed)` and takes a prefix (prompts/selection.parquet); shard k is rows
+[k * shard_size, (k + 1) * shard_size) of it. Raising num_samples appends to the selection, so every
+earlier full shard stays byte-identical.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import hashlib
 import heapq
 import json
 import logging
-import math
 import os
 import re
 from collections import Counter
@@ -29,6 +29,9 @@ from typing import Any
 import polars as pl
 
 log = logging.getLogger(__name__)
+
+# Rows per row group of the selection: a shard job reads only the groups its rows fall in.
+SELECTION_ROW_GROUP = 1024
 
 PROMPT_SCHEMA = {
     "id": pl.String,
@@ -255,57 +258,74 @@ class _Desc:
         return self.key > other.key
 
 
-def shard_frames(selected: list[Prompt], num_samples: int, shard_size: int) -> list[pl.DataFrame]:
-    """ceil(num_samples / shard_size) frames of shard_size questions (trailing ones may be empty)."""
-    count = math.ceil(num_samples / shard_size)
-    frames = []
-    for k in range(count):
-        chunk = selected[k * shard_size : (k + 1) * shard_size]
-        columns = {name: [getattr(p, name) for p in chunk] for name in PROMPT_SCHEMA}
-        frames.append(pl.DataFrame(columns, schema=PROMPT_SCHEMA))
-    return frames
+def selection_frame(selected: list[Prompt]) -> pl.DataFrame:
+    """The selected questions as a table with PROMPT_SCHEMA's columns, in selection order."""
+    columns = {name: [getattr(p, name) for p in selected] for name in PROMPT_SCHEMA}
+    return pl.DataFrame(columns, schema=PROMPT_SCHEMA)
 
 
-def write_parquet(frame: pl.DataFrame, path: str | os.PathLike[str]) -> None:
+def write_parquet(
+    frame: pl.DataFrame, path: str | os.PathLike[str], row_group_size: int | None = None
+) -> None:
     """Write deterministically (same content, same bytes) and atomically (tmp + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.write_parquet(tmp, compression="zstd", statistics=False)
+    frame.write_parquet(tmp, compression="zstd", statistics=False, row_group_size=row_group_size)
     os.replace(tmp, path)
 
 
-def prepare_prompts(dataset: dict[str, Any], shard_paths: list[str], skipped_path: str) -> dict[str, int]:
-    """Read the dataset, select num_samples questions and write the prompt shards and skipped table.
+def prepare_prompts(
+    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str
+) -> dict[str, int]:
+    """Read the dataset, select num_samples questions and write them, in order, and the skipped rows.
 
     Args:
-        dataset: the `dataset` config section (path, num_samples, shard_size, seed, turns).
-        shard_paths: one output path per shard, in shard order (ceil(num_samples / shard_size)).
+        selection: what the order depends on: the dataset `path`, `seed` and `turns`.
+        num_samples: how many questions to take (fewer when the dataset has fewer).
+        selection_path: prompts/selection.parquet; write_prompt_shard cuts the shards out of it.
         skipped_path: where the damaged and duplicate rows are listed with their reasons.
 
     Returns:
         Counts: usable, skipped, selected.
     """
-    num_samples, shard_size = dataset["num_samples"], dataset["shard_size"]
-    expected = math.ceil(num_samples / shard_size)
-    if len(shard_paths) != expected:
-        raise ValueError(f"{len(shard_paths)} shard paths for {expected} shards of {shard_size}")
-    found = select(dataset["path"], dataset.get("turns", "first"), num_samples, dataset.get("seed", 0))
+    found = select(selection["path"], selection.get("turns", "first"), num_samples, selection.get("seed", 0))
     selected, skipped = found.selected, found.skipped
-    for frame, path in zip(shard_frames(selected, num_samples, shard_size), shard_paths, strict=True):
-        write_parquet(frame, path)
+    write_parquet(selection_frame(selected), selection_path, row_group_size=SELECTION_ROW_GROUP)
     write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
     log.info("%d usable questions, %d rows skipped: %s", found.usable, len(skipped), dict(reasons))
     if len(selected) < num_samples:
         log.warning(
-            "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the last %d of %d "
-            "shards are short or empty",
-            dataset["path"],
+            "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the shards past "
+            "question %d are short or empty",
+            selection["path"],
             found.usable,
             num_samples,
-            expected - len(selected) // shard_size,
-            expected,
+            len(selected),
         )
-    log.info("selected %d questions into %d shards of %d", len(selected), expected, shard_size)
+    log.info("selected %d questions", len(selected))
     return {"usable": found.usable, "skipped": len(skipped), "selected": len(selected)}
+
+
+def write_prompt_shard(selection_path: str, start: int, stop: int, output: str) -> int:
+    """Write rows [start, stop) of the selection as one prompt shard; return how many it holds.
+
+    Fewer rows (or none) when the dataset had fewer usable questions than num_samples. Only the
+    selection's row groups that overlap the range are read.
+    """
+    if not 0 <= start <= stop:
+        raise ValueError(f"prompt shard rows [{start}, {stop}): start must be >= 0 and <= stop")
+    try:
+        frame = pl.scan_parquet(selection_path).slice(start, stop - start).collect()
+    except (OSError, pl.exceptions.ComputeError) as error:
+        raise DatasetError(
+            f"{selection_path}: cannot read the selection ({error}); rerun prepare_prompts"
+        ) from error
+    if dict(frame.schema) != PROMPT_SCHEMA:
+        raise DatasetError(
+            f"{selection_path}: columns {dict(frame.schema)} are not the prompt schema; rerun prepare_prompts"
+        )
+    write_parquet(frame, output)
+    log.info("prompt shard %s: rows %d-%d of the selection, %d questions", output, start, stop, frame.height)
+    return frame.height

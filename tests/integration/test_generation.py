@@ -13,7 +13,7 @@ from support.generation_server import REPO, VllmProcess
 
 from eagle3_pipeline.generate import generate_shard, run_generation
 from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.prompts import prepare_prompts
+from eagle3_pipeline.prompts import prepare_prompts, write_prompt_shard
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -46,7 +46,9 @@ def make_prompts(tmp_path, rows, extra_lines=(), num_samples=16):
         "seed": 0,
         "turns": "first",
     }
-    prepare_prompts(dataset, [str(shard)], str(tmp_path / "prompts/skipped.parquet"))
+    selection = tmp_path / "prompts/selection.parquet"
+    prepare_prompts(dataset, num_samples, str(selection), str(tmp_path / "prompts/skipped.parquet"))
+    write_prompt_shard(str(selection), 0, num_samples, str(shard))
     return shard
 
 

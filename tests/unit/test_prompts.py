@@ -34,10 +34,18 @@ def dataset(path, num_samples, shard_size=4, seed=0, turns="first"):
 
 
 def run(tmp_path, cfg, name="out"):
+    """prepare_prompts, then write_prompt_shard for every shard, as the two rules do."""
     out = tmp_path / name
-    n = -(-cfg["num_samples"] // cfg["shard_size"])
+    selection = {key: cfg[key] for key in ("path", "seed", "turns")}
+    counts = P.prepare_prompts(
+        selection, cfg["num_samples"], str(out / "selection.parquet"), str(out / "skipped.parquet")
+    )
+    n, size = -(-cfg["num_samples"] // cfg["shard_size"]), cfg["shard_size"]
     paths = [str(out / f"shard-{k:05d}.parquet") for k in range(n)]
-    counts = P.prepare_prompts(cfg, paths, str(out / "skipped.parquet"))
+    for k, path in enumerate(paths):
+        P.write_prompt_shard(
+            str(out / "selection.parquet"), k * size, min((k + 1) * size, cfg["num_samples"]), path
+        )
     return counts, paths, pl.read_parquet(out / "skipped.parquet")
 
 
@@ -163,3 +171,27 @@ def test_seed_changes_the_selection(tmp_path):
 def test_missing_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(P.DatasetError, match="does not exist"):
         run(tmp_path, dataset(tmp_path / "nope.jsonl", 4))
+
+
+def test_a_shard_is_its_rows_of_the_selection_read_by_row_group(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "SELECTION_ROW_GROUP", 8)
+    path = write_jsonl(tmp_path / "d.jsonl", rows(40))
+    _, paths, _ = run(tmp_path, dataset(path, 29, 3))  # shards straddle the row groups of 8
+    selection = pl.read_parquet(tmp_path / "out" / "selection.parquet")
+    assert selection.height == 29 and selection.schema == pl.Schema(P.PROMPT_SCHEMA)
+    assert pl.concat([pl.read_parquet(p) for p in paths]).equals(selection)
+    assert pl.read_parquet(paths[-1]).height == 2  # rows 27-28: the last shard is short
+
+
+def test_a_bad_shard_range_or_selection_is_a_clear_error(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", rows(4))
+    run(tmp_path, dataset(path, 4, 4))
+    selection = str(tmp_path / "out" / "selection.parquet")
+    with pytest.raises(ValueError, match=r"start must be >= 0 and <= stop"):
+        P.write_prompt_shard(selection, 5, 4, str(tmp_path / "x.parquet"))
+    with pytest.raises(P.DatasetError, match="cannot read the selection.*rerun prepare_prompts"):
+        P.write_prompt_shard(str(tmp_path / "none.parquet"), 0, 4, str(tmp_path / "x.parquet"))
+    pl.DataFrame({"id": ["a"]}).write_parquet(tmp_path / "other.parquet")
+    with pytest.raises(P.DatasetError, match="not the prompt schema; rerun prepare_prompts"):
+        P.write_prompt_shard(str(tmp_path / "other.parquet"), 0, 1, str(tmp_path / "x.parquet"))
+    assert not (tmp_path / "x.parquet").exists()

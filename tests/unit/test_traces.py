@@ -20,6 +20,7 @@ from eagle3_pipeline.traces import (
     TraceOutputs,
     merge_traces,
     split_of,
+    split_traces,
 )
 from eagle3_pipeline.traces.export import json_string
 from eagle3_pipeline.traces.filters import REASONS
@@ -67,7 +68,13 @@ def test_every_prompt_is_accounted_for(tmp_path, generation_shards):
 def test_train_and_validation_partition_the_traces(tmp_path, generation_shards):
     stats = _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
     out = TraceOutputs.in_dir(tmp_path / "traces")
-    traces, train, validation = (pl.read_parquet(p) for p in (out.traces, out.train, out.validation))
+    train_path, validation_path = (
+        tmp_path / "traces" / "train.parquet",
+        tmp_path / "traces" / "validation.parquet",
+    )
+    counts = split_traces(out.traces, train_path, validation_path)
+    traces, train, validation = (pl.read_parquet(p) for p in (out.traces, train_path, validation_path))
+    assert counts == {"train": train.height, "validation": validation.height}
     assert train.height + validation.height == traces.height
     assert set(train["id"]) | set(validation["id"]) == set(traces["id"])
     assert train["split"].unique().to_list() == ["train"] and validation["split"].unique().to_list() == [
@@ -76,6 +83,32 @@ def test_train_and_validation_partition_the_traces(tmp_path, generation_shards):
     assert 0.15 < validation.height / traces.height < 0.45
     assert train.schema == validation.schema == traces.schema
     assert stats["splits"] == {"train": train.height, "validation": validation.height}
+
+
+def test_split_refuses_traces_without_a_valid_split(tmp_path):
+    no_split = _write(tmp_path / "a.parquet", pl.DataFrame({"id": ["x"]}))
+    with pytest.raises(TraceError, match="no `split` column; rerun merge_traces"):
+        split_traces(no_split, tmp_path / "train.parquet", tmp_path / "validation.parquet")
+    odd = _write(tmp_path / "b.parquet", pl.DataFrame({"id": ["x", "y"], "split": ["train", "test"]}))
+    with pytest.raises(TraceError, match=r"\['test'\] are not train/validation"):
+        split_traces(odd, tmp_path / "train.parquet", tmp_path / "validation.parquet")
+    assert not (tmp_path / "train.parquet").exists()
+
+
+def test_split_rule_script_writes_both_splits(tmp_path, generation_shards, monkeypatch):
+    """scripts/split_traces.py with the rule's input/output names, on a real merge's traces.parquet."""
+    _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
+    train, validation = tmp_path / "traces" / "train.parquet", tmp_path / "traces" / "validation.parquet"
+    snakemake = SimpleNamespace(
+        input=[str(TraceOutputs.in_dir(tmp_path / "traces").traces)],
+        output=SimpleNamespace(train=str(train), validation=str(validation)),
+        log=[str(tmp_path / "split_traces.log")],
+    )
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # the script sends stderr to the log; restored after
+    runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "split_traces.py"), {"snakemake": snakemake})
+    assert pl.read_parquet(train)["split"].unique().to_list() == ["train"]
+    assert pl.read_parquet(validation)["split"].unique().to_list() == ["validation"]
+    assert "validation.parquet" in (tmp_path / "split_traces.log").read_text()
 
 
 def test_shards_with_gaps_and_failures(tmp_path):

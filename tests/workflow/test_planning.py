@@ -13,9 +13,11 @@ from support.workflow import KIMI_CONFIG, dry_run, job_counts, snakemake, write_
 PIPELINE_RULES = {
     "snapshot_server",
     "prepare_prompts",
+    "write_prompt_shard",
     "generate_shard",
     "stop_server",
     "merge_traces",
+    "split_traces",
     "check_disk_budget",
     "extract_hidden_states",
     "vocab_map",
@@ -38,7 +40,7 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     counts = job_counts(dry_run(config).stdout)
     assert set(counts) >= PIPELINE_RULES, f"missing from the plan: {PIPELINE_RULES - set(counts)}"
     shards = 256 // 64
-    assert counts["generate_shard"] == shards
+    assert counts["generate_shard"] == counts["write_prompt_shard"] == shards
     assert counts["extract_hidden_states"] == 2 * shards  # train and validation
     assert counts["check_disk_budget"] == 1
 

@@ -3,5 +3,14 @@
 from eagle3_pipeline.traces.filters import TraceFilters, split_of
 from eagle3_pipeline.traces.merge import TraceOutputs, merge_traces
 from eagle3_pipeline.traces.schema import GENERATION_SCHEMA, TraceError
+from eagle3_pipeline.traces.split import split_traces
 
-__all__ = ["GENERATION_SCHEMA", "TraceError", "TraceFilters", "TraceOutputs", "merge_traces", "split_of"]
+__all__ = [
+    "GENERATION_SCHEMA",
+    "TraceError",
+    "TraceFilters",
+    "TraceOutputs",
+    "merge_traces",
+    "split_of",
+    "split_traces",
+]

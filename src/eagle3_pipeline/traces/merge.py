@@ -1,4 +1,4 @@
-"""merge_traces: generation shards -> checked, filtered, split training traces, with their accounts.
+"""merge_traces: generation shards -> checked, filtered training traces with their split, and accounts.
 
 Passes over the shards, each streaming (polars lazy scans and sinks; memory bounded by a chunk of
 rows, not by the corpus):
@@ -6,8 +6,9 @@ rows, not by the corpus):
      (when given) the prompt shards: any mismatch fails before anything is written;
   2. duplicates: the (system, question, thinking, answer) groups that occur more than once;
   3. traces.parquet: the kept rows, in shard order, with `split`;
-then train.parquet, validation.parquet, conversations.jsonl and the statistics are read from
-traces.parquet. Every output is written under a temporary name and renamed when complete.
+then conversations.jsonl and the statistics. Every output is written under a temporary name and
+renamed when complete. train.parquet and validation.parquet are cut from traces.parquet by the
+split_traces rule (traces/split.py).
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ class TraceOutputs:
     """Where merge_traces writes (the merge_traces rule's outputs)."""
 
     traces: Path
-    train: Path
-    validation: Path
     stats: Path
     conversations: Path
     lengths_plot: Path
@@ -68,8 +67,6 @@ class TraceOutputs:
         d = Path(directory)
         return cls(
             d / "traces.parquet",
-            d / "train.parquet",
-            d / "validation.parquet",
             d / "stats.json",
             d / "conversations.jsonl",
             d / "plots" / "lengths.png",
@@ -113,7 +110,7 @@ def _step(name: str) -> Iterator[None]:
 
 
 @contextmanager
-def _replacing(path: Path) -> Iterator[Path]:
+def replacing(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.stem}.partial{path.suffix}")
@@ -151,12 +148,9 @@ def _write_traces(kept: pl.LazyFrame, out: TraceOutputs, rows: int) -> None:
     # Each output is its own streaming pass over the shards: one query with several sinks buffers
     # whatever the slowest sink has not taken yet, and reading back the merged file prefetches many
     # row groups at once; both made peak memory grow with the corpus.
-    with _step("traces.parquet"), _replacing(out.traces) as path:
+    with _step("traces.parquet"), replacing(out.traces) as path:
         kept.sink_parquet(path, row_group_size=rows)
-    for split, target in (("train", out.train), ("validation", out.validation)):
-        with _step(f"{split}.parquet"), _replacing(target) as path:
-            kept.filter(pl.col("split") == split).sink_parquet(path, row_group_size=rows)
-    with _step("conversations.jsonl"), _replacing(out.conversations) as path:
+    with _step("conversations.jsonl"), replacing(out.conversations) as path:
         write_conversations(kept, path)
 
 
@@ -278,9 +272,9 @@ def merge_traces(
     if not stats["validation"]:
         log.warning("no trace in validation (traces.validation_fraction %s)", filters.validation_fraction)
     for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):
-        with _replacing(target) as path:
+        with replacing(target) as path:
             plot(stats, path)
-    with _replacing(outputs.stats) as path:
+    with replacing(outputs.stats) as path:
         path.write_text(json.dumps(stats, indent=1) + "\n")
     log.info(
         "kept %d of %d prompts (train %d, validation %d); dropped %s",
