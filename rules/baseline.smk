@@ -18,15 +18,15 @@ rule baseline_traces:
 
 use rule extract_hidden_states as baseline_extract_hidden_states with:
     input:
-        traces=f"{BASELINE}/traces/{{split}}.parquet",
+        traces=[f"{BASELINE}/traces/train.parquet"],  # the baseline trains only: no validation split
         target=get_target_config(),
     output:
-        states=f"{BASELINE}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
-        metadata=f"{BASELINE}/hidden_states/{{split}}/shard-{{shard}}.json",
+        states=[f"{BASELINE}/hidden_states/train/shard-{{shard}}.safetensors"],
+        metadata=[f"{BASELINE}/hidden_states/train/shard-{{shard}}.json"],
     log:
-        f"{LOGS}/baseline/extract_hidden_states/{{split}}-{{shard}}.log",
+        f"{LOGS}/baseline/extract_hidden_states/{{shard}}.log",
     params:
-        work=f"{WORK}/baseline/hidden_states/{{split}}-{{shard}}",
+        work=f"{WORK}/baseline/hidden_states/{{shard}}",
 
 
 use rule vocab_map as baseline_vocab_map with:

@@ -1,18 +1,25 @@
 # The target run over each full conversation (prompt + thinking + answer, the server's own token ids);
-# three auxiliary layers and the final one stored packed in bf16, one file per trace shard and split.
+# three auxiliary layers and the final one stored packed in bf16, one file per shard and split.
+# One job per shard writes every split's file: the target is loaded once, not once per split.
 import sys
 
 
 rule extract_hidden_states:
     input:
-        traces=f"{RESULTS}/traces/{{split}}.parquet",
+        traces=expand(f"{RESULTS}/traces/{{split}}.parquet", split=SPLITS),
         target=get_target_config(),
         budget=rules.check_disk_budget.output,
     output:
-        states=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
-        metadata=f"{RESULTS}/hidden_states/{{split}}/shard-{{shard}}.json",
+        # one per split, in the order of input.traces
+        states=expand(
+            f"{RESULTS}/hidden_states/{{split}}/shard-{{{{shard}}}}.safetensors",
+            split=SPLITS,
+        ),
+        metadata=expand(
+            f"{RESULTS}/hidden_states/{{split}}/shard-{{{{shard}}}}.json", split=SPLITS
+        ),
     log:
-        f"{LOGS}/extract_hidden_states/{{split}}-{{shard}}.log",
+        f"{LOGS}/extract_hidden_states/{{shard}}.log",
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
@@ -31,7 +38,7 @@ rule extract_hidden_states:
             if config["hidden_states"]["trust_remote_code"]
             else ""
         ),
-        work=f"{WORK}/hidden_states/{{split}}-{{shard}}",
+        work=f"{WORK}/hidden_states/{{shard}}",  # a folder per split inside
     shell:
         # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
         # when none); --mode device_map starts one process that spreads the target over all of them.

@@ -1,22 +1,27 @@
-"""Hidden states of one trace shard; run by `accelerate launch` from rule extract_hidden_states."""
+"""Hidden states of shard k of each split; run by `accelerate launch` from rule extract_hidden_states.
+
+--traces, --output and --metadata take one path per split, in the same order; the target is loaded
+once for all of them. Each split's resumable state is WORK/<the output's folder name>.
+"""
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shard
+from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shards
 
 
-def parse_args(argv: list[str]) -> ExtractSettings:
+def parse_args(argv: list[str]) -> list[ExtractSettings]:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--traces", type=Path, required=True, help="traces/{split}.parquet")
+    p.add_argument("--traces", type=Path, nargs="+", required=True, help="traces/{split}.parquet, per split")
     p.add_argument("--shard", type=int, required=True, help="rows whose `shard` column equals this")
     p.add_argument("--target", type=Path, required=True, help="target weights folder (transformers)")
-    p.add_argument("--output", type=Path, required=True, help="shard-{k:05d}.safetensors")
-    p.add_argument("--metadata", type=Path, required=True, help="shard-{k:05d}.json")
-    p.add_argument("--work", type=Path, required=True, help="resumable state (per-batch parts)")
+    p.add_argument("--output", type=Path, nargs="+", required=True, help="{split}/shard-{k:05d}.safetensors")
+    p.add_argument("--metadata", type=Path, nargs="+", required=True, help="{split}/shard-{k:05d}.json")
+    p.add_argument("--work", type=Path, required=True, help="resumable state (per-batch parts), per split")
     p.add_argument("--layers", nargs="+", default=["auto"], help="auto, or three 0-indexed layer outputs")
     p.add_argument("--max-seq-len", type=int, default=16384)
     p.add_argument("--overlong", choices=["truncate", "drop"], default="truncate")
@@ -25,13 +30,23 @@ def parse_args(argv: list[str]) -> ExtractSettings:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device-map", action="store_true", help="spread the model over all visible devices")
     p.add_argument("--trust-remote-code", action="store_true", help="the target ships its own model code")
-    settings = ExtractSettings(**vars(p.parse_args(argv)))
-    settings.device_map |= os.environ.get("EAGLE3_LAUNCH_MODE") == "device_map"  # eagle3_pipeline.launch
-    return settings
+    args = vars(p.parse_args(argv))
+    splits = [args.pop(name) for name in ("traces", "output", "metadata")]
+    if len({len(paths) for paths in splits}) != 1:
+        p.error("--traces, --output and --metadata need one path per split each, in the same order")
+    work = args.pop("work")
+    shared = ExtractSettings(traces=Path(), output=Path(), metadata=Path(), work=work, **args)
+    shared.device_map |= os.environ.get("EAGLE3_LAUNCH_MODE") == "device_map"  # eagle3_pipeline.launch
+    return [
+        dataclasses.replace(
+            shared, traces=traces, output=output, metadata=metadata, work=work / output.parent.name
+        )
+        for traces, output, metadata in zip(*splits, strict=True)
+    ]
 
 
 if __name__ == "__main__":
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    extract_shard(parse_args(sys.argv[1:]))
+    extract_shards(parse_args(sys.argv[1:]))

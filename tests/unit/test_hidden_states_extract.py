@@ -209,3 +209,48 @@ def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, t
     with HiddenStateShard(s.output) as got, HiddenStateShard(reference.output) as want:
         for a, b in zip(got, want, strict=True):
             assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_job_extracts_every_split_with_one_load(traces, hs_tokenizer, hs_target, tmp_path, monkeypatch):
+    validation = write_traces(tmp_path / "validation.parquet", trace_rows(hs_tokenizer, 2, shard=0, start=20))
+    loads = []
+    real_load = extract.capture.load_target
+    monkeypatch.setattr(extract.capture, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    jobs = [
+        settings_for(traces, hs_target, tmp_path / "train"),
+        settings_for(validation, hs_target, tmp_path / "validation"),
+    ]
+    metas = extract.extract_shards(jobs)
+    assert len(loads) == 1
+    assert [m["num_samples"] for m in metas] == [7, 2]
+    assert metas[1]["ids"] == ["id0020", "id0021"]
+    assert all(job.output.exists() and job.metadata.exists() for job in jobs)
+
+
+def test_rule_script_arguments_give_one_job_per_split(tmp_path):
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("extract_script", REPO / "scripts" / "extract_hidden_states.py")
+    script = module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = [
+        "--shard",
+        "3",
+        "--target",
+        "t",
+        "--work",
+        "w",
+        "--traces",
+        "a/train.parquet",
+        "a/validation.parquet",
+    ]
+    out = ["--output", "h/train/shard-00003.safetensors", "h/validation/shard-00003.safetensors"]
+    meta = ["--metadata", "h/train/shard-00003.json", "h/validation/shard-00003.json"]
+    jobs = script.parse_args(argv + out + meta)
+    assert [(j.traces.name, j.output.parent.name, j.work) for j in jobs] == [
+        ("train.parquet", "train", Path("w/train")),
+        ("validation.parquet", "validation", Path("w/validation")),
+    ]
+    assert {j.shard for j in jobs} == {3}
+    with pytest.raises(SystemExit):
+        script.parse_args(argv + out + meta[:2])  # one metadata path for two splits

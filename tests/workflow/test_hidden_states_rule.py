@@ -1,5 +1,6 @@
 """Rule extract_hidden_states through Snakemake itself: the launcher command it builds runs (PATH without
-the venv, --directory elsewhere), empty shards are written, and a second run does nothing."""
+the venv, --directory elsewhere), one job writes shard k of both splits with one load of the target,
+empty shards are written, and a second run does nothing."""
 
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ def test_rule_runs_the_launcher_and_is_idempotent(hs_target, hs_tokenizer, tmp_p
     out = tmp_path / "results" / "t" / "hidden_states"
     meta = json.loads((out / "train" / "shard-00000.json").read_text())
     assert meta["num_samples"] == 4 and meta["aux_layers_vllm"] == [2, 4, 5]
+    assert json.loads((out / "validation" / "shard-00000.json").read_text())["num_samples"] == 1
     assert json.loads((out / "validation" / "shard-00001.json").read_text())["num_samples"] == 0
+    log = (tmp_path / "results" / "t" / "logs" / "extract_hidden_states" / "00000.log").read_text()
+    assert log.count(f"loading {hs_target}") == 1, log  # both splits of shard 0, one load
     with HiddenStateShard(out / "train" / "shard-00000.safetensors") as shard:
         assert len(shard) == 4
     again = snakemake(tmp_path, "-n")

@@ -41,7 +41,7 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert set(counts) >= PIPELINE_RULES, f"missing from the plan: {PIPELINE_RULES - set(counts)}"
     shards = 256 // 64
     assert counts["generate_shard"] == counts["write_prompt_shard"] == shards
-    assert counts["extract_hidden_states"] == 2 * shards  # train and validation
+    assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["check_disk_budget"] == 1
 
 
@@ -53,7 +53,7 @@ def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
     counts = job_counts(result.stdout)
     assert set(counts) >= PIPELINE_RULES
     assert "build_demo_target" not in counts  # demo disabled
-    assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 200
+    assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 100
     assert "gpu-box" not in result.stderr  # nothing tried to reach the host
 
 
@@ -62,7 +62,7 @@ def test_kimi_example_plans_on_the_slurm_profile(tmp_path, kimi_target):
         tmp_path / "kimi.yaml", KIMI_CONFIG, run=f"test-{tmp_path.name}", target={"model": str(kimi_target)}
     )
     counts = job_counts(dry_run(config, "--workflow-profile", "profiles/slurm").stdout)
-    assert counts["extract_hidden_states"] == 200 and counts["train_draft"] == 1
+    assert counts["extract_hidden_states"] == 100 and counts["train_draft"] == 1
 
 
 def test_lint_reports_only_accepted_lints():

@@ -13,6 +13,9 @@ so a job that dies redoes only the batches it had not saved. The work folder car
 the plan (ids, token ids, layers, target, dtypes, batch size); a different plan starts afresh. Rank 0
 waits for every rank, streams the parts into the packed shard in trace-row order (tmp + rename),
 validates it, writes the JSON sibling and removes the work folder.
+
+A rule job extracts one shard of every split it is given (`extract_shards`: train and validation),
+loading the target once for all of them: for a 1T model the load is most of a job.
 """
 
 from __future__ import annotations
@@ -120,26 +123,37 @@ def run_batch(
     }
 
 
+class TargetModel:
+    """The target, loaded on first use and then shared by every shard a job extracts."""
+
+    def __init__(self) -> None:
+        self._model: torch.nn.Module | None = None
+
+    def get(self, settings: ExtractSettings, device: torch.device) -> torch.nn.Module:
+        if self._model is None:
+            compute_dtype = capture.resolve_compute_dtype(settings.compute_dtype)
+            log.info(
+                "loading %s (%s on %s%s)",
+                settings.target,
+                compute_dtype,
+                device,
+                ", device_map=auto" * settings.device_map,
+            )
+            self._model = capture.load_target(
+                settings.target, compute_dtype, device, settings.device_map, settings.trust_remote_code
+            )
+        return self._model
+
+
 def run_batches(
     settings: ExtractSettings,
     seqs: list[TrainingSequence],
     batches: list[list[int]],
     todo: list[int],
     layers: list[int],
-    device: torch.device,
+    model: torch.nn.Module,
 ) -> None:
-    """Load the target and save a part for every batch in `todo`."""
-    compute_dtype = capture.resolve_compute_dtype(settings.compute_dtype)
-    log.info(
-        "loading %s (%s on %s%s)",
-        settings.target,
-        compute_dtype,
-        device,
-        ", device_map=auto" * settings.device_map,
-    )
-    model = capture.load_target(
-        settings.target, compute_dtype, device, settings.device_map, settings.trust_remote_code
-    )
+    """Save a part for every batch in `todo`."""
     parts = settings.work / "parts"
     storage_dtype = storage.TORCH_DTYPES[settings.dtype]
     for done, b in enumerate(todo, 1):
@@ -249,12 +263,21 @@ def write_shard(
     storage.atomic_write_json(meta, settings.metadata)
 
 
-def extract_shard(settings: ExtractSettings, state: Any = None) -> dict[str, Any] | None:
+def extract_shards(jobs: list[ExtractSettings], state: Any = None) -> list[dict[str, Any] | None]:
+    """Extract several shards (one per split) with one load of the target; see extract_shard."""
+    target = TargetModel()
+    return [extract_shard(settings, state, target) for settings in jobs]
+
+
+def extract_shard(
+    settings: ExtractSettings, state: Any = None, target: TargetModel | None = None
+) -> dict[str, Any] | None:
     """Extract one trace shard's hidden states; returns the metadata on the main process, else None.
 
     Args:
         settings: the job.
         state: an `accelerate.PartialState` (made here when None).
+        target: the target model shared with the job's other shards (loaded here when needed).
 
     Raises:
         sequences.SequenceError: bad trace rows or settings.
@@ -298,7 +321,8 @@ def extract_shard(settings: ExtractSettings, state: Any = None) -> dict[str, Any
         len(batches[rank::world]) - len(todo),
     )
     if todo:
-        run_batches(settings, seqs, batches, todo, layers, state.device)
+        model = (target or TargetModel()).get(settings, state.device)
+        run_batches(settings, seqs, batches, todo, layers, model)
     if world > 1:
         state.wait_for_everyone()
     if not state.is_main_process:
