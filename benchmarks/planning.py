@@ -1,15 +1,19 @@
 """Planning at scale: how long `snakemake -n` takes for 10, 100, 1,000 and 10,000 shards.
 
-Each case is a temporary copy of config/config.yaml with dataset.num_samples = shards x shard_size
-and a run name of its own (results/planning-<shards>/ does not exist, so every job is planned). The
-demo stays enabled, so no server, SSH host or model is needed: only the dataset file. Parse time
-alone (`snakemake --list-rules`, which builds no DAG) is printed beside the dry run, to tell the
-workflow's own parse-time work from Snakemake's DAG building.
+Two configs, side by side for each shard count:
+  demo  config/config.yaml with the baseline on, so 4 jobs per shard (prompt shard, generation,
+        extraction, baseline extraction); the demo is enabled: only the dataset file is needed;
+  kimi  config/examples/kimi-k2.5-8gpu.yaml (3 jobs per shard), its target folder stood in for by
+        Kimi-K2.5's config.json: the SSH host, the server and the hf:// dataset are never contacted.
+Each case is a temporary copy with dataset.num_samples = shards x shard_size and a run name of its own
+(results/planning-*/ does not exist, so every job is planned). Parse time alone (`snakemake
+--list-rules`, which builds no DAG) is printed beside the dry run, to tell the workflow's own
+parse-time work from Snakemake's DAG building.
 
-    .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--timeout 1800]
+    .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--configs demo kimi]
 
-Prints one JSON line per case: shards, jobs planned, parse and dry-run seconds (wall, and CPU: the
-figure to compare on a shared machine), ms_per_job.
+Prints one JSON line per case: config, shards, jobs planned, parse and dry-run seconds (wall, and
+CPU: the figure to compare on a shared machine), ms_per_job.
 """
 
 from __future__ import annotations
@@ -26,14 +30,23 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.workflow import DEMO_CONFIG, KIMI_CONFIG, KIMI_TARGET_CONFIG  # noqa: E402
 
 
-def _config(folder: Path, shards: int) -> Path:
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config["run"] = f"planning-{shards}"
-    config["demo"]["enabled"] = True
+def _config(folder: Path, name: str, shards: int) -> Path:
+    config = yaml.safe_load((DEMO_CONFIG if name == "demo" else KIMI_CONFIG).read_text())
+    config["run"] = f"planning-{name}-{shards}"
+    if name == "demo":
+        config["validate"]["baseline"] = True
+    else:
+        target = folder / "Kimi-K2.5"
+        target.mkdir(exist_ok=True)
+        (target / "config.json").write_text(json.dumps(KIMI_TARGET_CONFIG))
+        config["target"]["model"] = str(target)
     config["dataset"]["num_samples"] = shards * config["dataset"]["shard_size"]
-    path = folder / f"planning-{shards}.yaml"
+    path = folder / f"planning-{name}-{shards}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -65,12 +78,13 @@ def _total_jobs(stdout: str) -> int | None:
     return int(totals[-1]) if totals else None
 
 
-def measure(shards: int, folder: Path, timeout: float) -> dict[str, object]:
-    """Parse time and dry-run time of one shard count."""
-    config = str(_config(folder, shards))
+def measure(name: str, shards: int, folder: Path, timeout: float) -> dict[str, object]:
+    """Parse time and dry-run time of one config at one shard count."""
+    config = str(_config(folder, name, shards))
     parse_s, parse_cpu, _ = _timed(["--list-rules", "--configfile", config], timeout)
     dry_s, dry_cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
     record: dict[str, object] = {
+        "config": name,
         "shards": shards,
         "parse_s": round(parse_s, 2),
         "parse_cpu_s": round(parse_cpu, 2),
@@ -84,19 +98,21 @@ def measure(shards: int, folder: Path, timeout: float) -> dict[str, object]:
     else:
         jobs = _total_jobs(result.stdout)
         record["jobs"] = jobs
-        record["ms_per_job"] = round(1000 * dry_s / jobs, 2) if jobs else None
+        record["ms_per_job"] = round(1000 * dry_cpu / jobs, 2) if jobs else None
     return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--configs", nargs="+", choices=["demo", "kimi"], default=["demo", "kimi"])
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per snakemake call")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         for shards in args.shards:
-            sys.stdout.write(json.dumps(measure(shards, Path(folder), args.timeout)) + "\n")
-            sys.stdout.flush()
+            for name in args.configs:
+                sys.stdout.write(json.dumps(measure(name, shards, Path(folder), args.timeout)) + "\n")
+                sys.stdout.flush()
 
 
 if __name__ == "__main__":

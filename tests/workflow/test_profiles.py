@@ -88,6 +88,14 @@ def test_cpu_rules_get_no_gpu_and_the_default_partition(slurm_plan):
     assert " -t 720 " in render_sbatch(slurm_plan["jobs"]["generate_shard"][0], settings)
 
 
+def test_small_bookkeeping_jobs_run_on_the_submit_host(slurm_plan):
+    """One sbatch per prompt shard would cost more than the slice it writes."""
+    # job.is_local is always true in a dry run (local execution): read the workflow's localrules
+    localrules = slurm_plan["jobs"]["write_prompt_shard"][0].dag.workflow._localrules
+    assert {"write_prompt_shard", "check_disk_budget"} <= localrules
+    assert not localrules & {"prepare_prompts", "generate_shard", "split_traces", *GPU_RULES}
+
+
 def test_no_job_carries_forbidden_flags_in_slurm_extra(slurm_plan):
     for jobs in slurm_plan["jobs"].values():
         for job in jobs:
