@@ -1,6 +1,12 @@
 # The hidden-state disk budget, checked before any extraction job starts: the real sequence lengths of
 # the traces x 4 hidden states x hidden size, against the free space of the results filesystem. Fails
-# early with the numbers instead of a full disk hours into extraction.
+# early with the numbers instead of a full disk hours into extraction. A run also prints the config's
+# upper bound as it starts (not on dry runs: nothing is read at parse time but the target's config.json).
+from eagle3_pipeline.budget import budget_at_start
+
+
+onstart:
+    logger.info(budget_at_start(config, RESULTS))
 
 
 localrules:

@@ -223,6 +223,27 @@ def check_disk_budget(
     return budget
 
 
+def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
+    """What a run prints as it starts: the config's upper bound against the free space, in a few lines.
+
+    Never raises: the real check is rule check_disk_budget, on the real lengths, before extraction.
+    """
+    target_json = Path(config["target"]["model"]) / "config.json"
+    try:
+        hidden_size = hidden_size_of(json.loads(target_json.read_text()))
+    except (OSError, ValueError) as error:
+        return f"hidden-state disk budget: not estimated yet ({target_json}: {error}); check_disk_budget checks it before extraction"
+    budget = estimate_from_config(config, hidden_size)
+    try:
+        figures = check_free_space(budget, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
+    except DiskBudgetError as error:
+        return (
+            f"{describe(budget)}\n  upper bound does not fit: {error}\n  check_disk_budget checks the real "
+            "lengths once generation is done, before any extraction job starts"
+        )
+    return describe(budget, figures) + "\n  (upper bound: every reply as long as generation.max_tokens)"
+
+
 def _target_hidden_size(target_dir: str, override: int | None) -> int:
     if override:
         return override

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from eagle3_pipeline.budget import (
     Budget,
     DiskBudgetError,
+    budget_at_start,
     bytes_per_token,
     check_disk_budget,
     check_free_space,
@@ -154,3 +155,19 @@ def test_cli_reads_hidden_size_from_the_target(tmp_path, capsys):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(SystemExit, match="pass --hidden-size"):
         main([str(path)])
+
+
+def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
+    import eagle3_pipeline.budget as budget
+
+    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    config["target"]["model"] = str(tmp_path / "Kimi-K2.5")
+    assert "not estimated yet" in budget_at_start(config, tmp_path / "results")  # weights not there yet
+    (tmp_path / "Kimi-K2.5").mkdir()
+    (tmp_path / "Kimi-K2.5" / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 7168}}))
+    monkeypatch.setattr(budget, "free_bytes", lambda path: 20 * 10**12)
+    fits = budget_at_start(config, tmp_path / "results")
+    assert "total: 9.98 TB" in fits and "free: 20.00 TB" in fits and "upper bound" in fits
+    monkeypatch.setattr(budget, "free_bytes", lambda path: 3 * 10**12)
+    short = budget_at_start(config, tmp_path / "results")  # a warning, not an error: the real check comes later
+    assert "upper bound does not fit" in short and "3.00 TB free" in short and "check_disk_budget" in short
