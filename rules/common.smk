@@ -43,7 +43,7 @@ def get_dataset_input():
 
 
 def get_selection_params():
-    """What the order of the selected questions depends on (not num_samples: it only cuts a prefix)."""
+    """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up)."""
     return {key: config["dataset"][key] for key in ("path", "seed", "turns")}
 
 

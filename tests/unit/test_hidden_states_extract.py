@@ -227,6 +227,37 @@ def test_one_job_extracts_every_split_with_one_load(traces, hs_tokenizer, hs_tar
     assert all(job.output.exists() and job.metadata.exists() for job in jobs)
 
 
+def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
+    traces, hs_tokenizer, hs_target, tmp_path, monkeypatch
+):
+    validation = write_traces(tmp_path / "validation.parquet", trace_rows(hs_tokenizer, 2, shard=0, start=20))
+    jobs = [
+        settings_for(traces, hs_target, tmp_path / "train"),
+        settings_for(validation, hs_target, tmp_path / "validation"),
+    ]
+    real_run_batch, calls = extract.run_batch, []
+
+    def dies_in_validation(model, seqs, batch, layers, dtype):
+        if seqs[batch[0]].id.startswith("id002"):
+            raise KeyboardInterrupt("preempted")
+        calls.append(batch)
+        return real_run_batch(model, seqs, batch, layers, dtype)
+
+    monkeypatch.setattr(extract, "run_batch", dies_in_validation)
+    with pytest.raises(KeyboardInterrupt):
+        extract.extract_shards(jobs)
+    train_bytes = jobs[0].output.read_bytes()
+    jobs[0].output.unlink()  # what Snakemake does to a failed job's outputs
+    jobs[0].metadata.unlink()
+    assert list((jobs[0].work / "parts").glob("*.safetensors"))  # the train split's parts survive
+    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
+    first_attempt = len(calls)
+    extract.extract_shards(jobs)
+    assert sorted(i for b in calls[first_attempt:] for i in b) == [0, 1]  # only validation's 2 samples ran
+    assert jobs[0].output.read_bytes() == train_bytes  # re-packed from the saved parts
+    assert jobs[1].metadata.exists() and not jobs[0].work.exists() and not jobs[1].work.exists()
+
+
 def test_rule_script_arguments_give_one_job_per_split(tmp_path):
     from importlib.util import module_from_spec, spec_from_file_location
 

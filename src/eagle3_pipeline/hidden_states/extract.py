@@ -15,7 +15,9 @@ waits for every rank, streams the parts into the packed shard in trace-row order
 validates it, writes the JSON sibling and removes the work folder.
 
 A rule job extracts one shard of every split it is given (`extract_shards`: train and validation),
-loading the target once for all of them: for a 1T model the load is most of a job.
+loading the target once for all of them: for a 1T model the load is most of a job. Every split's
+parts are kept until all of the job's shards are written: Snakemake deletes a failed job's outputs,
+so a job that dies in its second split re-packs the first one from its parts, without the model.
 """
 
 from __future__ import annotations
@@ -264,13 +266,23 @@ def write_shard(
 
 
 def extract_shards(jobs: list[ExtractSettings], state: Any = None) -> list[dict[str, Any] | None]:
-    """Extract several shards (one per split) with one load of the target; see extract_shard."""
+    """Extract several shards (one per split) with one load of the target; see extract_shard.
+
+    The work folders go only once every shard is written (see the module docstring).
+    """
+    from accelerate import PartialState
+
+    state = state or PartialState()
     target = TargetModel()
-    return [extract_shard(settings, state, target) for settings in jobs]
+    metas = [extract_shard(settings, state, target, keep_work=True) for settings in jobs]
+    if state.is_main_process:
+        for settings in jobs:
+            shutil.rmtree(settings.work, ignore_errors=True)
+    return metas
 
 
 def extract_shard(
-    settings: ExtractSettings, state: Any = None, target: TargetModel | None = None
+    settings: ExtractSettings, state: Any = None, target: TargetModel | None = None, keep_work: bool = False
 ) -> dict[str, Any] | None:
     """Extract one trace shard's hidden states; returns the metadata on the main process, else None.
 
@@ -278,6 +290,7 @@ def extract_shard(
         settings: the job.
         state: an `accelerate.PartialState` (made here when None).
         target: the target model shared with the job's other shards (loaded here when needed).
+        keep_work: leave the saved parts in the work folder (extract_shards removes them at the end).
 
     Raises:
         sequences.SequenceError: bad trace rows or settings.
@@ -329,7 +342,8 @@ def extract_shard(
         return None
     meta = shard_metadata(settings, seqs, stats, info, layers)
     write_shard(settings, seqs, batches, meta)
-    shutil.rmtree(settings.work, ignore_errors=True)
+    if not keep_work:
+        shutil.rmtree(settings.work, ignore_errors=True)
     log.info(
         "wrote %s: %d samples, %d tokens, %s bytes/token (floor %d)",
         settings.output,
