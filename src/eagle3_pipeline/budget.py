@@ -232,7 +232,10 @@ def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
     try:
         hidden_size = hidden_size_of(json.loads(target_json.read_text()))
     except (OSError, ValueError) as error:
-        return f"hidden-state disk budget: not estimated yet ({target_json}: {error}); check_disk_budget checks it before extraction"
+        return (
+            f"hidden-state disk budget: not estimated yet ({target_json}: {error}); "
+            "check_disk_budget checks it before extraction"
+        )
     budget = estimate_from_config(config, hidden_size)
     try:
         figures = check_free_space(budget, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))

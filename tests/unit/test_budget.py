@@ -169,5 +169,5 @@ def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
     fits = budget_at_start(config, tmp_path / "results")
     assert "total: 9.98 TB" in fits and "free: 20.00 TB" in fits and "upper bound" in fits
     monkeypatch.setattr(budget, "free_bytes", lambda path: 3 * 10**12)
-    short = budget_at_start(config, tmp_path / "results")  # a warning, not an error: the real check comes later
+    short = budget_at_start(config, tmp_path / "results")  # a warning: the real check comes later
     assert "upper bound does not fit" in short and "3.00 TB free" in short and "check_disk_budget" in short
