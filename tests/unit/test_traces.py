@@ -95,6 +95,14 @@ def test_split_refuses_traces_without_a_valid_split(tmp_path):
     assert not (tmp_path / "train.parquet").exists()
 
 
+def test_a_split_without_rows_is_an_empty_file_with_the_schema(tmp_path):
+    only_train = _write(tmp_path / "t.parquet", pl.DataFrame({"id": ["x", "y"], "split": ["train", "train"]}))
+    counts = split_traces(only_train, tmp_path / "train.parquet", tmp_path / "validation.parquet")
+    assert counts == {"train": 2, "validation": 0}
+    validation = pl.read_parquet(tmp_path / "validation.parquet")
+    assert validation.height == 0 and validation.schema == pl.read_parquet(only_train).schema
+
+
 def test_split_rule_script_writes_both_splits(tmp_path, generation_shards, monkeypatch):
     """scripts/split_traces.py with the rule's input/output names, on a real merge's traces.parquet."""
     _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
