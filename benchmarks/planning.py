@@ -1,25 +1,31 @@
 """Planning at scale: how long `snakemake -n` takes for 10, 100, 1,000 and 10,000 shards.
 
-Two configs, side by side for each shard count:
+Three workflows, side by side for each shard count:
   demo  config/config.yaml with the baseline on, so 4 jobs per shard (prompt shard, generation,
         extraction, baseline extraction); the demo is enabled: only the dataset file is needed;
   kimi  config/examples/kimi-k2.5-8gpu.yaml (3 jobs per shard), its target folder stood in for by
-        Kimi-K2.5's config.json: the SSH host, the server and the hf:// dataset are never contacted.
+        Kimi-K2.5's config.json: the SSH host, the server and the hf:// dataset are never contacted;
+  floor a bare Snakefile of four chained one-line shell rules per shard and one rule gathering them:
+        Snakemake's own cost per job, with nothing of this workflow in it.
 Each case is a temporary copy with dataset.num_samples = shards x shard_size and a run name of its own
 (results/planning-*/ does not exist, so every job is planned). Parse time alone (`snakemake
 --list-rules`, which builds no DAG) is printed beside the dry run, to tell the workflow's own
-parse-time work from Snakemake's DAG building.
+parse-time work from Snakemake's DAG building. With --finished, the same dry run is timed again in a
+scratch folder where every output exists (empty files, written in dependency order: the shape of a
+finished run, without Snakemake's provenance records), which must say "Nothing to be done".
 
-    .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--configs demo kimi]
+    .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--configs demo kimi floor]
+                                            [--finished]
 
 Prints one JSON line per case: config, shards, jobs planned, parse and dry-run seconds (wall, and
-CPU: the figure to compare on a shared machine), ms_per_job.
+CPU: the figure to compare on a shared machine), ms_per_job, and finished_dry_run_s/_cpu_s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -33,6 +39,40 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from support.workflow import DEMO_CONFIG, KIMI_CONFIG, KIMI_TARGET_CONFIG  # noqa: E402
+
+FLOOR_SNAKEFILE = """
+SHARDS = [f"{k:05d}" for k in range(config["shards"])]
+rule all:
+    input: expand("d/{s}.txt", s=SHARDS)
+rule a:
+    output: "a/{s}.txt"
+    shell: "touch {output}"
+rule b:
+    input: "a/{s}.txt"
+    output: "b/{s}.txt"
+    shell: "touch {output}"
+rule c:
+    input: "b/{s}.txt"
+    output: "c/{s}.txt"
+    shell: "touch {output}"
+rule d:
+    input: "c/{s}.txt"
+    output: "d/{s}.txt"
+    shell: "touch {output}"
+"""
+
+
+def _floor(folder: Path, shards: int, timeout: float) -> dict[str, object]:
+    """The bare workflow's dry run at the same shard count (4 jobs per shard, as the demo)."""
+    workdir = Path(tempfile.mkdtemp(dir=folder))
+    (workdir / "Snakefile").write_text(FLOOR_SNAKEFILE)
+    (workdir / "c.yaml").write_text(yaml.safe_dump({"shards": shards}))
+    seconds, cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", "c.yaml"], timeout, cwd=workdir)
+    jobs = _total_jobs(result.stdout) if result is not None and result.returncode == 0 else None
+    record: dict[str, object] = {"config": "floor", "shards": shards, "jobs": jobs}
+    record |= {"dry_run_s": round(seconds, 2), "dry_run_cpu_s": round(cpu, 2)}
+    record["ms_per_job"] = round(1000 * cpu / jobs, 2) if jobs else None
+    return record
 
 
 def _config(folder: Path, name: str, shards: int) -> Path:
@@ -56,13 +96,60 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(args: list[str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess[str] | None]:
+def touch_outputs(configfile: Path) -> None:
+    """Write every output of the planned DAG as an empty file, each level newer than the one before.
+
+    Runs in the current directory (a scratch folder), through snakemake.api as the CLI would.
+    """
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        workflow_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[configfile]),
+            snakefile=REPO / "Snakefile",
+            workdir=Path.cwd(),
+        )
+        workflow_api.dag(DAGSettings()).execute_workflow(executor="local", pseudo_executor="dryrun")
+        stamp = time.time()
+        for level in workflow_api._workflow.dag.toposorted():
+            stamp += 1
+            for job in level:
+                for output in job.output:
+                    path = Path(output)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.touch()
+                    os.utime(path, (stamp, stamp))
+
+
+def _finished(config: str, folder: Path, timeout: float) -> dict[str, object]:
+    """The dry run of the same config once every output exists (in a scratch folder)."""
+    workdir = Path(tempfile.mkdtemp(dir=folder))
+    (workdir / "config").symlink_to(REPO / "config")
+    subprocess.run(
+        [sys.executable, __file__, "--touch-outputs", config], cwd=workdir, check=True, timeout=timeout
+    )
+    args = ["-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", config]
+    seconds, cpu, result = _timed(args, timeout, cwd=workdir)
+    done = result is not None and "Nothing to be done" in result.stdout + result.stderr
+    return {
+        "finished_dry_run_s": round(seconds, 2),
+        "finished_dry_run_cpu_s": round(cpu, 2),
+        "nothing_to_do": done,
+    }
+
+
+def _timed(
+    args: list[str], timeout: float, cwd: Path = REPO
+) -> tuple[float, float, subprocess.CompletedProcess[str] | None]:
     """Wall seconds, CPU seconds (robust on a shared machine) and the result (None on timeout)."""
     start, cpu = time.perf_counter(), _children_cpu_s()
     try:
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", *args],
-            cwd=REPO,
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -78,8 +165,10 @@ def _total_jobs(stdout: str) -> int | None:
     return int(totals[-1]) if totals else None
 
 
-def measure(name: str, shards: int, folder: Path, timeout: float) -> dict[str, object]:
+def measure(name: str, shards: int, folder: Path, timeout: float, finished: bool) -> dict[str, object]:
     """Parse time and dry-run time of one config at one shard count."""
+    if name == "floor":
+        return _floor(folder, shards, timeout)
     config = str(_config(folder, name, shards))
     parse_s, parse_cpu, _ = _timed(["--list-rules", "--configfile", config], timeout)
     dry_s, dry_cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
@@ -99,19 +188,29 @@ def measure(name: str, shards: int, folder: Path, timeout: float) -> dict[str, o
         jobs = _total_jobs(result.stdout)
         record["jobs"] = jobs
         record["ms_per_job"] = round(1000 * dry_cpu / jobs, 2) if jobs else None
+        if finished:
+            record |= _finished(config, folder, timeout)
     return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 10000])
-    parser.add_argument("--configs", nargs="+", choices=["demo", "kimi"], default=["demo", "kimi"])
+    parser.add_argument(
+        "--configs", nargs="+", choices=["demo", "kimi", "floor"], default=["demo", "kimi", "floor"]
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per snakemake call")
+    parser.add_argument("--finished", action="store_true", help="also time the dry run of a finished run")
+    parser.add_argument("--touch-outputs", type=Path, help=argparse.SUPPRESS)  # the --finished helper
     args = parser.parse_args()
+    if args.touch_outputs:
+        touch_outputs(args.touch_outputs)
+        return
     with tempfile.TemporaryDirectory() as folder:
         for shards in args.shards:
             for name in args.configs:
-                sys.stdout.write(json.dumps(measure(name, shards, Path(folder), args.timeout)) + "\n")
+                record = measure(name, shards, Path(folder), args.timeout, args.finished)
+                sys.stdout.write(json.dumps(record) + "\n")
                 sys.stdout.flush()
 
 
