@@ -225,6 +225,11 @@ def test_one_job_extracts_every_split_with_one_load(traces, hs_tokenizer, hs_tar
     assert [m["num_samples"] for m in metas] == [7, 2]
     assert metas[1]["ids"] == ["id0020", "id0021"]
     assert all(job.output.exists() and job.metadata.exists() for job in jobs)
+    alone = settings_for(validation, hs_target, tmp_path / "alone")
+    extract.extract_shard(alone)  # a fresh load: the shared model leaves nothing behind (hooks)
+    with HiddenStateShard(jobs[1].output) as shared, HiddenStateShard(alone.output) as fresh:
+        for a, b in zip(shared, fresh, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
