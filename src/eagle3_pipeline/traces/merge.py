@@ -146,8 +146,9 @@ def kept_traces(frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataF
 
 def _write_traces(kept: pl.LazyFrame, out: TraceOutputs, rows: int) -> None:
     # Each output is its own streaming pass over the shards: one query with several sinks buffers
-    # whatever the slowest sink has not taken yet, and reading back the merged file prefetches many
-    # row groups at once; both made peak memory grow with the corpus.
+    # whatever the slowest sink has not taken yet, which made peak memory grow with the corpus.
+    # split_traces reads traces.parquet back in its own pass, in chunks of the same row count
+    # (benchmarks/merge.py: 10x the rows, 1.5x its peak).
     with _step("traces.parquet"), replacing(out.traces) as path:
         kept.sink_parquet(path, row_group_size=rows)
     with _step("conversations.jsonl"), replacing(out.conversations) as path:
