@@ -1,6 +1,6 @@
 # Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
-from eagle3_pipeline.config import check_config, shard_ids
+from eagle3_pipeline.config import SPLITS, check_config, shard_ids
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
 
@@ -8,7 +8,6 @@ RESULTS = f"results/{config['run']}"
 LOGS = f"{RESULTS}/logs"
 WORK = f"{RESULTS}/work"
 SHARDS = shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
-SPLITS = ["train", "validation"]
 
 
 wildcard_constraints:

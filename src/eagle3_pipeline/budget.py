@@ -277,14 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: the config's upper bound, the traces' figure when generation already ran; 1 if it won't fit."""
     import yaml
 
-    from eagle3_pipeline.config import check_config
+    from eagle3_pipeline.config import SPLITS, check_config
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     config = check_config(yaml.safe_load(Path(args.config).read_text()), args.schema)
     hidden_size = _target_hidden_size(config["target"]["model"], args.hidden_size)
     run_dir = Path(args.results) / config["run"]
     budget = estimate_from_config(config, hidden_size, args.prompt_tokens)
-    traces = [run_dir / "traces" / f"{split}.parquet" for split in ("train", "validation")]
+    traces = [run_dir / "traces" / f"{split}.parquet" for split in SPLITS]
     if all(path.exists() for path in traces):
         hs = config["hidden_states"]
         budget = estimate_from_traces(traces, hidden_size, hs["max_seq_len"], hs["overlong"], hs["dtype"])

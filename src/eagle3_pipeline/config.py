@@ -79,6 +79,10 @@ def _semantic_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
+# The trace splits, in the order every rule lists their files (split_traces, extract_hidden_states).
+SPLITS = ("train", "validation")
+
+
 def shard_ids(num_samples: int, shard_size: int) -> list[str]:
     """Shard names for `num_samples` questions: fixed by config so that dry runs see every job."""
     return [f"{k:05d}" for k in range(math.ceil(num_samples / shard_size))]

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.traces.merge import chunk_rows, replacing
 from eagle3_pipeline.traces.schema import TraceError
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "validation")
 
 
 def split_traces(traces: str | Path, train: str | Path, validation: str | Path) -> dict[str, int]:
