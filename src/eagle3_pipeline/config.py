@@ -40,6 +40,8 @@ def _describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
         return f"{error.message} in '{key}'; add it (see config/schema.yaml)"
     description = _sub_schema(schema, list(error.absolute_path)).get("description", "")
     hint = f" ({description})" if description else ""
+    if error.validator in ("pattern", "maxLength"):  # the regex says less than the description
+        return f"'{key}': {error.instance!r} is not allowed{hint}"
     return f"'{key}': {error.message}{hint}"
 
 

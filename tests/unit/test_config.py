@@ -92,3 +92,33 @@ def test_shard_ids_come_from_config(num_samples, shard_size, count):
     assert len(ids) == count
     assert ids[0] == "00000"
     assert ids[-1] == f"{count - 1:05d}"
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["vllm", "vllm.socket", "../../etc/x.service", "a/b.service", "vllm@.service", "a..b.service",
+     "vllm service.service", "x" * 248 + ".service", "vllm@a@b.service"],
+)  # fmt: skip
+def test_unit_name_checked_at_config_time(demo_config, unit):
+    """A name systemd would not start, or one that escapes the drop-in folder, fails naming server.unit."""
+    demo_config["server"]["unit"] = unit
+    with pytest.raises(ConfigError, match=r"'server\.unit'.*not allowed.*ending in \.service"):
+        check_config(demo_config, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "unit", ["vllm.service", "vllm@gpu0.service", "vllm-k2.5_b:1.service", r"a\x2db.service"]
+)
+def test_systemd_unit_names_accepted(demo_config, unit):
+    demo_config["server"]["unit"] = unit
+    assert check_config(demo_config, SCHEMA)["server"]["unit"] == unit
+
+
+def test_unit_name_pattern_is_defined_once():
+    """The schema's pattern is the parser's (server/unit.py), so the two cannot drift."""
+    from eagle3_pipeline.server.unit import UNIT_NAME_MAX, UNIT_NAME_PATTERN, UnitError, check_unit_name
+
+    unit_schema = yaml.safe_load(SCHEMA.read_text())["properties"]["server"]["properties"]["unit"]
+    assert unit_schema["pattern"] == UNIT_NAME_PATTERN and unit_schema["maxLength"] == UNIT_NAME_MAX
+    with pytest.raises(UnitError, match="server.unit"):
+        check_unit_name("../x.service")

@@ -20,6 +20,11 @@ _VAR_WORD = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 _VAR_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "s": " "}
 EXEC_PREFIX_CHARS = "-@:+!|"
+# systemd's unit-name rules for a startable service (unit_name_is_valid: these characters, one `@`
+# with a non-empty instance, at most 255 characters); `..` is refused too because the name becomes a
+# path (the serve check's drop-in folder). config/schema.yaml holds the same pattern (a test checks).
+UNIT_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service$"
+UNIT_NAME_MAX = 255
 
 
 class UnitError(ValueError):
@@ -65,6 +70,17 @@ class ServiceUnit:
     working_directory: str | None = None
     user: str | None = None
     unresolved: list[Unresolved] = field(default_factory=list)
+
+
+def check_unit_name(name: str) -> str:
+    """Return `name` when systemd would accept it as a startable service name, else raise UnitError."""
+    if len(name) > UNIT_NAME_MAX or not re.match(UNIT_NAME_PATTERN, name):
+        raise UnitError(
+            f"server.unit {name!r} is not a systemd service name: use letters, digits and : _ . \\ - "
+            "only, no '/' or '..', end in .service (a template instance is name@instance.service), "
+            f"at most {UNIT_NAME_MAX} characters"
+        )
+    return name
 
 
 def split_cat_output(text: str, default_path: str = "(unit)") -> list[tuple[str, str]]:
