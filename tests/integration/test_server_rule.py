@@ -71,5 +71,5 @@ def test_rule_failure_names_the_problem_without_secrets(workdir: Path) -> None:
     result = _snakemake(workdir, TARGET)
     assert result.returncode != 0
     log = (workdir / "results" / "srv" / "logs" / "snapshot_server.log").read_text()
-    assert "vllm.service:5: expected KEY=VALUE" in log
+    assert "vllm.service:5: expected Setting=value" in log
     _assert_no_secret(workdir, result.stdout, result.stderr)

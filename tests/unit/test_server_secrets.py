@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from eagle3_pipeline.server import api_key, auth_headers
+from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.secrets import (
     REDACTED,
     RedactingFilter,
     Redactor,
     is_secret_name,
+    learn,
+    redact_data,
     redact_unit_text,
+    secret_file_command,
+    write_secret_file,
 )
 from eagle3_pipeline.server.snapshot import SnapshotError, snapshot_server
 
@@ -90,7 +100,7 @@ def test_error_messages_are_scrubbed(tmp_path: Path) -> None:
     cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
     with pytest.raises(SnapshotError) as info:
         snapshot_server(cfg, *(str(tmp_path / n) for n in ("u", "s", "i")))
-    assert "expected KEY=VALUE" in str(info.value)
+    assert "expected Setting=value" in str(info.value)
     for secret in SECRET_VALUES:
         assert secret not in str(info.value)
 
@@ -104,3 +114,129 @@ def test_api_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert api_key({**cfg, "api_key_file": str(key_file)}) == "from-file"
     monkeypatch.setenv("E3_TEST_KEY", "from-env")
     assert auth_headers({**cfg, "api_key_file": str(key_file)}) == {"Authorization": "Bearer from-env"}
+
+
+# Secrets found by their shape: none of these is under a secret name where it appears.
+SHAPED = {
+    "hf": "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h",
+    "sk": "sk-proj-" + "Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8",
+    "ghp": "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    "github_pat": "github_pat_" + "11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    "aws": "AKIA" + "IOSFODNN7EXAMPLE",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk",
+    "bearer": "opaque-bearer-value-0042",
+    "url_password": "s3cr3t-url-pass",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPED))
+def test_secrets_found_by_shape(kind: str) -> None:
+    value = SHAPED[kind]
+    text = {
+        "bearer": f"curl -H 'Authorization: Bearer {value}' http://x",
+        "url_password": f"git clone https://deploy:{value}@git.example.com/m.git",
+    }.get(kind, f"export THING={value}; echo {value} done")
+    scrubbed = Redactor().scrub(text)
+    assert value not in scrubbed and REDACTED in scrubbed
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["--hf-overrides '{}'", "hf_transfer_enabled", "tokenizer=abc", "--max-num-batched-tokens 8192",
+     "prompt_token_ids", "sk-short", "version 1.2.3"],
+)  # fmt: skip
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert Redactor().scrub(text) == text
+
+
+def test_value_matched_on_token_boundaries_only() -> None:
+    redactor = Redactor(salt="s")
+    redactor.add("8000")
+    assert redactor.scrub("port 8000, url http://h:8000/v1") == f"port {REDACTED}, url http://h:{REDACTED}/v1"
+    assert redactor.scrub("port 18000 80001 x8000 8000x") == "port 18000 80001 x8000 8000x"
+    redactor.add("pw-unit-test-003")
+    assert redactor.scrub("id=pw-unit-test-003.") == f"id={REDACTED}."
+
+
+def test_fingerprints_carry_secrets_to_another_process_without_values(tmp_path: Path) -> None:
+    """The snapshot shares fingerprints only; a fresh process that learns server.json hides every
+    value the unit named (a Bearer token of ExecStartPre=, --api-key, an environment file's key)."""
+    bearer, cli_key, file_key = "zq81-bearer-in-pre", "zq82-cli-api-key", "zq83-env-file-key"
+    (tmp_path / "vllm.env").write_text(f"OPENAI_API_KEY={file_key}\n")
+    unit_file = tmp_path / "vllm.service"
+    unit_file.write_text(
+        "[Service]\n"
+        f"EnvironmentFile={tmp_path}/vllm.env\n"
+        f"ExecStartPre=/usr/bin/curl -H 'Authorization: Bearer {bearer}' http://registry/ping\n"
+        f"ExecStart=/opt/vllm/bin/vllm serve /models/m --port 8000 --api-key {cli_key}\n"
+    )
+    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+    outs = [tmp_path / "out" / n for n in ("unit.service", "server.json", "identity.json")]
+    snapshot_server(cfg, *map(str, outs))
+    for path in outs:
+        for secret in (bearer, cli_key, file_key):
+            assert secret not in path.read_text(), f"{secret} in {path.name}"
+    vllm_log = (
+        f"non-default args: {{'api_key': ['{cli_key}'], 'port': 8000}}\n"
+        f"Authorization failed for {bearer}; env key {file_key}\n"
+    )
+    code = (
+        "import json, sys\n"
+        "from eagle3_pipeline.server import secrets\n"
+        "secrets.learn(json.load(open(sys.argv[1])))\n"
+        "sys.stdout.write(secrets.REDACTOR.scrub(sys.stdin.read()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(outs[1])], input=vllm_log, capture_output=True, text=True,
+        env=env, check=True,
+    )  # fmt: skip
+    for secret in (bearer, cli_key, file_key):
+        assert secret not in done.stdout
+    assert done.stdout.count(REDACTED) == 3 and "'port': 8000" in done.stdout
+
+
+def test_json_outputs_stay_valid_when_a_secret_is_a_number(tmp_path: Path) -> None:
+    """A short secret such as `8000` is replaced in the structure, never inside the JSON text."""
+    unit_file = tmp_path / "vllm.service"
+    unit_file.write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve m --port 8000 --api-key 8000\n")
+    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+    outs = [tmp_path / n for n in ("unit.service", "server.json", "identity.json")]
+    snapshot_server(cfg, *map(str, outs))
+    server = json.loads(outs[1].read_text())
+    json.loads(outs[2].read_text())
+    assert server["args"]["--api-key"] == REDACTED
+    assert "8000" not in outs[1].read_text() and "8000" not in outs[0].read_text()
+
+
+def test_redact_data_keeps_structure() -> None:
+    redactor = Redactor()
+    redactor.add("8000")
+    data = {"port": 8000, "n": 18000, "HF_TOKEN": "x", "flag": True, "ids": [8000, 1], "msg": "at :8000/"}
+    assert redact_data(data, redactor) == {
+        "port": REDACTED, "n": 18000, "HF_TOKEN": REDACTED, "flag": True, "ids": [REDACTED, 1],
+        "msg": f"at :{REDACTED}/",
+    }  # fmt: skip
+
+
+def test_log_filter_hides_learned_values(tmp_path: Path) -> None:
+    redactor = Redactor()
+    source = Redactor(salt="unit-salt")
+    source.add("zq84-learned-secret")
+    learn({"redaction": source.export()}, redactor)
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "tail: %s", ("zq84-learned-secret",), None)
+    RedactingFilter(redactor).filter(record)
+    assert record.getMessage() == f"tail: {REDACTED}"
+
+
+def test_secret_file_goes_through_stdin(tmp_path: Path) -> None:
+    """Text with a secret reaches the file through stdin: the command line never holds it."""
+    text = "[Service]\nExecStart=\nExecStart=/x/vllm serve m --api-key zq85-dropin-secret\n"
+    path = tmp_path / "d" / "zz.conf"
+    path.parent.mkdir()
+    command = secret_file_command(str(path), sudo=False)
+    assert "zq85" not in command
+    result = write_secret_file(LocalHost(), str(path), text, sudo=False)
+    assert result.ok, result.stderr
+    assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not Path(f"{path}.part").exists()

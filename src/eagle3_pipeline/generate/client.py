@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_pipeline.generate.http import Connection, ConnectionLost, Endpoint
+from eagle3_pipeline.server.secrets import REDACTOR
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ class ChatClient:
 def _outcome(status: str, reason: str | None, start: float, fields: dict | None = None) -> dict[str, Any]:
     result = {
         "status": status,
-        "reason": reason,
+        "reason": REDACTOR.scrub(reason) if reason else reason,  # server text, written to the shard
         "reasoning": None,
         "content": None,
         "finish_reason": None,

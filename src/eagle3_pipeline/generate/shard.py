@@ -316,10 +316,11 @@ def generate_shard(
     shard: int,
 ) -> None:
     """The generate_shard rule: ensure the server runs, generate the shard, write it atomically."""
-    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import ensure_running
 
     server_json = json.loads(Path(server_json_path).read_text())
+    secrets.learn(server_json)  # the unit's secrets, hidden in this job's log, errors and reasons
     prompts = pl.read_parquet(prompts_path)
     start_server = partial(ensure_running, server_json, server_cfg, Path(state_dir))
     model = server_json.get("served_model_name") or server_json["model"]

@@ -277,6 +277,7 @@ def server_url(server_json: dict[str, Any], server_cfg: dict[str, Any], state_di
 
 def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> str:
     """The base URL of a healthy server serving the snapshot's model, starting it when managed."""
+    secrets.learn(server_json)  # log tails and errors of this job hide the unit's secrets
     headers = auth_headers(server_cfg)
     base_url = server_url(server_json, server_cfg, state_dir)
     if check_health(base_url, headers):
@@ -296,6 +297,7 @@ def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], stat
 
 def stop(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> dict[str, Any]:
     """Stop the server after generation when configured; returns what was done."""
+    secrets.learn(server_json)  # a journal tail in an error hides the unit's secrets
     report: dict[str, Any] = {"unit": server_cfg["unit"], "host": server_cfg.get("host", "local")}
     if not (server_cfg.get("manage", True) and server_cfg.get("stop_after_generation", True)):
         return {

@@ -1,22 +1,63 @@
-"""Keeping tokens and keys out of every file, log, param and error message.
+"""Keeping tokens and keys out of every file, log, param, error message and remote command line.
 
-Secret names: HF_TOKEN, *_KEY, *_TOKEN, *SECRET*, *PASSWORD*, credentials; secret flags: `--api-key`,
-`--hf-token` and any flag with such a name. Every secret value met while parsing is remembered by a
-`Redactor`, which scrubs it from text; a logging filter applies it to every record (message and
-traceback) before a handler writes it.
+Three rules find a secret:
+- by name: variables and flags named like secrets (HF_TOKEN, *_KEY, *_TOKEN, *SECRET*, *PASSWORD*,
+  credentials, `--api-key`, `--hf-token`), in `NAME=value`, `--flag value`, `--flag=value` and
+  `"name": "value"` / `'name': ['value']` (vLLM's own args dump) forms;
+- by shape: Hugging Face (`hf_`), OpenAI-style (`sk-`), GitHub (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`,
+  `github_pat_`) and AWS (`AKIA`, `ASIA`) tokens, `Bearer TOKEN`, `user:password@` in URLs, JWTs;
+- by value: every value the snapshot found under a secret name (or by shape) in the unit is
+  remembered as a salted sha256 fingerprint (with its length), and any token of any text whose
+  fingerprint matches is replaced, on token boundaries, so `8000` is hidden but `18000` is not.
+
+Only fingerprints are shared between jobs, never values: the snapshot writes them into server.json
+(`redaction`), and every job that can print server output (generation, serve check, stop) calls
+`learn(server_json)` before it talks to the server. Structured output is redacted as a structure
+(`redact_data`) before it is serialized, so a redacted number cannot break a JSON file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import re
+import shlex
+from typing import Any
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(
     r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|$)|SECRET|PASSWORD|^HF_TOKEN$"
 )
-_URL_CREDENTIALS = re.compile(r"(://[^/\s:@]+:)[^/\s@]+@")
-_MIN_SCRUB_LEN = 4  # shorter values would scrub ordinary words; structured redaction still hides them
+# Values shorter than this are hidden where they sit under a secret name, but not looked for in free
+# text: a 3-character secret would otherwise erase every such word of every log.
+MIN_SCRUB_LEN = 4
+_PART_MIN_LEN = 8  # a multi-word secret's words are remembered on their own from this length
+_WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
+
+# Secrets recognised by their shape alone. Each pattern's group 1 (when present) is kept.
+_SHAPES = (
+    re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}"),
+    re.compile(r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,}"),
+    re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])"),
+    re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
+    re.compile(r"(?i)(\bbearer\s+)(?!<redacted>)[A-Za-z0-9._~+/=-]+"),
+    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]+:)(?!<redacted>@)[^/\s@'\"]+(?=@)"),
+)
+_NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
+_ASSIGNMENT = re.compile(
+    rf"""(?P<name>\b{_NAME})=(?P<value>"[^"]*"|'[^']*'|[^\s"']+)""",
+    re.IGNORECASE,
+)
+_FLAG_VALUE = re.compile(
+    r"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>"[^"]*"|'[^']*'|[^\s"'\\-][^\s"']*)"""
+)
+_KEY_VALUE = re.compile(
+    rf"""(?P<q>["'])(?P<name>-*{_NAME})(?P=q)(?P<sep>\s*:\s*\[?\s*)(?P<value>"[^"]*"|'[^']*')""",
+    re.IGNORECASE,
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -24,25 +65,133 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name.lstrip("-").replace("-", "_").upper()))
 
 
-class Redactor:
-    """Remembers secret values and replaces them in any text."""
+def unit_salt(source_host: str, unit: str) -> str:
+    """The fingerprints' salt for one deployment: fixed, so that an unchanged server re-snapshots to
+    identical files, and distinct per host and unit, so that no table precomputed for another
+    deployment applies. (A guessable secret stays guessable from any hash: server.json is as private
+    as the results folder.)"""
+    return hashlib.sha256(f"eagle3-pipeline redaction\0{source_host}\0{unit}".encode()).hexdigest()[:32]
 
-    def __init__(self) -> None:
-        self.values: set[str] = set()
+
+def _fingerprint(salt: str, value: str) -> str:
+    return hashlib.sha256(f"{salt}\0{value}".encode()).hexdigest()
+
+
+class Redactor:
+    """Secret fingerprints (never the values) and the text and structure scrubbers that use them."""
+
+    def __init__(self, salt: str = "") -> None:
+        self.salt = salt
+        self._own: set[tuple[int, str]] = set()  # (length, fingerprint) under self.salt
+        self._known: dict[str, dict[int, set[str]]] = {}  # salt -> length -> fingerprints
 
     def add(self, value: object) -> None:
-        if isinstance(value, str) and value and value != REDACTED:
-            self.values.add(value)
-            self.values.update(part for part in value.split() if len(part) >= _MIN_SCRUB_LEN)
+        """Remember a secret value (and each long word of a multi-word value) by fingerprint."""
+        if not isinstance(value, str) or not value or value == REDACTED:
+            return
+        for item in {value, *(part for part in value.split() if len(part) >= _PART_MIN_LEN)}:
+            entry = (len(item), _fingerprint(self.salt, item))
+            self._own.add(entry)
+            self._known.setdefault(self.salt, {}).setdefault(entry[0], set()).add(entry[1])
+
+    def export(self) -> dict[str, Any]:
+        """This redactor's own fingerprints, for server.json: `{"salt", "fingerprints": ["LEN:SHA256"]}`."""
+        return {"salt": self.salt, "fingerprints": sorted(f"{n}:{h}" for n, h in self._own)}
+
+    def learn(self, redaction: dict[str, Any] | None) -> None:
+        """Take in fingerprints exported by another process (server.json's `redaction`)."""
+        if not redaction:
+            return
+        table = self._known.setdefault(str(redaction.get("salt", "")), {})
+        for item in redaction.get("fingerprints", []):
+            length, _, digest = str(item).partition(":")
+            if length.isdigit() and digest:
+                table.setdefault(int(length), set()).add(digest)
+
+    def merge(self, other: Redactor) -> None:
+        """Take in everything `other` knows."""
+        for salt, table in other._known.items():
+            mine = self._known.setdefault(salt, {})
+            for length, digests in table.items():
+                mine.setdefault(length, set()).update(digests)
+
+    def matches(self, value: str) -> bool:
+        """True when `value` is exactly a remembered secret."""
+        return any(
+            _fingerprint(salt, value) in table.get(len(value), ()) for salt, table in self._known.items()
+        )
 
     def scrub(self, text: str) -> str:
-        for value in sorted(self.values, key=len, reverse=True):
-            if len(value) >= _MIN_SCRUB_LEN or value == text:
-                text = text.replace(value, REDACTED)
-        return _URL_CREDENTIALS.sub(r"\1" + REDACTED + "@", text)
+        """`text` with every secret (by shape, by name and by fingerprint) replaced by `<redacted>`.
+        Nothing is remembered: a log line saying `--api-key is required` must not make `is` a secret."""
+        return self.scrub_known(scrub_patterns(text))
+
+    def scrub_known(self, text: str) -> str:
+        """`text` with every remembered value replaced, where it stands as a whole token."""
+        lengths = sorted(
+            {n for table in self._known.values() for n in table if n >= MIN_SCRUB_LEN}, reverse=True
+        )
+        if not lengths or not text:
+            return text
+        out, start, i = [], 0, 0
+        while i < len(text):
+            if _boundary(text, i):
+                for n in lengths:  # longest first, so a secret inside a longer one never wins
+                    if i + n <= len(text) and _boundary(text, i + n) and self.matches(text[i : i + n]):
+                        out += [text[start:i], REDACTED]
+                        start = i = i + n
+                        break
+                else:
+                    i += 1
+            else:
+                i += 1
+        out.append(text[start:])
+        return "".join(out)
+
+
+def _boundary(text: str, i: int) -> bool:
+    """A token boundary: not between two word characters (`8000` in `:8000/`, not in `18000`)."""
+    if i <= 0 or i >= len(text):
+        return True
+    return not (_WORD_CHAR.match(text[i - 1]) and _WORD_CHAR.match(text[i]))
+
+
+def scrub_patterns(text: str, redactor: Redactor | None = None) -> str:
+    """`text` with secrets found by shape and by name replaced; each value found is added to
+    `redactor` (when given), so that it is also hidden where it appears alone."""
+
+    def shape(match: re.Match[str]) -> str:
+        keep = (match.group(1) or "") if match.re.groups else ""
+        value = match.group(0)[len(keep) :]
+        if redactor is not None and len(value) >= _PART_MIN_LEN:  # not the word after a prose "bearer"
+            redactor.add(value)
+        return keep + REDACTED
+
+    def named(match: re.Match[str]) -> str:
+        name = match.group("name") if "name" in match.re.groupindex else match.group("flag")
+        value = match.group("value").strip("\"'")
+        if not is_secret_name(name) or value.startswith("$") or value == REDACTED:
+            return match.group(0)  # a reference such as $VLLM_API_KEY is no secret
+        if redactor is not None:
+            redactor.add(value)
+        quote = match.group("value")[0] if match.group("value")[0] in "\"'" else ""
+        head = match.group(0)[: match.start("value") - match.start(0)]
+        return f"{head}{quote}{REDACTED}{quote}"
+
+    for pattern in _SHAPES:
+        text = pattern.sub(shape, text)
+    for pattern in (_ASSIGNMENT, _KEY_VALUE, _FLAG_VALUE):
+        text = pattern.sub(named, text)
+    return text
 
 
 REDACTOR = Redactor()
+
+
+def learn(server_json: dict[str, Any], redactor: Redactor = REDACTOR) -> None:
+    """Make this process hide the secrets of the unit a server.json describes (its `redaction`
+    fingerprints). Call it in every job that reads server.json and can print server output."""
+    redactor.learn(server_json.get("redaction"))
 
 
 def redact_env(env: dict[str, str], redactor: Redactor = REDACTOR) -> dict[str, str]:
@@ -70,33 +219,66 @@ def redact_flags(flags: dict[str, object], redactor: Redactor = REDACTOR) -> dic
     return out
 
 
-_ASSIGNMENT = re.compile(
-    r"""(?P<name>\b[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*)"""
-    r"""=(?P<value>"[^"]*"|'[^']*'|[^\s"']+)""",
-    re.IGNORECASE,
-)
-_FLAG_VALUE = re.compile(
-    r"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>"[^"]*"|'[^']*'|[^\s"'\\-][^\s"']*)"""
-)
-
-
 def redact_unit_text(text: str, redactor: Redactor = REDACTOR) -> str:
-    """A unit file's text with secret assignments, secret flag values and known values replaced."""
+    """A unit file's text with secret assignments, secret flag values, token shapes and every
+    remembered value replaced; each value found is remembered (the snapshot's collecting pass)."""
+    return redactor.scrub_known(scrub_patterns(text, redactor))
 
-    def assignment(match: re.Match[str]) -> str:
-        if not is_secret_name(match.group("name")) or match.group("value").lstrip("\"'").startswith("$"):
-            return match.group(0)
-        redactor.add(match.group("value").strip("\"'"))
-        return f"{match.group('name')}={REDACTED}"
 
-    def flag(match: re.Match[str]) -> str:
-        if not is_secret_name(match.group("flag")) or match.group("value").lstrip("\"'").startswith("$"):
-            return match.group(0)
-        redactor.add(match.group("value").strip("\"'"))
-        return f"{match.group('flag')}{match.group('sep')}{REDACTED}"
+def redact_data(data: Any, redactor: Redactor = REDACTOR) -> Any:
+    """A copy of a JSON-like structure with secrets replaced, for writing as JSON: strings are
+    scrubbed, strings under a secret-named key replaced, and a number that is a remembered secret
+    becomes the string `<redacted>` (the file stays valid JSON, unlike a substring edit of its text)."""
+    if isinstance(data, dict):
+        out = {}
+        for key, value in data.items():
+            name_hides = isinstance(key, str) and is_secret_name(key) and _is_text(value)
+            out[redactor.scrub(key) if isinstance(key, str) else key] = (
+                _hide(value) if name_hides else redact_data(value, redactor)
+            )
+        return out
+    if isinstance(data, list | tuple):
+        return [redact_data(item, redactor) for item in data]
+    if isinstance(data, str):
+        return redactor.scrub(data)
+    if isinstance(data, int | float) and not isinstance(data, bool) and redactor.matches(str(data)):
+        return REDACTED
+    return data
 
-    text = _FLAG_VALUE.sub(flag, _ASSIGNMENT.sub(assignment, text))
-    return redactor.scrub(text)
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+    )
+
+
+def _hide(value: Any) -> Any:
+    return [REDACTED for _ in value] if isinstance(value, list) else REDACTED
+
+
+def secret_file_command(path: str, sudo: bool = True) -> str:
+    """The command that writes its stdin to `path` (mode 0600, replaced atomically): the way text that
+    may hold secrets (a drop-in with an inline `--api-key`) reaches a host without ever being part of
+    a command line, which `ps`, sudo's log and the audit log would show."""
+    script = 'umask 077 && cat > "$1.part" && mv -f -- "$1.part" "$1"'
+    return f"{'sudo -n ' if sudo else ''}sh -c {shlex.quote(script)} sh {shlex.quote(path)}"
+
+
+def write_secret_file(host: Any, path: str, text: str, sudo: bool = True, timeout: float = 60) -> Any:
+    """Write `text` to `path` on `host` (a `remote.LocalHost` or `remote.RemoteHost`) through the
+    command's stdin (see `secret_file_command`); returns the command's `remote.Result`."""
+    from eagle3_pipeline.server.remote import Result
+
+    command = secret_file_command(path, sudo)
+    options = {"hide": True, "warn": True, "echo_stdin": False, "timeout": timeout}
+    if host.is_local:
+        import invoke
+
+        res = invoke.run(command, in_stream=io.StringIO(text), **options)
+    else:
+        host.open()
+        res = host.connection.run(command, in_stream=io.StringIO(text), **options)
+    return Result(res.exited, REDACTOR.scrub(res.stdout), REDACTOR.scrub(res.stderr))
 
 
 class RedactingFilter(logging.Filter):

@@ -216,9 +216,22 @@ def _base_url(
 
 
 def build_server_json(
-    unit: ServiceUnit, env: dict[str, str], command: VllmCommand, host: Host, server_cfg: dict[str, Any]
+    unit: ServiceUnit,
+    env: dict[str, str],
+    command: VllmCommand,
+    host: Host,
+    server_cfg: dict[str, Any],
+    redactor: secrets.Redactor | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(server.json, identity.json) from a parsed unit; secrets already redacted."""
+    """(server.json, identity.json) from a parsed unit, secrets redacted as structures.
+
+    Every secret value of the unit (its text, environment files, flags, `--config`) is collected into
+    `redactor` (a new one salted for this host and unit when None); server.json's `redaction` holds
+    their fingerprints, so that other jobs hide them too (`secrets.learn`). The process-wide
+    `secrets.REDACTOR` learns them as well, for this job's logs and errors.
+    """
+    found = redactor or secrets.Redactor(secrets.unit_salt(host.name, unit.name))
+    secrets.redact_unit_text(unit.source_text, found)  # collect what the unit's text names
     flags = command.flags
     unresolved = [*unit.unresolved, *command.unresolved]
     served = flags.get("--served-model-name")
@@ -244,8 +257,8 @@ def build_server_json(
         "tool_call_parser": flags.get("--tool-call-parser"),
         "trust_remote_code": bool(flags.get("--trust-remote-code", False)),
         "chat_template": template,
-        "args": secrets.redact_flags(flags),
-        "env": secrets.redact_env(env),
+        "args": secrets.redact_flags(flags, found),
+        "env": secrets.redact_env(env, found),
         "unit": unit.name,
         "source_host": host.name,
     }
@@ -260,14 +273,16 @@ def build_server_json(
         "model_files": model_fingerprint(command.model, host),
         "flags": {name: flags[name] for name in IDENTITY_FLAGS if name in flags},
     }
-    fields = json.loads(secrets.REDACTOR.scrub(json.dumps(fields, sort_keys=True)))
+    fields = secrets.redact_data(fields, found)
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     version = detect_vllm_version(command.launcher, host) if command.found else None
     if version:
         server["vllm_version"] = version
     server["identity"] = identity
     server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
-    return server, {"identity": identity, "fields": fields}
+    server["redaction"] = found.export()
+    secrets.REDACTOR.merge(found)
+    return secrets.redact_data(server, found), {"identity": identity, "fields": fields}
 
 
 def _number(
@@ -325,9 +340,12 @@ def _log_state(host: Host, unit_name: str, argv: list[str]) -> None:
 def take_snapshot(server_cfg: dict[str, Any], host: Host) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(redacted unit text, server.json, identity.json) for `server_cfg` on `host`."""
     cat_text = read_unit_text(host, server_cfg)
+    found = secrets.Redactor(secrets.unit_salt(host.name, server_cfg["unit"]))
+    redacted_unit = secrets.redact_unit_text(cat_text, found)
+    secrets.REDACTOR.merge(found)  # a parse error below may quote the unit
     unit, env, argv, command = parse_service(cat_text, server_cfg["unit"], host)
-    server, identity = build_server_json(unit, env, command, host, server_cfg)
-    redacted_unit = secrets.redact_unit_text(cat_text)
+    server, identity = build_server_json(unit, env, command, host, server_cfg, found)
+    redacted_unit = found.scrub_known(redacted_unit)  # also values met in environment files
     try:
         if not (host.is_local and server_cfg.get("unit_file")):
             _log_state(host, server_cfg["unit"], argv)
@@ -354,8 +372,8 @@ def snapshot_server(
     finally:
         host.close()
     _write(unit_out, unit_text)
-    _write(server_out, secrets.REDACTOR.scrub(_dump(server)))
-    _write(identity_out, secrets.REDACTOR.scrub(_dump(identity)))
+    _write(server_out, _dump(server))  # both redacted as structures: valid JSON whatever a secret is
+    _write(identity_out, _dump(identity))
     log.info(
         "server %s serves %s as %s (identity %s)",
         server["base_url"],

@@ -70,6 +70,7 @@ class ServiceUnit:
     working_directory: str | None = None
     user: str | None = None
     unresolved: list[Unresolved] = field(default_factory=list)
+    source_text: str = ""  # every file as read, for the secrets pass (never written out as is)
 
 
 def check_unit_name(name: str) -> str:
@@ -137,7 +138,7 @@ def parse_unit_file(path: str, text: str) -> UnitFile:
             section = line[1:-1].strip()
             continue
         if "=" not in line:
-            raise UnitError(f"{path}:{number}: expected KEY=VALUE or [Section], got {line!r}")
+            raise UnitError(f"{path}:{number}: expected Setting=value or [Section], got {line!r}")
         key, value = line.split("=", 1)
         assignments.append((section, key.strip(), value.strip()))
     return UnitFile(path, assignments)
@@ -269,7 +270,7 @@ def split_exec_prefixes(value: str) -> ExecCommand:
 
 def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
     """Apply the fragment then each drop-in, in order, to the [Service] settings."""
-    unit = ServiceUnit(name=unit_name)
+    unit = ServiceUnit(name=unit_name, source_text="\n".join(text for _, text in files))
     for path, text in files:
         parsed = parse_unit_file(path, text)
         unit.files.append(path)

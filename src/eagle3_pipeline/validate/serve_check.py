@@ -307,11 +307,12 @@ def serve_check(
 ) -> dict[str, Any]:
     """Rule serve_check: serve the target with the draft, send the validation questions, write the
     spec-decode figures to `output_path` (validation/serve_check.json)."""
-    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import uses_local_process
 
     questions = load_questions(validation_path, validate["max_questions"])
     server_json = json.loads(Path(server_json_path).read_text())
+    secrets.learn(server_json)  # the unit's secrets, hidden in this job's log and errors
     sampling = serve_sampling(
         generation, validate, server_json.get("served_model_name") or server_json["model"]
     )
