@@ -280,6 +280,7 @@ def build_server_json(
         server["vllm_version"] = version
     server["identity"] = identity
     server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
+    server["warnings"] = list(dict.fromkeys(unit.warnings))  # what systemd itself would warn about
     server["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
     return secrets.redact_data(server, found), {"identity": identity, "fields": fields}
@@ -353,6 +354,8 @@ def take_snapshot(server_cfg: dict[str, Any], host: Host) -> tuple[str, dict[str
         log.info("could not read the unit's state: %s", err)
     for item in server["unresolved"]:
         log.warning("unresolved %s: %s", item["what"], item["why"])
+    for warning in server["warnings"]:
+        log.warning("the unit: %s", warning)
     return redacted_unit, server, identity
 
 

@@ -1,13 +1,13 @@
 """A systemd unit parser that reads units the way systemd does, for the settings a vLLM service uses.
 
 Input is what `systemctl cat --no-pager UNIT` prints (each file introduced by a `# /path` line, the
-fragment first, then its drop-ins) or a single unit file. Handled: backslash-newline continuation
-(comment lines inside a continuation are skipped), comments, single and double quotes with C escapes,
-specifiers (`%%` -> `%`, `%n`, `%N`, `%p`, `%i`, `%I`), `$$` -> `$`, `$VAR` (split into words when it
-is a word of its own) and `${VAR}` (one word), ExecStart prefixes (`-@:+!|`, `!!`), an empty
-`ExecStart=` resetting the list, drop-ins overriding the fragment, repeated `Environment=` (last wins
-per variable) and `EnvironmentFile=` (`-` meaning optional). What cannot be resolved is recorded in
-`Unresolved` entries, never guessed.
+fragment first, then its drop-ins) or a single unit file. Lines, words, C escapes and specifiers follow
+systemd's own rules (see `unit_syntax`). Handled here: ExecStart prefixes (`-@:+!|`, `!!`), an empty
+`ExecStart=` resetting the list, `$VAR` (split into words when it is a word of its own) and `${VAR}`
+(one word) with `$$` for `$`, drop-ins overriding the fragment, `Environment=` (last wins per
+variable; an empty one resets the list; a word without `=` is ignored with a warning) and
+`EnvironmentFile=` (`-` meaning optional). What cannot be resolved is recorded in `Unresolved`
+entries, never guessed; what systemd would warn about is recorded in `ServiceUnit.warnings`.
 """
 
 from __future__ import annotations
@@ -15,31 +15,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from eagle3_pipeline.server.unit_syntax import (
+    UnitError,
+    Unresolved,
+    expand_specifiers,
+    extract_words,
+    split_words,
+    unit_lines,
+)
+
+__all__ = ["UnitError", "Unresolved", "expand_specifiers", "split_words"]  # re-exported for callers
+
 _HEADER = re.compile(r"^# (/\S.*)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VAR_WORD = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 _VAR_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "s": " "}
 EXEC_PREFIX_CHARS = "-@:+!|"
 # systemd's unit-name rules for a startable service (unit_name_is_valid: these characters, one `@`
 # with a non-empty instance, at most 255 characters); `..` is refused too because the name becomes a
 # path (the serve check's drop-in folder). config/schema.yaml holds the same pattern (a test checks).
 UNIT_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service$"
 UNIT_NAME_MAX = 255
-
-
-class UnitError(ValueError):
-    """A unit that cannot be read: the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class Unresolved:
-    """Something the snapshot could not determine, and why."""
-
-    what: str
-    why: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"what": self.what, "why": self.why}
 
 
 @dataclass
@@ -52,10 +48,13 @@ class UnitFile:
 
 @dataclass
 class ExecCommand:
-    """One ExecStart= line: its prefixes and the raw command text (quotes still in it)."""
+    """One ExecStart= line: its prefixes, the command text (quotes still in it, specifiers resolved
+    on the whole text) and, when parsed from a unit, its words as systemd makes them (quotes and
+    escapes removed, then specifiers resolved per word; `$VAR` still in them)."""
 
     prefixes: str
     raw: str
+    words: list[str] | None = None
 
 
 @dataclass
@@ -70,6 +69,7 @@ class ServiceUnit:
     working_directory: str | None = None
     user: str | None = None
     unresolved: list[Unresolved] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what systemd would log as a warning
     source_text: str = ""  # every file as read, for the secrets pass (never written out as is)
 
 
@@ -133,7 +133,7 @@ def parse_unit_file(path: str, text: str) -> UnitFile:
     """Parse one file into (section, key, value) assignments."""
     section = ""
     assignments = []
-    for number, line in logical_lines(text):
+    for number, line in unit_lines(text):
         if line.startswith("[") and line.endswith("]"):
             section = line[1:-1].strip()
             continue
@@ -142,58 +142,6 @@ def parse_unit_file(path: str, text: str) -> UnitFile:
         key, value = line.split("=", 1)
         assignments.append((section, key.strip(), value.strip()))
     return UnitFile(path, assignments)
-
-
-def expand_specifiers(value: str, unit_name: str, unresolved: list[Unresolved], what: str) -> str:
-    """Resolve `%%` and the unit-name specifiers; others are recorded as unresolved and left as is."""
-    prefix, _, rest = unit_name.rpartition(".")[0].partition("@")
-    base = unit_name.rpartition(".")[0]
-    known = {"%": "%", "n": unit_name, "N": base, "p": prefix or base, "i": rest, "I": rest}
-
-    def replace(match: re.Match[str]) -> str:
-        letter = match.group(1)
-        if letter in known:
-            return known[letter]
-        unresolved.append(Unresolved(what, f"systemd specifier %{letter} is not resolved by the snapshot"))
-        return match.group(0)
-
-    return re.sub(r"%(.)", replace, value)
-
-
-def split_words(text: str, where: str) -> list[str]:
-    """Split a command line into words like systemd: quotes, C escapes, backslash-space."""
-    words: list[str] = []
-    current: list[str] = []
-    in_word = False
-    quote = ""
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            current.append(_ESCAPES.get(nxt, nxt))
-            in_word, i = True, i + 2
-            continue
-        if quote:
-            if char == quote:
-                quote = ""
-            else:
-                current.append(char)
-        elif char in "'\"":
-            quote, in_word = char, True
-        elif char.isspace():
-            if in_word:
-                words.append("".join(current))
-            current, in_word = [], False
-        else:
-            current.append(char)
-            in_word = True
-        i += 1
-    if quote:
-        raise UnitError(f"{where}: unbalanced {quote} quote in {text!r}")
-    if in_word:
-        words.append("".join(current))
-    return words
 
 
 def substitute_env(
@@ -233,13 +181,24 @@ def _lookup(name: str, env: dict[str, str], unresolved: list[Unresolved], what: 
     return ""
 
 
-def parse_environment_assignments(value: str, where: str) -> dict[str, str]:
-    """`Environment=` value: space-separated, quotable VAR=VALUE words."""
-    env = {}
-    for word in split_words(value, where):
-        if "=" not in word:
-            raise UnitError(f"{where}: Environment= word {word!r} is not VAR=VALUE")
-        name, val = word.split("=", 1)
+def parse_environment_assignments(
+    value: str, where: str, unit_name: str, unresolved: list[Unresolved], warnings: list[str]
+) -> dict[str, str]:
+    """`Environment=` value as systemd's config_parse_environ reads it: words unquoted and unescaped,
+    then specifiers resolved per word; a word that is not NAME=VALUE is ignored with a warning, and
+    a word that cannot be unquoted or unescaped ends the line (systemd ignores the rest)."""
+    env: dict[str, str] = {}
+    try:
+        words = extract_words(value, where, relax=False)
+    except UnitError as err:
+        warnings.append(f"{err}; systemd ignores the rest of this Environment= line")
+        words = err.words  # those before the word that failed
+    for word in words:
+        word = expand_specifiers(word, unit_name, unresolved, where)
+        name, eq, val = word.partition("=")
+        if not eq or not _ENV_NAME.match(name):
+            warnings.append(f"{where}: {word!r} is not a NAME=VALUE assignment; systemd ignores it")
+            continue
         env[name] = val
     return env
 
@@ -281,15 +240,26 @@ def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
 
 
 def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
-    spec = expand_specifiers(value, unit.name, unit.unresolved, f"{key}= in {path}")
+    what = f"{key}= in {path}"
     if key == "ExecStart":
-        if not spec:
+        if not value:
             unit.exec_start = []  # an empty assignment resets the list
-        else:
-            unit.exec_start.append(split_exec_prefixes(spec))
+            return
+        command = split_exec_prefixes(value)
+        words = split_words(command.raw, what, unit.warnings)
+        command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
+        command.raw = expand_specifiers(command.raw, unit.name, [], what)  # reported once, above
+        unit.exec_start.append(command)
     elif key == "Environment":
-        unit.environment.update(parse_environment_assignments(spec, f"{path}: Environment="))
-    elif key == "EnvironmentFile":
+        if not value:
+            unit.environment = {}  # an empty assignment resets the list
+            return
+        unit.environment.update(
+            parse_environment_assignments(value, what, unit.name, unit.unresolved, unit.warnings)
+        )
+        return
+    spec = expand_specifiers(value, unit.name, unit.unresolved, what)
+    if key == "EnvironmentFile":
         if not spec:
             unit.environment_files = []
         else:
@@ -304,7 +274,7 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
 def command_argv(command: ExecCommand, env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:
     """The argv an ExecStart line runs with `env`: `@` drops the argv[0] override word, `:` turns
     variable substitution off."""
-    words = split_words(command.raw, "ExecStart=")
+    words = command.words if command.words is not None else split_words(command.raw, "ExecStart=")
     if ":" not in command.prefixes:
         words = substitute_env(words, env, unresolved, "ExecStart=")
     if "@" in command.prefixes and len(words) >= 2:
