@@ -133,13 +133,17 @@ def _file_digest(host: Host, path: str) -> str | None:
         return None
 
 
-def chat_template_fingerprint(template: str | None, host: Host, cwd: str) -> tuple[str | None, str | None]:
-    """(sha256 of the template text, why it is unknown) for an inline template or a template file."""
+def chat_template_fingerprint(
+    template: str | None, host: Host, path: str | None
+) -> tuple[str | None, str | None]:
+    """(sha256 of the template text, why it is unknown) for an inline template or a template file
+    (`path`: where the file is on the host; None when it is inside a container image)."""
     if template is None:
         return None, None
     if "{" in template or "\n" in template:
         return hashlib.sha256(template.encode()).hexdigest(), None
-    path = template if template.startswith("/") else posixpath.join(cwd, template)
+    if path is None:
+        return None, f"the chat template file {template} is inside the container image"
     digest = _file_digest(host, path)
     return digest, None if digest else f"cannot read the chat template file {path}"
 
@@ -236,19 +240,20 @@ def build_server_json(
     unresolved = [*unit.unresolved, *command.unresolved]
     served = flags.get("--served-model-name")
     served_name = (served[0] if isinstance(served, list) and served else served) or command.model
-    port = _number(flags, "--port", 8000 if command.found else None, unresolved)
+    container_port = _number(flags, "--port", 8000 if command.found else None, unresolved)
+    bind, port = _published(command, flags.get("--host"), container_port, unresolved)
     cwd = unit.working_directory or "/"
     template = flags.get("--chat-template") if isinstance(flags.get("--chat-template"), str) else None
-    template_digest, template_problem = chat_template_fingerprint(template, host, cwd)
+    template_path = command.host_path(template, cwd) if template else None
+    template_digest, template_problem = chat_template_fingerprint(template, host, template_path)
     if template_problem:
         unresolved.append(Unresolved("chat_template", template_problem))
     server = {
         "model": command.model,
         "served_model_name": served_name,
-        "host": flags.get("--host"),
+        "host": bind,
         "port": port,
-        "base_url": server_cfg.get("base_url")
-        or _base_url(host, flags.get("--host"), port, flags, unresolved),
+        "base_url": server_cfg.get("base_url") or _base_url(host, bind, port, flags, unresolved),
         "tensor_parallel_size": _number(
             flags, "--tensor-parallel-size", 1 if command.found else None, unresolved
         ),
@@ -258,7 +263,7 @@ def build_server_json(
         "trust_remote_code": bool(flags.get("--trust-remote-code", False)),
         "chat_template": template,
         "args": secrets.redact_flags(flags, found),
-        "env": secrets.redact_env(env, found),
+        "env": secrets.redact_env(command.apply_env(env), found),
         "unit": unit.name,
         "source_host": host.name,
     }
@@ -270,12 +275,13 @@ def build_server_json(
         "chat_template": None if template_digest else template,  # its content counts, not its path
         "chat_template_sha256": template_digest,
         "max_model_len": server["max_model_len"],
-        "model_files": model_fingerprint(command.model, host),
+        "model_files": model_fingerprint(_model_on_host(command), host),
         "flags": {name: flags[name] for name in IDENTITY_FLAGS if name in flags},
     }
     fields = secrets.redact_data(fields, found)
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-    version = detect_vllm_version(command.launcher, host) if command.found else None
+    secrets.redact_env(env, found)  # the unit's own secrets, also where a container does not see them
+    version = _vllm_version(command, host)
     if version:
         server["vllm_version"] = version
     server["identity"] = identity
@@ -284,6 +290,34 @@ def build_server_json(
     server["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
     return secrets.redact_data(server, found), {"identity": identity, "fields": fields}
+
+
+def _published(
+    command: VllmCommand, bind: str | None, port: int | None, unresolved: list[Unresolved]
+) -> tuple[str | None, int | None]:
+    """(address, port) the host reaches vLLM at: vLLM's own, or for a container the `-p` mapping of
+    its port (with `--network host`, its own)."""
+    if command.container is None or port is None:
+        return bind, port
+    host_ip, host_port, why = command.container.host_port(port)
+    if why:
+        unresolved.append(Unresolved("port", why))
+    return (bind, port) if command.container.network == "host" else (host_ip, host_port)
+
+
+def _model_on_host(command: VllmCommand) -> str | None:
+    """The model folder as the host sees it (through a container's mounts); a hub id as it is."""
+    model = command.model
+    if model and command.container is not None and model.startswith("/"):
+        return command.host_path(model, "/")
+    return model
+
+
+def _vllm_version(command: VllmCommand, host: Host) -> str | None:
+    """From an official image's tag, or the launcher's Python package metadata."""
+    if command.container is not None:
+        return command.container.version() if command.found else None
+    return detect_vllm_version(command.launcher, host) if command.found else None
 
 
 def _number(

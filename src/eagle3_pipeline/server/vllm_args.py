@@ -1,8 +1,10 @@
 """Reading a vLLM server's command line: which words are vLLM's, and what its flags say.
 
 Recognised launchers: `vllm serve MODEL ...`, `python -m vllm.entrypoints.openai.api_server --model
-...` (also `vllm.entrypoints.cli.main serve`), behind `env VAR=x`, `bash -c "..."`, `uv run`, `conda
-run`, `numactl` and the like (anything before the vLLM words is the launcher). Flags: `--flag value`,
+...` (also `vllm.entrypoints.cli.main serve`), behind `env` (`NAME=V`, `-u NAME`, `-i`), `bash -c
+"..."`/`sh -c` (with `exec`), `uv run`, `conda run`, `numactl`, `taskset`, `nice`, `ionice`, `stdbuf`
+and the like (anything before the vLLM words is the launcher), inside a shell wrapper script, or in a
+container (`docker run` / `podman run`, see `container.py`). Flags: `--flag value`,
 `--flag=value`, underscores for dashes, short aliases (`-tp`), `--no-` booleans, multi-value flags,
 and `--config args.yaml` (values from the file, the command line wins).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from eagle3_pipeline.server import container as containers
 from eagle3_pipeline.server._vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
 from eagle3_pipeline.server.unit import Unresolved, logical_lines
 
@@ -33,9 +36,26 @@ class VllmCommand:
     launcher: list[str]
     model: str | None
     flags: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)  # from an `env VAR=x` launcher
+    env: dict[str, str] = field(default_factory=dict)  # set by an `env` launcher or the container
     unresolved: list[Unresolved] = field(default_factory=list)
     found: bool = True  # False when no vLLM launcher was recognised
+    env_unset: list[str] = field(default_factory=list)  # `env -u NAME`
+    env_cleared: bool = False  # `env -i`, or a container: the unit's environment does not reach vLLM
+    container: containers.ContainerRun | None = None
+
+    def host_path(self, path: str, cwd: str) -> str | None:
+        """Where a file vLLM names lives on the host (through a container's bind mounts); None when it
+        is inside a container image."""
+        if self.container is not None:
+            return self.container.host_path(path)
+        return path if path.startswith("/") else os.path.join(cwd, path)
+
+    def apply_env(self, unit_env: dict[str, str]) -> dict[str, str]:
+        """The environment vLLM runs with, from the unit's and this command's launchers."""
+        env = {} if self.env_cleared else dict(unit_env)
+        for name in self.env_unset:
+            env.pop(name, None)
+        return {**env, **self.env}
 
 
 def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | None:
@@ -153,50 +173,149 @@ def config_file_flags(text: str, path: str) -> dict[str, Any]:
 def parse_command(
     argv: list[str], read_file: Any, cwd: str, env: dict[str, str] | None = None
 ) -> VllmCommand:
-    """Find vLLM in argv (or inside the shell wrapper script argv runs) and read its flags, following
-    `--config FILE` through `read_file(path)`."""
-    found = find_vllm(argv)
-    script_unresolved: list[Unresolved] = []
-    if found is None and argv and argv[0].startswith("/"):
-        found = wrapper_script_command(argv, read_file, env or {}, script_unresolved)
+    """Find vLLM in argv (behind launchers, in a `sh -c` script, in the shell wrapper script argv runs,
+    or in a container) and read its flags, following `--config FILE` through `read_file(path)`."""
+    unit_env = env or {}
+    unresolved: list[Unresolved] = []
+    line = argv
+    if _may_be_wrapper_script(argv):
+        script = wrapper_script_line(argv, read_file, unit_env, unresolved)
+        line = [argv[0], *script] if script else argv
+    run, command_words = _container(line, unit_env, read_file, unresolved)
+    found = find_vllm(command_words) if command_words is not None else None
     if found is None:
-        return VllmCommand(
-            launcher=argv,
-            model=None,
-            found=False,
-            unresolved=[
-                Unresolved(
-                    "model",
-                    f"ExecStart runs {argv[0] if argv else '(nothing)'!r}, not `vllm serve` or "
-                    "`python -m vllm.entrypoints.openai.api_server`, and no vLLM command was found in it; "
-                    "set server.base_url and check the command by hand",
-                )
-            ],
+        why = (
+            f"ExecStart runs {argv[0] if argv else '(nothing)'!r}, not `vllm serve` or "
+            "`python -m vllm.entrypoints.openai.api_server`, and no vLLM command was found in it; "
+            "set server.base_url and check the command by hand"
         )
-    launcher, words, env = found
+        if not any(u.what == "model" for u in unresolved):  # the container's reason says it better
+            unresolved.append(Unresolved("model", why))
+        return VllmCommand(launcher=argv, model=None, found=False, container=run, unresolved=unresolved)
+    launcher, words, _ = found
+    ends = [k for k, w in enumerate(words) if w in SHELL_OPERATORS]
+    words = words[: ends[0]] if ends else words
     positional_model = not launcher[-1].startswith("vllm.entrypoints")
     model, flags, stray = parse_flags(words, positional_model)
-    command = VllmCommand(launcher=launcher, model=model, env=env, unresolved=script_unresolved)
+    set_env, unset, cleared = env_effects(line if run is None else command_words)
+    command = VllmCommand(
+        launcher=launcher, model=model, env=set_env, unresolved=unresolved, env_unset=unset,
+        env_cleared=cleared or run is not None, container=run,
+    )  # fmt: skip
+    if run is not None:  # the container sees its -e/--env-file variables, not the unit's
+        command.env = {**run.env, **set_env}
+        command.unresolved.extend(run.unresolved)
     if stray:
         command.unresolved.append(Unresolved("args", f"unexpected positional words {len(stray)} ignored"))
-    config_path = flags.get("--config")
-    if isinstance(config_path, str):
-        full = config_path if config_path.startswith("/") else os.path.join(cwd, config_path)
-        try:
-            from_file = config_file_flags(read_file(full), full)
-        except (OSError, ValueError, yaml.YAMLError) as err:
-            command.unresolved.append(Unresolved("--config", f"could not read {full}: {err}"))
-        else:
-            file_model = from_file.pop("--model", None)
-            command.flags.update(from_file)
-            if command.model is None and isinstance(file_model, str):
-                command.model = file_model
+    _apply_config_file(command, flags, read_file, cwd)
     command.flags.update(flags)
     if command.model is None and isinstance(command.flags.get("--model"), str):
         command.model = command.flags["--model"]
     if command.model is None:
         command.unresolved.append(Unresolved("model", "no model given on the command line or in --config"))
     return command
+
+
+def _may_be_wrapper_script(argv: list[str]) -> bool:
+    """True when argv runs an absolute path that is neither vLLM, a container nor a shell."""
+    return (
+        bool(argv)
+        and argv[0].startswith("/")
+        and os.path.basename(argv[0]) not in SHELLS
+        and find_vllm(argv) is None
+        and containers.engine_at(argv) is None
+    )
+
+
+def _container(
+    line: list[str], unit_env: dict[str, str], read_file: Any, unresolved: list[Unresolved]
+) -> tuple[containers.ContainerRun | None, list[str] | None]:
+    """(the container run, the argv inside it) when `line` (or its `sh -c` script) runs a container;
+    (None, line) otherwise; (run, None) when the image's command is unknown."""
+    for candidate in _shell_segments(line):
+        run = containers.parse_run(candidate, unit_env, read_file)
+        if run is None:
+            continue
+        command = run.command()
+        if command is None and run.args and find_vllm(run.args) is not None:
+            command = run.args  # the image runs its arguments: they name vLLM themselves
+        if command is None:
+            unresolved.append(
+                Unresolved(
+                    "model",
+                    f"{run.engine} runs the image {run.image!r}, whose entrypoint is unknown here: use "
+                    "vllm/vllm-openai, pass --entrypoint, or name `vllm serve` after the image",
+                )
+            )
+        return run, command
+    return None, line
+
+
+def _shell_segments(argv: list[str]) -> list[list[str]]:
+    """argv itself, then each simple command of a `sh -c` script it runs."""
+    segments = [argv]
+    for i, word in enumerate(argv):
+        if os.path.basename(word) in SHELLS and "-c" in argv[i + 1 : i + 3]:
+            c_at = argv.index("-c", i + 1)
+            segments += _split_operators(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
+            break
+    return segments
+
+
+def env_effects(words: list[str]) -> tuple[dict[str, str], list[str], bool]:
+    """What `env` launchers in words do: (variables set, variables unset, environment cleared)."""
+    assigned: dict[str, str] = {}
+    unset: list[str] = []
+    cleared = False
+    i = 0
+    while i < len(words):
+        if os.path.basename(words[i]) != "env":
+            i += 1
+            continue
+        i += 1
+        while i < len(words):
+            word = words[i]
+            if word in ("-i", "--ignore-environment", "-"):
+                cleared, assigned = True, {}
+            elif word in ("-u", "--unset") and i + 1 < len(words):
+                unset.append(words[i + 1])
+                assigned.pop(words[i + 1], None)
+                i += 1
+            elif word.startswith(("--unset=", "-u")) and len(word) > 2:
+                unset.append(word.split("=", 1)[1] if word.startswith("--") else word[2:])
+            elif word in ("-C", "--chdir") and i + 1 < len(words):
+                i += 1
+            elif word.startswith("-") and word != "--":
+                pass  # -0, -v, --chdir=DIR and the like change nothing vLLM reads
+            elif "=" in word and word != "--":
+                name, value = word.split("=", 1)
+                assigned[name] = value
+            elif word != "--":
+                break
+            i += 1
+    return assigned, unset, cleared
+
+
+def _apply_config_file(command: VllmCommand, flags: dict[str, Any], read_file: Any, cwd: str) -> None:
+    """Values from `--config FILE` (the command line wins); a file in a container image is reported."""
+    config_path = flags.get("--config")
+    if not isinstance(config_path, str):
+        return
+    full = command.host_path(config_path, cwd)
+    if full is None:
+        command.unresolved.append(
+            Unresolved("--config", f"{config_path} is inside the container image (no bind mount holds it)")
+        )
+        return
+    try:
+        from_file = config_file_flags(read_file(full), full)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        command.unresolved.append(Unresolved("--config", f"could not read {full}: {err}"))
+        return
+    file_model = from_file.pop("--model", None)
+    command.flags.update(from_file)
+    if command.model is None and isinstance(file_model, str):
+        command.model = file_model
 
 
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -218,12 +337,13 @@ def _expand_shell(text: str, env: dict[str, str], unresolved: list[Unresolved], 
     return _SHELL_VAR.sub(replace, text)
 
 
-def wrapper_script_command(
+def wrapper_script_line(
     argv: list[str], read_file: Any, env: dict[str, str], unresolved: list[Unresolved]
-) -> tuple[list[str], list[str], dict[str, str]] | None:
-    """The vLLM command inside a shell wrapper script that ExecStart runs: its simple assignments
-    (`NAME=value`, `export NAME=value`) and the unit's environment expanded, `"$@"` and `$1`... taken
-    from ExecStart's arguments. None when the script cannot be read or holds no vLLM command."""
+) -> list[str] | None:
+    """The words of the line that runs vLLM (or a container) in a shell wrapper script that ExecStart
+    runs: its simple assignments (`NAME=value`, `export NAME=value`) and the unit's environment
+    expanded, `"$@"` and `$1`... taken from ExecStart's arguments, shell operators after the command
+    dropped. None when the script cannot be read or runs neither."""
     try:
         text = read_file(argv[0])
     except (OSError, UnicodeDecodeError):
@@ -242,13 +362,23 @@ def wrapper_script_command(
         line_unresolved: list[Unresolved] = []
         words = shell_words(_expand_shell(line, scope, line_unresolved, where))
         words = [arg for word in words for arg in _positional(word, argv[1:])]
-        found = find_vllm(words)
-        if found:
-            unresolved.extend(line_unresolved)  # only the vLLM line's unknowns matter
-            args = found[1]
-            ends = [k for k, w in enumerate(args) if w in SHELL_OPERATORS]
-            return [argv[0], *found[0]], args[: ends[0]] if ends else args, found[2]
+        for segment in _split_operators(words):
+            if find_vllm(segment) or containers.engine_at(segment) is not None:
+                unresolved.extend(line_unresolved)  # only the vLLM line's unknowns matter
+                return segment
     return None
+
+
+def _split_operators(words: list[str]) -> list[list[str]]:
+    """The simple commands of a shell line (split at `;`, `&&`, `||`, `|`, `&`)."""
+    segments, current = [], []
+    for token in [*words, ";"]:
+        if token in SHELL_OPERATORS:
+            segments.append(current)
+            current = []
+        else:
+            current.append(token)
+    return segments
 
 
 def _positional(word: str, args: list[str]) -> list[str]:
