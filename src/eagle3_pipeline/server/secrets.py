@@ -128,32 +128,45 @@ class Redactor:
 
     def scrub_known(self, text: str) -> str:
         """`text` with every remembered value replaced, where it stands as a whole token."""
-        lengths = sorted(
-            {n for table in self._known.values() for n in table if n >= MIN_SCRUB_LEN}, reverse=True
-        )
+        tables = [
+            (hashlib.sha256(f"{salt}\0".encode()), table)
+            for salt, table in self._known.items()
+            if any(n >= MIN_SCRUB_LEN for n in table)
+        ]
+        lengths = sorted({n for _, table in tables for n in table if n >= MIN_SCRUB_LEN}, reverse=True)
         if not lengths or not text:
             return text
-        out, start, i = [], 0, 0
-        while i < len(text):
-            if _boundary(text, i):
-                for n in lengths:  # longest first, so a secret inside a longer one never wins
-                    if i + n <= len(text) and _boundary(text, i + n) and self.matches(text[i : i + n]):
-                        out += [text[start:i], REDACTED]
-                        start = i = i + n
-                        break
-                else:
-                    i += 1
-            else:
-                i += 1
+        bounds = _boundaries(text)
+        out, start = [], 0
+        for i in sorted(bounds):
+            if i < start:
+                continue
+            for n in lengths:  # longest first, so a secret inside a longer one never wins
+                if i + n in bounds and _known_in(tables, n, text[i : i + n]):
+                    out += [text[start:i], REDACTED]
+                    start = i + n
+                    break
         out.append(text[start:])
         return "".join(out)
 
 
-def _boundary(text: str, i: int) -> bool:
-    """A token boundary: not between two word characters (`8000` in `:8000/`, not in `18000`)."""
-    if i <= 0 or i >= len(text):
-        return True
-    return not (_WORD_CHAR.match(text[i - 1]) and _WORD_CHAR.match(text[i]))
+def _known_in(tables: list[tuple[Any, dict[int, set[str]]]], length: int, value: str) -> bool:
+    data = value.encode()
+    for base, table in tables:
+        digests = table.get(length)
+        if digests:
+            hasher = base.copy()
+            hasher.update(data)
+            if hasher.hexdigest() in digests:
+                return True
+    return False
+
+
+def _boundaries(text: str) -> set[int]:
+    """Token boundaries: positions not between two word characters (`8000` stands alone in `:8000/`,
+    not in `18000`)."""
+    word = [bool(_WORD_CHAR.match(c)) for c in text]
+    return {0, len(text)} | {i for i in range(1, len(text)) if not (word[i - 1] and word[i])}
 
 
 def scrub_patterns(text: str, redactor: Redactor | None = None) -> str:
