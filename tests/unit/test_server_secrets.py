@@ -239,4 +239,5 @@ def test_secret_file_goes_through_stdin(tmp_path: Path) -> None:
     result = write_secret_file(LocalHost(), str(path), text, sudo=False)
     assert result.ok, result.stderr
     assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert not Path(f"{path}.part").exists()
+    assert write_secret_file(LocalHost(), str(path), "short\n", sudo=False).ok
+    assert path.read_text() == "short\n"  # replaced, not appended

@@ -270,16 +270,18 @@ def _hide(value: Any) -> Any:
 
 
 def secret_file_command(path: str, sudo: bool = True) -> str:
-    """The command that writes its stdin to `path` (mode 0600, replaced atomically): the way text that
-    may hold secrets (a drop-in with an inline `--api-key`) reaches a host without ever being part of
-    a command line, which `ps`, sudo's log and the audit log would show."""
-    script = 'umask 077 && cat > "$1.part" && mv -f -- "$1.part" "$1"'
-    return f"{'sudo -n ' if sudo else ''}sh -c {shlex.quote(script)} sh {shlex.quote(path)}"
+    """The command that writes its stdin to `path`: the way text that may hold secrets (a drop-in with
+    an inline `--api-key`) reaches a host without ever being part of a command line, which `ps`, sudo's
+    log and the audit log would show. It needs no sudo right beyond `tee` (which the serve check
+    already needs); `umask 077` makes a new file mode 0600 (sudo keeps the caller's stricter umask),
+    and tee's copy of the text goes to /dev/null, not back through the connection."""
+    return f"umask 077 && {'sudo -n ' if sudo else ''}tee -- {shlex.quote(path)} >/dev/null"
 
 
 def write_secret_file(host: Any, path: str, text: str, sudo: bool = True, timeout: float = 60) -> Any:
     """Write `text` to `path` on `host` (a `remote.LocalHost` or `remote.RemoteHost`) through the
-    command's stdin (see `secret_file_command`); returns the command's `remote.Result`."""
+    command's stdin (see `secret_file_command`); returns the command's `remote.Result` (its output
+    scrubbed). The caller checks `result.ok`."""
     from eagle3_pipeline.server.remote import Result
 
     command = secret_file_command(path, sudo)
