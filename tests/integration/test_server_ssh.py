@@ -224,3 +224,54 @@ def test_refused_port_fails_fast_and_clearly(tmp_path: Path) -> None:
     ssh = {"known_hosts_file": str(tmp_path / "kh"), "connect_timeout_s": 3}
     with pytest.raises(HostError, match=f"127.0.0.1:{port}"):
         RemoteHost(f"nobody@127.0.0.1:{port}", ssh).run("true")
+
+
+OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+KNOWN_HOSTS_BEFORE = (
+    "# fleet keys, managed by hand: keep this comment\n"
+    f"@cert-authority *.example.com {OTHER_KEY} ca\n"
+    "@revoked * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl old\n"
+    "\n"
+    f"|1|JfKTdBh7rNbXkVAQCRp4OQoPfmI=|USECr3SWf1JUPsms5AqfD5QfxkM= {OTHER_KEY}\n"
+    f"other.example.com,10.0.0.9 {OTHER_KEY}"
+)  # no final newline: the appended line must not glue onto it
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_accept_new_appends_one_line_and_keeps_the_file(sshd_server, tmp_path: Path, hashed: bool) -> None:
+    """OpenSSH's accept-new: the new key's line is appended; comments, @cert-authority and @revoked
+    lines and every other byte stay as they were (paramiko's save_host_keys would rewrite the file)."""
+    known = tmp_path / "known_hosts"
+    known.write_text(KNOWN_HOSTS_BEFORE)
+    config = sshd_server.ssh_config
+    if hashed:
+        config = tmp_path / "ssh_config"
+        config.write_text(sshd_server.ssh_config.read_text() + "  HashKnownHosts yes\n")
+    ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
+    host = RemoteHost("vllm-box", ssh, str(config))
+    try:
+        assert host.run("echo hi").stdout == "hi\n"
+    finally:
+        host.close()
+    after = known.read_text()
+    assert after.startswith(KNOWN_HOSTS_BEFORE + "\n")
+    added = after[len(KNOWN_HOSTS_BEFORE) + 1 :]
+    assert added.count("\n") == 1 and added.endswith("\n")
+    entry, key_type, key = added.split()
+    assert f"{key_type} {key}" == sshd_server.host_public_key
+    assert entry.startswith("|1|") if hashed else entry == f"[127.0.0.1]:{sshd_server.port}"
+    strict = RemoteHost("vllm-box", dict(ssh, known_hosts="strict"), str(config))
+    try:
+        assert strict.run("true").ok  # the appended line is one that both paramiko and OpenSSH read
+    finally:
+        strict.close()
+    assert known.read_text() == after
+
+
+def test_revoked_host_key_is_refused_even_with_accept_new(sshd_server, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@revoked * {sshd_server.host_public_key}\n")
+    ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
+    with pytest.raises(HostError, match="@revoked"):
+        RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config)).run("true")
+    assert known.read_text() == f"@revoked * {sshd_server.host_public_key}\n"
