@@ -275,3 +275,59 @@ def test_revoked_host_key_is_refused_even_with_accept_new(sshd_server, tmp_path:
     with pytest.raises(HostError, match="@revoked"):
         RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config)).run("true")
     assert known.read_text() == f"@revoked * {sshd_server.host_public_key}\n"
+
+
+def test_tunnel_waits_for_a_server_that_starts_after_it_opens(sshd_server) -> None:
+    """While vLLM loads its port refuses connections: the tunnel must outlive those refusals, and
+    /health polled through it must see the server once it listens."""
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+    from eagle3_pipeline.server.tunnel import free_port
+
+    port = free_port()  # nothing listens there yet
+    tunnel = Tunnel(
+        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+    )
+    started: list[ScriptedEndpoint] = []
+    try:
+        url = tunnel.url()
+        for _ in range(3):
+            assert not check_health(url, timeout_s=2)  # refused on the remote side: reported as down
+        assert tunnel.refused >= 3
+        starter = threading.Timer(2.0, lambda: started.append(ScriptedEndpoint(port).start()))
+        starter.start()
+        wait_healthy(url, 20)  # polls through the tunnel, which the refusals did not kill
+        starter.join()
+        assert tunnel.rebuilds == 0
+    finally:
+        tunnel.close()
+        for endpoint in started:
+            endpoint.stop()
+
+
+def test_tunnel_follows_a_restarting_server_and_a_dropped_connection(sshd_server) -> None:
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+
+    first = ScriptedEndpoint().start()
+    port = first.port
+    tunnel = Tunnel(
+        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+    )
+    second = None
+    try:
+        url = tunnel.url()
+        assert check_health(url)
+        first.stop()  # the server goes down (a restart) ...
+        assert not check_health(url, timeout_s=2)
+        second = ScriptedEndpoint(port).start()  # ... and comes back on the same port
+        wait_healthy(url, 20)
+        tunnel.host.connection.transport.close()  # then the SSH connection drops
+        wait_healthy(url, 20)  # the next request through the tunnel rebuilds it
+        assert tunnel.rebuilds == 1 and tunnel.url() == url
+    finally:
+        tunnel.close()
+        if second is not None:
+            second.stop()
