@@ -282,3 +282,41 @@ def test_the_snapshot_step_restores_a_leftover_first(sshd_server, unit, tmp_path
     found = dropin.recover_leftover_dropin(sshd_server.server_cfg())
     assert [f["run"] for f in found] == ["killed-run"] and not unit.dropin.exists()
     assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"stop -- {UNIT}"]
+
+
+def test_a_whole_remote_check_that_fails_leaves_production_as_it_was(
+    sshd_server, unit, tmp_path, monkeypatch
+):
+    """run_remote_serve_check end to end on the host side: a leftover drop-in restored first, the
+    checkpoint copied to a private folder, the drop-in installed and the unit restarted; the stand-in
+    server has no /metrics, so the measurement fails; production is then restored and verified, and the
+    checkpoint folder removed. (The measurement itself is tested against real vLLM in
+    test_serve_check.py.)"""
+    from eagle3_pipeline.generate.client import Sampling
+    from eagle3_pipeline.validate.dropin import run_remote_serve_check
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(sshd_server.ssh_config.read_text())
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(dropin, "UNIT_DIR", str(unit.units))
+    monkeypatch.setattr(dropin, "RECOVERY_DIRS", (str(unit.units), str(unit.legacy)))
+    unit_file = tmp_path / "vllm.service"  # systemctl cat is not in the stand-in: the unit file is read
+    unit_file.write_text(f"[Service]\nExecStart={COMMAND.raw}\n")
+    unit.dropin.parent.mkdir()
+    unit.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed-run", True))
+    base = tmp_path / "remote-base"
+    cfg = sshd_server.server_cfg(unit_file=str(unit_file), base_url=f"http://127.0.0.1:{unit.port}",
+                                 start_timeout_s=30, api_key_env="E3_NO_KEY")  # fmt: skip
+    server_json = {"served_model_name": "kimi-k2", "port": unit.port, "base_url": cfg["base_url"]}
+    with pytest.raises(Exception, match="metrics"):
+        run_remote_serve_check(
+            cfg, server_json, checkpoint(tmp_path / "ckpt"), [{"id": "q", "system": None, "question": "hi"}],
+            Sampling("kimi-k2", 8, 0.0, 1.0, None), tmp_path / "work", 3, str(base), enforce_eager=False,
+        )  # fmt: skip
+    calls = unit.systemctl_calls()
+    (loaded,) = [i for i, c in enumerate(calls) if c.startswith("loaded: ")]  # only ours was ever loaded
+    assert calls[:2] == ["daemon-reload", f"restart -- {UNIT}"]  # the leftover restored first
+    assert '"--speculative-config"' in calls[loaded] and str(base) in calls[loaded]  # the private folder
+    assert calls[-2:] == ["daemon-reload", f"restart -- {UNIT}"] and unit.active()
+    assert not unit.dropin.exists() and list(base.iterdir()) == []  # checkpoint folder removed

@@ -241,7 +241,7 @@ def restore(
 @contextlib.contextmanager
 def draft_dropin(
     host: Any, unit: str, exec_start: str, sudo: bool = True, timeout_s: float = 720,
-    unit_dir: str = UNIT_DIR, before_restart: Callable[[], None] | None = None,
+    unit_dir: str | None = None, before_restart: Callable[[], None] | None = None,
     verify: Callable[[], None] | None = None,
 ) -> Iterator[str]:  # fmt: skip
     """Install the drop-in (marker, run id) and restart the unit with the draft; on exit, whatever
@@ -249,7 +249,7 @@ def draft_dropin(
     check); yields the run id."""
     prefix = "sudo -n " if sudo else ""
     q_unit = shlex.quote(unit)
-    path = dropin_path(unit, unit_dir)
+    path = dropin_path(unit, unit_dir or UNIT_DIR)
     was_active = host.run(f"systemctl is-active --quiet -- {q_unit}").ok
     run_id = new_run_id()
     try:
