@@ -61,3 +61,18 @@ def test_unit_sandbox_reads_user_private_tmp_and_protect_home_after_dropins():
     )
     sandbox = unit_sandbox(cat, "v.service")
     assert (sandbox.user, sandbox.private_tmp, sandbox.protect_home) == ("vllm", False, "read-only")
+
+
+def test_the_serve_check_rule_turns_sigterm_into_an_exception():
+    """serve_check (the rule's entry) runs under interrupts_as_exceptions, also as a decorator."""
+    from eagle3_pipeline.validate.serve_check import serve_check
+
+    @interrupts_as_exceptions()
+    def job() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+
+    for _ in range(2):  # a fresh context per call
+        with pytest.raises(Interrupted):
+            job()
+    assert hasattr(serve_check, "__wrapped__")

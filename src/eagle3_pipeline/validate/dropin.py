@@ -30,8 +30,6 @@ import logging
 import posixpath
 import re
 import shlex
-import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,6 +39,7 @@ from typing import Any
 from eagle3_pipeline.server.remote import HostError
 from eagle3_pipeline.server.unit import ExecCommand, split_words
 from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
+from eagle3_pipeline.validate.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
 from eagle3_pipeline.validate.serve_check import ServeCheckError, with_speculative_draft
 
 log = logging.getLogger(__name__)
@@ -54,53 +53,6 @@ _MARKER_LINE = re.compile(rf"^{re.escape(MARKER)} run=(?P<run>\S+) was_active=(?
 _LEGACY_MARKER = "# Written by eagle3-pipeline's serve_check"
 RESTORE_ATTEMPTS = 3
 RESTORE_RETRY_S = 2.0
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT while the serve check held production: unwinds through the restore."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def interrupts_as_exceptions() -> Iterator[None]:
-    """SIGTERM and SIGINT raise Interrupted inside the block (main thread only; elsewhere no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[list[int]]:
-    """Signals that arrive inside the block are recorded, not acted on: a restore must finish
-    (SLURM sends SIGKILL after its KillWait, 30 s by default, which nothing can defer)."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        received.append(signum)
-        log.warning("%s during the restore: finishing the restore first", signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def systemd_quote(word: str) -> str:
