@@ -76,3 +76,13 @@ def test_the_serve_check_rule_turns_sigterm_into_an_exception():
         with pytest.raises(Interrupted):
             job()
     assert hasattr(serve_check, "__wrapped__")
+
+
+def test_dropin_text_travels_on_stdin_byte_for_byte(tmp_path):
+    """The drop-in goes to `tee` on stdin, never on a command line (where `ps` would show it)."""
+    from eagle3_pipeline.server.remote import LocalHost
+
+    text = dropin_text('"/usr/bin/vllm" "serve" "/m" "--api-key" "$KEY" "100%%"', "r", True)
+    target = tmp_path / "d.conf"
+    assert LocalHost().run(f"tee -- {target} >/dev/null", stdin=text).ok
+    assert target.read_text() == text
