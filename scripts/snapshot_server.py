@@ -1,12 +1,15 @@
 """Rule snapshot_server: read the vLLM unit (systemctl cat, or the unit file) and write
-unit.service, server.json and identity.json, secrets redacted."""
+unit.service, server.json and identity.json, secrets redacted. A serve-check drop-in left by a killed
+run is restored first, so that the draft's command is never recorded as production's."""
 
 from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.server.snapshot import snapshot_server
+from eagle3_pipeline.validate.dropin import recover_leftover_dropin
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 setup_script_logging(snakemake.log[0], "snapshot_server")
 
+recover_leftover_dropin(snakemake.params.server)
 snapshot_server(
     snakemake.params.server,
     unit_out=snakemake.output.unit,

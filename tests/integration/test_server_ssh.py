@@ -224,3 +224,110 @@ def test_refused_port_fails_fast_and_clearly(tmp_path: Path) -> None:
     ssh = {"known_hosts_file": str(tmp_path / "kh"), "connect_timeout_s": 3}
     with pytest.raises(HostError, match=f"127.0.0.1:{port}"):
         RemoteHost(f"nobody@127.0.0.1:{port}", ssh).run("true")
+
+
+OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+KNOWN_HOSTS_BEFORE = (
+    "# fleet keys, managed by hand: keep this comment\n"
+    f"@cert-authority *.example.com {OTHER_KEY} ca\n"
+    "@revoked * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl old\n"
+    "\n"
+    f"|1|JfKTdBh7rNbXkVAQCRp4OQoPfmI=|USECr3SWf1JUPsms5AqfD5QfxkM= {OTHER_KEY}\n"
+    f"other.example.com,10.0.0.9 {OTHER_KEY}"
+)  # no final newline: the appended line must not glue onto it
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_accept_new_appends_one_line_and_keeps_the_file(sshd_server, tmp_path: Path, hashed: bool) -> None:
+    """OpenSSH's accept-new: the new key's line is appended; comments, @cert-authority and @revoked
+    lines and every other byte stay as they were (paramiko's save_host_keys would rewrite the file)."""
+    known = tmp_path / "known_hosts"
+    known.write_text(KNOWN_HOSTS_BEFORE)
+    config = sshd_server.ssh_config
+    if hashed:
+        config = tmp_path / "ssh_config"
+        config.write_text(sshd_server.ssh_config.read_text() + "  HashKnownHosts yes\n")
+    ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
+    host = RemoteHost("vllm-box", ssh, str(config))
+    try:
+        assert host.run("echo hi").stdout == "hi\n"
+    finally:
+        host.close()
+    after = known.read_text()
+    assert after.startswith(KNOWN_HOSTS_BEFORE + "\n")
+    added = after[len(KNOWN_HOSTS_BEFORE) + 1 :]
+    assert added.count("\n") == 1 and added.endswith("\n")
+    entry, key_type, key = added.split()
+    assert f"{key_type} {key}" == sshd_server.host_public_key
+    assert entry.startswith("|1|") if hashed else entry == f"[127.0.0.1]:{sshd_server.port}"
+    strict = RemoteHost("vllm-box", dict(ssh, known_hosts="strict"), str(config))
+    try:
+        assert strict.run("true").ok  # the appended line is one that both paramiko and OpenSSH read
+    finally:
+        strict.close()
+    assert known.read_text() == after
+
+
+def test_revoked_host_key_is_refused_even_with_accept_new(sshd_server, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@revoked * {sshd_server.host_public_key}\n")
+    ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
+    with pytest.raises(HostError, match="@revoked"):
+        RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config)).run("true")
+    assert known.read_text() == f"@revoked * {sshd_server.host_public_key}\n"
+
+
+def test_tunnel_waits_for_a_server_that_starts_after_it_opens(sshd_server) -> None:
+    """While vLLM loads its port refuses connections: the tunnel must outlive those refusals, and
+    /health polled through it must see the server once it listens."""
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+    from eagle3_pipeline.server.tunnel import free_port
+
+    port = free_port()  # nothing listens there yet
+    tunnel = Tunnel(
+        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+    )
+    started: list[ScriptedEndpoint] = []
+    try:
+        url = tunnel.url()
+        for _ in range(3):
+            assert not check_health(url, timeout_s=2)  # refused on the remote side: reported as down
+        assert tunnel.refused >= 3
+        starter = threading.Timer(2.0, lambda: started.append(ScriptedEndpoint(port).start()))
+        starter.start()
+        wait_healthy(url, 20)  # polls through the tunnel, which the refusals did not kill
+        starter.join()
+        assert tunnel.rebuilds == 0
+    finally:
+        tunnel.close()
+        for endpoint in started:
+            endpoint.stop()
+
+
+def test_tunnel_follows_a_restarting_server_and_a_dropped_connection(sshd_server) -> None:
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+
+    first = ScriptedEndpoint().start()
+    port = first.port
+    tunnel = Tunnel(
+        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+    )
+    second = None
+    try:
+        url = tunnel.url()
+        assert check_health(url)
+        first.stop()  # the server goes down (a restart) ...
+        assert not check_health(url, timeout_s=2)
+        second = ScriptedEndpoint(port).start()  # ... and comes back on the same port
+        wait_healthy(url, 20)
+        tunnel.host.connection.transport.close()  # then the SSH connection drops
+        wait_healthy(url, 20)  # the next request through the tunnel rebuilds it
+        assert tunnel.rebuilds == 1 and tunnel.url() == url
+    finally:
+        tunnel.close()
+        if second is not None:
+            second.stop()

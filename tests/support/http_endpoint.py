@@ -37,7 +37,7 @@ class ScriptedEndpoint:
     """Answers /v1/chat/completions and /health; `failures` lists statuses to answer first (0: drop the
     connection), questions containing TOO LONG get vLLM's context-length 400."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         self.delay_s = 0.0
         self.failures: list[int] = []
         self.healthy = True
@@ -48,7 +48,8 @@ class ScriptedEndpoint:
         self.max_in_flight = 0
         self.lock = threading.Lock()
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the old one's TIME_WAIT
+        sock.bind(("127.0.0.1", port or 0))  # a given port: a "restarted" server on the same port
         self.port = sock.getsockname()[1]
         sock.close()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -62,12 +63,20 @@ class ScriptedEndpoint:
         return self
 
     def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """Stop serving and close the listening socket (the port refuses connections afterwards)."""
+
+        def shutdown() -> None:
+            self._server.close()  # closes the listening socket at once
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(shutdown)
         self._thread.join(10)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+        )
         self._ready.set()
         self._loop.run_forever()
 

@@ -3,6 +3,7 @@ unmanaged servers are never started; stop only stops what the pipeline started."
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -49,7 +50,10 @@ def test_health_timeout_shows_the_log_tail(tmp_path: Path) -> None:
         ensure_running(SERVER_JSON, cfg, state)
     proc = find_local(state, "failing.service")
     assert proc is not None  # left running: a later job waits for it instead of starting another
+    owner = json.loads((state / "ownership.json").read_text())
+    assert owner["started_by_pipeline"] is True and owner["pid"] == proc.pid
     assert stop(SERVER_JSON, cfg, state)["action"] == "stopped"
+    assert not (state / "ownership.json").exists()
     assert find_local(state, "failing.service") is None
 
 

@@ -5,6 +5,11 @@ with `sudo -n systemctl`. On a machine without systemd (`server.host: local` wit
 the unit's ExecStart runs with its environment and working directory as a supervised background
 process in its own session, with a pid file and a log under the state folder. A file lock there makes
 parallel generation shard jobs start it exactly once.
+
+Ownership: `ownership.json` in the state folder says whether the pipeline started the server
+(`started_by_pipeline`) and which start it was (systemd's InvocationID, or the local pid). After
+generation only a server the pipeline started, and still the same start, is stopped, unless
+`server.stop_foreign` says otherwise: a server that was already serving users stays up.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,9 @@ from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 log = logging.getLogger(__name__)
 BASE_ENV_VARS = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
 LOG_TAIL_LINES = 40
+JOURNAL_LINES = 50
+OWNERSHIP_FILE = "ownership.json"
+STOPPED_STATES = ("inactive", "failed", "unknown")  # `systemctl is-active` words for a unit not running
 
 
 class ServerError(RuntimeError):
@@ -150,16 +159,20 @@ def wait_healthy(
     log_tail: Callable[[], str] | None = None,
     alive: Callable[[], bool] | None = None,
     headers: dict[str, str] | None = None,
+    exited_why: Callable[[], str] | None = None,
 ) -> None:
-    """Poll /health until it answers 200; raise ServerError with the log tail on timeout or when the
-    process (as `alive` tells) has exited."""
+    """Poll /health until it answers 200; raise ServerError with the log tail on timeout or as soon as
+    `alive` (the local process, or the unit's state polled beside /health) says it is gone."""
     deadline = time.monotonic() + timeout_s
     while True:
         if check_health(base_url, headers):
             return
         exited = alive is not None and not alive()
         if exited or time.monotonic() >= deadline:
-            why = "the server process exited" if exited else f"no healthy /health within {timeout_s:g} s"
+            if exited:
+                why = exited_why() if exited_why else "the server process exited"
+            else:
+                why = f"no healthy /health within {timeout_s:g} s"
             tail_text = log_tail() if log_tail else ""
             raise ServerError(f"{base_url}: {why}. Last lines of the server log:\n{tail_text or '(empty)'}")
         time.sleep(1)
@@ -221,35 +234,118 @@ def _process_name(server_cfg: dict[str, Any]) -> str:
     return server_cfg["unit"].replace("/", "_")
 
 
-def _systemctl(server_cfg: dict[str, Any], action: str) -> None:
-    sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
-    host = open_host(server_cfg)
-    try:
-        res = host.run(f"{sudo}systemctl {action} -- {shlex.quote(server_cfg['unit'])}")
-    finally:
-        host.close()
-    if not res.ok:
-        raise ServerError(
-            f"`{sudo}systemctl {action} {server_cfg['unit']}` on {host.name} failed: {res.stderr.strip()}"
-            + (" (sudo needs a NOPASSWD rule for systemctl, or set server.ssh.sudo: false)" if sudo else "")
+class UnitWatch:
+    """The systemd side of a unit on its host (one SSH connection): actions, state and journal.
+
+    `alive()` is polled beside /health while waiting for a start, at most every `interval_s`: a unit
+    whose state turns `failed`/`inactive`, or that systemd is restarting after a crash (SubState
+    `auto-restart`), ends the wait at once instead of after server.start_timeout_s.
+    """
+
+    def __init__(self, server_cfg: dict[str, Any], interval_s: float = 3.0) -> None:
+        self.unit = server_cfg["unit"]
+        self.sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
+        self.host = open_host(server_cfg)
+        self.interval_s = interval_s
+        self.state = "unknown"
+        self._checked_at = -float("inf")
+
+    def systemctl(self, action: str, timeout: float | None = None) -> str:
+        """Run `[sudo -n] systemctl ACTION -- UNIT`; its stdout, or ServerError saying what to fix."""
+        res = self.host.run(f"{self.sudo}systemctl {action} -- {shlex.quote(self.unit)}", timeout=timeout)
+        if not res.ok:
+            raise ServerError(
+                f"`{self.sudo}systemctl {action} {self.unit}` on {self.host.name} failed: "
+                f"{secrets.REDACTOR.scrub(res.stderr.strip())}"
+                + (
+                    " (sudo needs a NOPASSWD rule for systemctl, or set server.ssh.sudo: false)"
+                    if self.sudo
+                    else ""
+                )
+            )
+        return res.stdout
+
+    def show(self, *properties: str) -> dict[str, str]:
+        """`systemctl show -p A,B` as a dict (read-only: no sudo)."""
+        res = self.host.run(
+            f"systemctl show --no-pager -p {','.join(properties)} -- {shlex.quote(self.unit)}"
         )
+        pairs = (line.partition("=") for line in res.stdout.splitlines() if "=" in line)
+        return {name: value for name, _, value in pairs} if res.ok else {}
 
+    def is_active(self) -> str:
+        """`systemctl is-active` (active, activating, deactivating, inactive, failed, ...)."""
+        res = self.host.run(f"systemctl is-active -- {shlex.quote(self.unit)}")
+        return (res.stdout.strip().splitlines() or ["unknown"])[-1]
 
-def _journal_tail(server_cfg: dict[str, Any]) -> str:
-    sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
-    unit = shlex.quote(server_cfg["unit"])
-    try:
-        host = open_host(server_cfg)
+    def alive(self) -> bool:
+        if time.monotonic() - self._checked_at < self.interval_s:
+            return True
+        self._checked_at = time.monotonic()
+        state = self.show("ActiveState", "SubState")
+        active, sub = state.get("ActiveState") or self.is_active(), state.get("SubState", "")
+        self.state = f"{active}/{sub}" if sub else active
+        return active not in ("failed", "inactive") and sub != "auto-restart"
+
+    def invocation_id(self) -> str | None:
+        """systemd's id of the unit's current start (a new one on every start); None when unknown."""
+        return self.show("InvocationID").get("InvocationID") or None
+
+    def journal(self, lines: int = JOURNAL_LINES) -> str:
+        """The unit's journal tail, secrets scrubbed."""
         try:
-            res = host.run(f"{sudo}journalctl --no-pager -n {LOG_TAIL_LINES} -u {unit}")
-        finally:
-            host.close()
-    except HostError as err:
-        return f"(journal unavailable: {err})"
-    return secrets.REDACTOR.scrub(res.stdout if res.ok else res.stderr)
+            res = self.host.run(f"{self.sudo}journalctl -u {shlex.quote(self.unit)} -n {lines} --no-pager")
+        except HostError as err:
+            return f"(journal unavailable: {err})"
+        return secrets.REDACTOR.scrub(res.stdout if res.ok else res.stderr)
+
+    def stop(self, timeout_s: float) -> str:
+        """`systemctl stop --no-block`, then poll is-active until the unit is down (a tensor-parallel
+        server can take minutes); its final state, or ServerError with the journal tail."""
+        self.systemctl("stop --no-block")
+        deadline = time.monotonic() + timeout_s
+        while (state := self.is_active()) not in STOPPED_STATES:
+            if time.monotonic() >= deadline:
+                raise ServerError(
+                    f"{self.unit} on {self.host.name} is still {state} {timeout_s:g} s after "
+                    f"`systemctl stop` (server.stop_timeout_s). Journal:\n{self.journal()}"
+                )
+            time.sleep(min(2.0, self.interval_s))
+        return state
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def read_ownership(state_dir: Path) -> dict[str, Any] | None:
+    """The ownership record (see the module docstring); None when nothing is recorded."""
+    try:
+        return json.loads((Path(state_dir) / OWNERSHIP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def record_ownership(
+    state_dir: Path, started_by_pipeline: bool, server_cfg: dict[str, Any], **extra: Any
+) -> None:
+    """Write ownership.json atomically (under the state lock)."""
+    record = {
+        "started_by_pipeline": started_by_pipeline,
+        "unit": server_cfg["unit"],
+        "host": server_cfg.get("host", "local"),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
+    }
+    path = Path(state_dir) / OWNERSHIP_FILE
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    log.info("ownership of %s: %s", server_cfg["unit"], "started by the pipeline" if started_by_pipeline else
+             "already running, not started by the pipeline: it will be left running")  # fmt: skip
 
 
 def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: dict[str, str]) -> None:
+    """Start the server, record that the pipeline started it, and wait for /health."""
     timeout = float(server_cfg.get("start_timeout_s", 1800))
     if uses_local_process(server_cfg):
         name = _process_name(server_cfg)
@@ -257,11 +353,20 @@ def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: 
         if proc is None:
             argv, env, cwd = local_command(server_cfg)
             proc = launch_local(argv, env, cwd, state_dir, name)
+        record_ownership(state_dir, True, server_cfg, pid=proc.pid)
         wait_healthy(base_url, timeout, proc.log_tail, proc.alive, headers)
-    else:
-        log.info("starting %s on %s with systemctl", server_cfg["unit"], server_cfg.get("host"))
-        _systemctl(server_cfg, "start")
-        wait_healthy(base_url, timeout, lambda: _journal_tail(server_cfg), None, headers)
+        return
+    log.info("starting %s on %s with systemctl", server_cfg["unit"], server_cfg.get("host"))
+    watch = UnitWatch(server_cfg)
+    try:
+        watch.systemctl("start")
+        record_ownership(state_dir, True, server_cfg, invocation_id=watch.invocation_id())
+        wait_healthy(
+            base_url, timeout, watch.journal, watch.alive, headers,
+            exited_why=lambda: f"{server_cfg['unit']} stopped running (systemd state {watch.state})",
+        )  # fmt: skip
+    finally:
+        watch.close()
 
 
 def server_url(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> str:
@@ -275,28 +380,46 @@ def server_url(server_json: dict[str, Any], server_cfg: dict[str, Any], state_di
     return server_json["base_url"].rstrip("/")
 
 
+def _record_foreign(server_cfg: dict[str, Any], state_dir: Path) -> None:
+    """A server found answering, with no record of ours: note that the pipeline did not start it."""
+    if read_ownership(state_dir) is None:
+        record_ownership(state_dir, False, server_cfg)
+
+
 def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> str:
-    """The base URL of a healthy server serving the snapshot's model, starting it when managed."""
+    """The base URL of a healthy server serving the snapshot's model, starting it when managed.
+
+    Whoever started it, the model is checked (`/v1/models` lists served_model_name), and who started it
+    is recorded in state_dir/ownership.json for `stop`.
+    """
     secrets.learn(server_json)  # log tails and errors of this job hide the unit's secrets
     headers = auth_headers(server_cfg)
     base_url = server_url(server_json, server_cfg, state_dir)
     if check_health(base_url, headers):
-        return base_url
-    if not server_cfg.get("manage", True):
+        with state_lock(state_dir):
+            _record_foreign(server_cfg, Path(state_dir))
+    elif not server_cfg.get("manage", True):
         raise ServerError(
             f"{base_url}/health does not answer and server.manage is false: start {server_cfg['unit']} "
             "yourself, or set server.manage: true"
         )
-    with state_lock(state_dir):
-        if not check_health(base_url, headers):  # another job may have started it meanwhile
-            _start(server_cfg, Path(state_dir), base_url, headers)
+    else:
+        with state_lock(state_dir):
+            if check_health(base_url, headers):  # another job may have started it meanwhile
+                _record_foreign(server_cfg, Path(state_dir))
+            else:
+                _start(server_cfg, Path(state_dir), base_url, headers)
     check_model(base_url, server_json["served_model_name"], headers)
     log.info("server %s is up and serves %s", base_url, server_json["served_model_name"])
     return base_url
 
 
 def stop(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> dict[str, Any]:
-    """Stop the server after generation when configured; returns what was done."""
+    """Stop the server after generation when configured and ours to stop; returns what was done.
+
+    Ours: ownership.json says the pipeline started it and (systemd) the unit's InvocationID is still
+    that start's. `server.stop_foreign: true` stops it whoever started it.
+    """
     secrets.learn(server_json)  # a journal tail in an error hides the unit's secrets
     report: dict[str, Any] = {"unit": server_cfg["unit"], "host": server_cfg.get("host", "local")}
     if not (server_cfg.get("manage", True) and server_cfg.get("stop_after_generation", True)):
@@ -306,14 +429,38 @@ def stop(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Pat
             "why": "server.manage or server.stop_after_generation is off",
         }
     with state_lock(state_dir):
+        owner = read_ownership(state_dir) or {}
+        report["started_by_pipeline"] = bool(owner.get("started_by_pipeline"))
         if uses_local_process(server_cfg):
             proc = find_local(state_dir, _process_name(server_cfg))
             if proc is None:
                 return {**report, "action": "none", "why": "no process started by the pipeline is running"}
             proc.stop()
+            (Path(state_dir) / OWNERSHIP_FILE).unlink(missing_ok=True)
             return {**report, "action": "stopped", "pid": proc.pid}
-        _systemctl(server_cfg, "stop")
-    return {**report, "action": "stopped"}
+        return {**report, **_stop_unit(server_cfg, Path(state_dir), owner)}
+
+
+def _stop_unit(server_cfg: dict[str, Any], state_dir: Path, owner: dict[str, Any]) -> dict[str, Any]:
+    watch = UnitWatch(server_cfg)
+    try:
+        current = watch.invocation_id()
+        ours = bool(owner.get("started_by_pipeline")) and owner.get("invocation_id") in (None, current)
+        if not ours and not server_cfg.get("stop_foreign", False):
+            why = (
+                "the pipeline did not start it" if not owner.get("started_by_pipeline")
+                else "it was restarted since the pipeline started it (another InvocationID)"
+            )  # fmt: skip
+            log.info("leaving %s running: %s (server.stop_foreign: false)", server_cfg["unit"], why)
+            return {
+                "action": "left running",
+                "why": f"{why}; set server.stop_foreign: true to stop it anyway",
+            }
+        state = watch.stop(float(server_cfg.get("stop_timeout_s", 600)))
+    finally:
+        watch.close()
+    (state_dir / OWNERSHIP_FILE).unlink(missing_ok=True)
+    return {"action": "stopped", "state": state}
 
 
 def write_stop_report(report: dict[str, Any], path: str | Path) -> None:

@@ -3,11 +3,16 @@ fabric with strict known_hosts checking, connect/command timeouts, keepalive and
 
 Fabric alone trusts any host key (AutoAddPolicy) and loads no known_hosts: here the client's policy
 refuses unknown keys unless `server.ssh.known_hosts` is `accept_new`, and only the configured
-known_hosts file is consulted.
+known_hosts file is consulted. `accept_new` behaves like OpenSSH's `StrictHostKeyChecking accept-new`:
+the new key's line is APPENDED (hashed when the ssh config says `HashKnownHosts yes`) and every other
+byte of the file is left as it was; paramiko's own AutoAddPolicy would rewrite the whole file from
+what it understood, dropping comments and `@cert-authority`/`@revoked` lines. A key listed under
+`@revoked` is refused in both modes (paramiko ignores those lines).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shlex
@@ -45,9 +50,10 @@ class LocalHost:
     name = "local"
     is_local = True
 
-    def run(self, command: str, timeout: float | None = 60) -> Result:
+    def run(self, command: str, timeout: float | None = 60, stdin: str | None = None) -> Result:
+        in_stream = io.StringIO(stdin) if stdin is not None else False
         try:
-            res = invoke.run(command, hide=True, warn=True, in_stream=False, timeout=timeout)
+            res = invoke.run(command, hide=True, warn=True, in_stream=in_stream, timeout=timeout)
         except invoke.CommandTimedOut as err:
             raise HostError(f"local command timed out after {timeout} s: {command}") from err
         return Result(res.exited, res.stdout, res.stderr)
@@ -79,6 +85,86 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
         )
 
 
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Trust an unknown host key on first use by appending ONE line to known_hosts (OpenSSH's
+    accept-new); the rest of the file is never rewritten."""
+
+    def __init__(self, known_hosts_file: str, hashed: bool) -> None:
+        self.known_hosts_file, self.hashed = known_hosts_file, hashed
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        _refuse_revoked(self.known_hosts_file, hostname, key)
+        append_known_host(self.known_hosts_file, hostname, key, self.hashed)
+        client.get_host_keys().add(hostname, key.get_name(), key)  # known for the rest of this session
+        log.warning(
+            "accepted the new host key of %s (%s %s) and appended it to %s",
+            hostname, key.get_name(), key.fingerprint, self.known_hosts_file,
+        )  # fmt: skip
+
+
+def append_known_host(path: str, hostname: str, key: paramiko.PKey, hashed: bool = False) -> str:
+    """Append `HOST KEYTYPE BASE64` to the known_hosts file at path (created 0600 when missing) and
+    return the line; HOST is `[host]:port` off port 22, as paramiko and OpenSSH write it, and hashed
+    (`|1|salt|hmac`) when asked. A missing final newline is added first so that the last line is kept."""
+    entry = paramiko.HostKeys.hash_host(hostname) if hashed else hostname
+    line = f"{entry} {key.get_name()} {key.get_base64()}\n"
+    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with open(fd, "ab") as handle:
+        if handle.tell() > 0:
+            with open(path, "rb") as reader:
+                reader.seek(-1, io.SEEK_END)
+                if reader.read(1) != b"\n":
+                    handle.write(b"\n")
+        handle.write(line.encode())
+    return line
+
+
+def load_known_hosts(keys: paramiko.HostKeys, path: str) -> None:
+    """Add the plain and hashed host lines of a known_hosts file to keys. Marker lines
+    (`@cert-authority`, `@revoked`) and lines paramiko cannot read are skipped: paramiko's own loader
+    raises on the first of them."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@")):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError):
+            entry = None
+        if entry is None or entry.key is None:
+            log.info("%s:%d: skipped a line paramiko cannot read", path, number)
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+
+
+def revoked_keys(path: str) -> set[tuple[str, str]]:
+    """(key type, base64) of every `@revoked` line in a known_hosts file (empty when it is missing)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return set()
+    keys = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0] == "@revoked":
+            keys.add((fields[2], fields[3]))
+    return keys
+
+
+def _refuse_revoked(path: str, hostname: str, key: paramiko.PKey) -> None:
+    if (key.get_name(), key.get_base64()) in revoked_keys(path):
+        raise HostError(
+            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is marked @revoked in {path}: "
+            "the connection was refused"
+        )
+
+
 def _known_hosts_path(ssh_cfg: dict[str, Any]) -> str:
     return os.path.expanduser(ssh_cfg.get("known_hosts_file") or "~/.ssh/known_hosts")
 
@@ -106,13 +192,11 @@ class RemoteHost:
         client = paramiko.SSHClient()
         path = _known_hosts_path(ssh_cfg)
         if ssh_cfg.get("known_hosts", "strict") == "accept_new":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).touch(exist_ok=True)
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            hashed = str(self.connection.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
+            client.set_missing_host_key_policy(_AcceptNew(path, hashed))
         else:
             client.set_missing_host_key_policy(_RefuseUnknown(path))
-        if os.path.exists(path):
-            client.load_host_keys(path)
+        load_known_hosts(client.get_host_keys(), path)  # never load_host_keys: that arms a rewrite
         return client
 
     def hostname(self) -> str:
@@ -142,15 +226,23 @@ class RemoteHost:
             raise HostError(f"SSH to {where}: no answer within {self.connect_timeout:g} s ({err})") from None
         except (paramiko.SSHException, OSError, EOFError) as err:
             raise HostError(f"SSH to {where} failed within {self.connect_timeout:g} s: {err}") from None
+        server_key = self.connection.transport.get_remote_server_key() if self.connection.transport else None
+        if server_key is not None and (server_key.get_name(), server_key.get_base64()) in revoked_keys(
+            _known_hosts_path(self.ssh_cfg)
+        ):
+            self.connection.close()
+            _refuse_revoked(_known_hosts_path(self.ssh_cfg), where, server_key)
         keepalive = int(self.ssh_cfg.get("keepalive_s", 15))
         if keepalive and self.connection.transport is not None:
             self.connection.transport.set_keepalive(keepalive)
 
-    def run(self, command: str, timeout: float | None = None) -> Result:
+    def run(self, command: str, timeout: float | None = None, stdin: str | None = None) -> Result:
+        """Run command; `stdin` (closed after it) keeps data such as a drop-in off the command line."""
         self.open()
         timeout = timeout or self.command_timeout
+        in_stream = io.StringIO(stdin) if stdin is not None else False
         try:
-            res = self.connection.run(command, hide=True, warn=True, in_stream=False, timeout=timeout)
+            res = self.connection.run(command, hide=True, warn=True, in_stream=in_stream, timeout=timeout)
         except invoke.CommandTimedOut as err:
             raise HostError(f"command on {self.name} timed out after {timeout:g} s: {command}") from err
         return Result(res.exited, res.stdout, res.stderr)

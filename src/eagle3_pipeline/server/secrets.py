@@ -19,7 +19,6 @@ Only fingerprints are shared between jobs, never values: the snapshot writes the
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import re
 import shlex
@@ -284,15 +283,7 @@ def write_secret_file(host: Any, path: str, text: str, sudo: bool = True, timeou
     scrubbed). The caller checks `result.ok`."""
     from eagle3_pipeline.server.remote import Result
 
-    command = secret_file_command(path, sudo)
-    options = {"hide": True, "warn": True, "echo_stdin": False, "timeout": timeout}
-    if host.is_local:
-        import invoke
-
-        res = invoke.run(command, in_stream=io.StringIO(text), **options)
-    else:
-        host.open()
-        res = host.connection.run(command, in_stream=io.StringIO(text), **options)
+    res = host.run(secret_file_command(path, sudo), timeout=timeout, stdin=text)
     return Result(res.exited, REDACTOR.scrub(res.stdout), REDACTOR.scrub(res.stderr))
 
 

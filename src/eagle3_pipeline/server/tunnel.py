@@ -1,24 +1,33 @@
-"""An SSH tunnel to the server port (`server.tunnel: true`), health-checked and rebuilt when it dies.
+"""An SSH tunnel to the server port (`server.tunnel: true`) that survives a server still loading, a
+server restart and a dropped SSH connection.
 
-fabric's `forward_local` listens in a thread on an explicit local port; one refused remote connect kills
-that thread for good. `Tunnel.url()` therefore checks the tunnel (TCP accept, then /health) on each call
-and rebuilds it on the same local port when it does not answer.
+fabric's `forward_local` cannot: its listener thread dies for good on the first refused remote connect
+(the port is not listening while vLLM loads), and its listening socket stays bound inside the dead
+thread, so not even a new tunnel can take the port. This forwarder owns its listener for its whole
+life and opens one `direct-tcpip` channel per accepted connection: a refused channel closes only that
+local connection (the client sees the server as down, which it is), and a dead SSH transport is
+reconnected (a rebuild) before the next channel opens. Health is polled through the tunnel, so
+`lifecycle.wait_healthy` sees the server come up through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
+import paramiko
+
 from eagle3_pipeline.server.lifecycle import check_health
-from eagle3_pipeline.server.remote import RemoteHost
+from eagle3_pipeline.server.remote import HostError, RemoteHost
 
 log = logging.getLogger(__name__)
 _TUNNELS: dict[tuple[str, int], Tunnel] = {}
+_CHUNK = 64 * 1024
 
 
 def free_port() -> int:
@@ -26,6 +35,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _pump(sock: socket.socket, channel: paramiko.Channel, stop: threading.Event) -> None:
+    """Copy bytes both ways until either side closes (one thread per forwarded connection)."""
+    try:
+        while not stop.is_set():
+            readable, _, _ = select.select([sock, channel], [], [], 1)
+            if sock in readable:
+                data = sock.recv(_CHUNK)
+                if not data:
+                    break
+                channel.sendall(data)
+            if channel in readable:
+                data = channel.recv(_CHUNK)
+                if not data:
+                    break
+                sock.sendall(data)
+    except OSError:
+        pass  # either side reset: this connection ends, the tunnel goes on
+    finally:
+        channel.close()
+        sock.close()
 
 
 class Tunnel:
@@ -39,66 +70,113 @@ class Tunnel:
         self.remote_port, self.remote_host = remote_port, remote_host
         self.local_port = local_port or free_port()
         self.host: RemoteHost | None = None
-        self._forward: contextlib.AbstractContextManager | None = None
-        self.rebuilds = 0
+        self.rebuilds = 0  # SSH connections made after the first
+        self.refused = 0  # connections the remote port refused (server down or loading)
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one (re)connect at a time
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.local_port}"
 
-    def open(self) -> None:
-        """Connect (strict host keys, timeouts) and start forwarding; waits until the listener accepts."""
-        self.host = RemoteHost(self.destination, self.ssh_cfg, self.ssh_config_path)
-        self.host.open()
-        self._forward = self.host.connection.forward_local(
-            self.local_port, remote_port=self.remote_port, remote_host=self.remote_host
-        )
-        self._forward.__enter__()
-        deadline = time.monotonic() + 5
-        while not self._accepts() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the listener starts in a thread: the first connect can be refused
-        log.info(
-            "tunnel 127.0.0.1:%d -> %s:%s:%d",
-            self.local_port,
-            self.destination,
-            self.remote_host,
-            self.remote_port,
-        )
+    def _transport(self) -> paramiko.Transport:
+        """The live SSH transport, reconnecting (strict host keys, timeouts) when it is gone."""
+        with self._lock:
+            transport = self.host.connection.transport if self.host else None
+            if transport is not None and transport.is_active():
+                return transport
+            if self.host is not None:
+                log.warning("SSH connection of the tunnel to %s is down; rebuilding it", self.destination)
+                self.host.close()
+                self.rebuilds += 1
+            self.host = RemoteHost(self.destination, self.ssh_cfg, self.ssh_config_path)
+            self.host.open()
+            return self.host.connection.transport
 
-    def _accepts(self) -> bool:
-        with socket.socket() as sock:
-            sock.settimeout(1)
-            return sock.connect_ex(("127.0.0.1", self.local_port)) == 0
+    def open(self) -> None:
+        """Connect and start listening on 127.0.0.1:local_port (accepting from the moment it returns)."""
+        if self._listener is not None:
+            return
+        self._transport()
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.local_port))
+        listener.listen(64)
+        listener.settimeout(0.2)  # so that close() ends the accept loop promptly
+        self._listener, self._stop = listener, threading.Event()
+        threading.Thread(target=self._accept_loop, args=(listener, self._stop), daemon=True).start()
+        log.info(
+            "tunnel 127.0.0.1:%d -> %s:%s:%d", self.local_port, self.destination, self.remote_host,
+            self.remote_port,
+        )  # fmt: skip
+
+    def _accept_loop(self, listener: socket.socket, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # the listener was closed
+            sock.settimeout(None)
+            channel = self._channel(peer)
+            if channel is None:
+                sock.close()  # the client sees a reset, as when the port itself refuses
+                continue
+            threading.Thread(target=_pump, args=(sock, channel, stop), daemon=True).start()
+
+    def _channel(self, peer: tuple[str, int]) -> paramiko.Channel | None:
+        """A direct-tcpip channel to the remote port; None when the remote refuses it or SSH fails."""
+        for attempt in range(2):  # a transport found dead is rebuilt once per connection
+            try:
+                transport = self._transport()
+                return transport.open_channel(
+                    "direct-tcpip", (self.remote_host, self.remote_port), peer, timeout=10
+                )
+            except paramiko.ChannelException as err:  # connection refused on the remote side
+                self.refused += 1
+                log.debug("tunnel: %s:%d refused (%s)", self.remote_host, self.remote_port, err)
+                return None
+            except (HostError, paramiko.SSHException, OSError, EOFError) as err:
+                log.warning("tunnel: SSH channel failed (%s), attempt %d", err, attempt + 1)
+                if self.host is not None:
+                    self.host.close()  # marks the transport dead: the next attempt reconnects
+        return None
 
     def close(self) -> None:
-        if self._forward is not None:
-            with contextlib.suppress(Exception):  # a dead tunnel thread re-raises its error here
-                self._forward.__exit__(None, None, None)
-            self._forward = None
-        if self.host is not None:
-            self.host.close()
-            self.host = None
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            if self.host is not None:
+                with contextlib.suppress(Exception):
+                    self.host.close()
+                self.host = None
 
     def alive(self, headers: dict[str, str] | None = None) -> bool:
-        """The SSH transport is up, the listener accepts and /health answers through it."""
+        """The SSH transport is up and /health answers through the tunnel."""
         transport = self.host.connection.transport if self.host else None
         up = transport is not None and transport.is_active()
-        return up and self._accepts() and check_health(self.base_url, headers)
+        return up and check_health(self.base_url, headers)
 
     def url(self, headers: dict[str, str] | None = None) -> str:
-        """The local URL, rebuilding the tunnel first when it does not answer."""
-        if self._forward is None:
+        """The local URL; the listener is opened on first use and the SSH transport reconnected when
+        it is down. `headers` is kept for callers that pass the API key; health is their business."""
+        del headers
+        if self._listener is None:
             self.open()
-        elif not self.alive(headers):
-            log.warning("tunnel to %s:%d does not answer; rebuilding it", self.destination, self.remote_port)
-            self.close()
-            self.open()
-            self.rebuilds += 1
+        else:
+            self._transport()
         return self.base_url
 
 
-def get_tunnel(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path) -> Tunnel:
+def get_tunnel(
+    server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path | None = None
+) -> Tunnel:
     """The process-wide tunnel for this server (one per destination and port)."""
+    del state_dir  # kept for the callers' signature; the tunnel holds no state on disk
     bind = server_json.get("host")
     remote_host = "127.0.0.1" if bind in (None, "", "0.0.0.0", "::") else bind
     key = (server_cfg["host"], int(server_json["port"]))

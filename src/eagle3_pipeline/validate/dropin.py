@@ -1,38 +1,59 @@
 """The serve check in production: the same systemd unit, restarted with the draft, then restored.
 
 On the GPU box the target occupies every GPU, so the draft cannot be served beside it: the check
-writes a temporary drop-in `/etc/systemd/system/UNIT.d/zz-eagle3-serve-check.conf` that resets
-ExecStart and sets it to the unit's own command plus `--speculative-config` (and `--enforce-eager`
-when configured), copies the checkpoint to the host, runs `daemon-reload` and `restart`, measures,
-and in every case removes the drop-in, reloads, and puts the unit back as it was (restarted when it
-was active, stopped when it was not). `zz-` sorts last, so the drop-in wins over the unit's own.
+installs a RUNTIME drop-in `/run/systemd/system/UNIT.d/zz-eagle3-serve-check.conf` (gone on reboot)
+that resets ExecStart and sets it to the unit's own command plus `--speculative-config` (and
+`--enforce-eager` when configured), runs `daemon-reload` and `restart`, measures, and in every case
+removes the drop-in, reloads, and puts the unit back as it was (restarted when it was active, stopped
+when it was not), then checks that production answers /health and serves its model again. Drop-ins
+of all unit folders are applied in file-name order, so `zz-` wins over the unit's own.
 
-Needs on the host: `sudo -n` for systemctl, tee and rm (server.ssh.sudo), and a checkpoint folder the
-unit's User can read (validate.remote_dir; not under /tmp when the unit has PrivateTmp=).
+Safety, because this touches a production server:
+- the drop-in is written inside the guarded block, so a failure while writing it is restored too;
+- every restore step is checked (its exit status) and retried; a step that still fails raises an
+  error that lists the commands to run by hand;
+- SIGTERM (a SLURM cancel) and SIGINT become an exception while the check runs, so the restore runs;
+  during the restore further signals are deferred;
+- the drop-in's first line is a marker with our name, a run id and the unit's state before: at the
+  start of every run (snapshot and serve check) a leftover one (SIGKILL, a lost connection) is found
+  and restored before anything else, and a file at our path without the marker is refused;
+- the checkpoint goes to a private folder with its sha256 checked on the host (`remote_checkpoint`);
+- the drop-in text travels on stdin, never on a command line.
+
+Needs on the host: `sudo -n` for mkdir, tee, rm and systemctl (server.ssh.sudo).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import posixpath
+import re
 import shlex
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
+from eagle3_pipeline.server import secrets
+from eagle3_pipeline.server.remote import HostError
 from eagle3_pipeline.server.unit import ExecCommand, split_words
 from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
+from eagle3_pipeline.validate.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
 from eagle3_pipeline.validate.serve_check import ServeCheckError, with_speculative_draft
 
 log = logging.getLogger(__name__)
 
 DROPIN_NAME = "zz-eagle3-serve-check.conf"
-UNIT_DIR = "/etc/systemd/system"
-CHECKPOINT_FILES = ("config.json", "model.safetensors")
+UNIT_DIR = "/run/systemd/system"  # runtime: a drop-in here does not survive a reboot
+LEGACY_UNIT_DIR = "/etc/systemd/system"  # where versions before the runtime drop-in wrote it
+RECOVERY_DIRS = (UNIT_DIR, LEGACY_UNIT_DIR)  # searched for a leftover drop-in of ours
+MARKER = "# eagle3-pipeline serve_check"
+_MARKER_LINE = re.compile(rf"^{re.escape(MARKER)} run=(?P<run>\S+) was_active=(?P<was_active>yes|no)\b")
+_LEGACY_MARKER = "# Written by eagle3-pipeline's serve_check"
+RESTORE_ATTEMPTS = 3
+RESTORE_RETRY_S = 2.0
 
 
 def systemd_quote(word: str) -> str:
@@ -67,59 +88,41 @@ def exec_start_with_draft(
     return command.prefixes + " ".join(systemd_quote(w) for w in served)
 
 
-def dropin_text(exec_start: str) -> str:
-    """The drop-in: reset ExecStart, then the command with the draft."""
+def new_run_id() -> str:
+    """The id written in the drop-in's marker: when, and a random part."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def dropin_text(exec_start: str, run_id: str = "", was_active: bool = True) -> str:
+    """The drop-in: the marker line (run id, the unit's state before), then ExecStart reset and set."""
     return (
-        "# Written by eagle3-pipeline's serve_check; removed when the check ends. Safe to delete.\n"
+        f"{MARKER} run={run_id or new_run_id()} was_active={'yes' if was_active else 'no'}\n"
+        "# Temporary (a runtime drop-in, gone on reboot); the next eagle3-pipeline run removes it if\n"
+        "# this one died. Safe to delete: then `systemctl daemon-reload` and restart the unit.\n"
         f"[Service]\nExecStart=\nExecStart={exec_start}\n"
     )
 
 
-def checkpoint_digest(checkpoint_dir: str | Path) -> str:
-    """A short content hash of the checkpoint: its folder name on the host."""
-    digest = hashlib.blake2b(digest_size=8)
-    for name in CHECKPOINT_FILES:
-        with open(Path(checkpoint_dir) / name, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()
+def parse_marker(text: str) -> dict[str, Any] | None:
+    """{'run', 'was_active'} from a drop-in of ours (was_active None for the legacy marker); None
+    when the text is not ours."""
+    match = _MARKER_LINE.match(text)
+    if match:
+        return {"run": match["run"], "was_active": match["was_active"] == "yes"}
+    if text.startswith(_LEGACY_MARKER):
+        return {"run": "legacy", "was_active": None}
+    return None
 
 
-def _stream(host: Any, local: Path, remote: str) -> None:
-    """Copy a file through an exec channel (`cat > tmp && mv`): for hosts without the SFTP subsystem."""
-    tmp = remote + ".part"
-    channel = host.connection.transport.open_session()
-    try:
-        channel.exec_command(f"cat > {shlex.quote(tmp)} && mv -- {shlex.quote(tmp)} {shlex.quote(remote)}")
-        with open(local, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                channel.sendall(chunk)
-        channel.shutdown_write()
-        status = channel.recv_exit_status()
-    finally:
-        channel.close()
-    if status != 0:
-        raise ServeCheckError(f"copying {local} to {host.name}:{remote} failed (exit {status})")
+def dropin_path(unit: str, unit_dir: str = UNIT_DIR) -> str:
+    """Where our drop-in for unit goes.
 
-
-def upload_checkpoint(host: Any, checkpoint_dir: str | Path, remote_dir: str) -> str:
-    """Copy config.json and model.safetensors to remote_dir/<hash>/ on the host (SFTP, else a plain
-    exec channel); returns that folder. A folder already holding both files is reused."""
-    target = posixpath.join(remote_dir, checkpoint_digest(checkpoint_dir))
-    names = " ".join(shlex.quote(posixpath.join(target, n)) for n in CHECKPOINT_FILES)
-    if host.run(f"ls -- {names}").ok:
-        return target
-    _must(host.run(f"mkdir -p -- {shlex.quote(target)}"), f"mkdir {target}")
-    host.open()
-    for name in CHECKPOINT_FILES:
-        local, remote = Path(checkpoint_dir) / name, posixpath.join(target, name)
-        try:
-            host.connection.put(str(local), remote + ".part")
-            _must(host.run(f"mv -- {shlex.quote(remote + '.part')} {shlex.quote(remote)}"), f"mv {remote}")
-        except paramiko.SSHException as err:
-            log.info("SFTP unavailable on %s (%s): streaming %s", host.name, err, name)
-            _stream(host, local, remote)
-    return target
+    Raises:
+        ServeCheckError: a unit name that would put it elsewhere (a `/`, or not a .service).
+    """
+    if "/" in unit or not unit.endswith(".service") or unit.startswith("."):
+        raise ServeCheckError(f"server.unit {unit!r} is not a NAME.service unit name")
+    return f"{unit_dir}/{unit}.d/{DROPIN_NAME}"
 
 
 def _must(result: Any, what: str) -> Any:
@@ -130,34 +133,162 @@ def _must(result: Any, what: str) -> Any:
     return result
 
 
+def _retried(host: Any, command: str, what: str, timeout: float | None = None) -> str | None:
+    """Run a restore step until it exits 0 (RESTORE_ATTEMPTS tries, reconnecting after SSH errors);
+    None when it succeeded, else why it failed."""
+    why = ""
+    for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        try:
+            res = host.run(command, timeout=timeout)
+        except HostError as err:
+            why = str(err)
+            host.close()  # the next try reconnects
+        else:
+            if res.ok:
+                return None
+            why = f"exit {res.exited}: {(res.stderr or res.stdout).strip()}"
+        log.warning("restore step %s failed (attempt %d/%d): %s", what, attempt, RESTORE_ATTEMPTS, why)
+        if attempt < RESTORE_ATTEMPTS:
+            time.sleep(RESTORE_RETRY_S)
+    return why
+
+
+def restore(
+    host: Any, unit: str, path: str, was_active: bool, sudo: bool = True, timeout_s: float = 720,
+    verify: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Remove our drop-in, reload systemd, and put the unit back (restart if it was active, else stop);
+    then `verify` that production serves again. Every step is checked and retried.
+
+    Raises:
+        ServeCheckError: a step still failed; the message lists what to run by hand.
+    """
+    prefix = "sudo -n " if sudo else ""
+    q_unit, q_path = shlex.quote(unit), shlex.quote(path)
+    action = "restart" if was_active else "stop"
+    steps = [
+        (f"{prefix}rm -f -- {q_path} && test ! -e {q_path}", f"removing {path}", None),
+        (f"{prefix}systemctl daemon-reload", "systemctl daemon-reload", None),
+        (f"{prefix}systemctl {action} -- {q_unit}", f"systemctl {action} {unit}", timeout_s),
+    ]
+    with deferred_interrupts() as received:
+        for command, what, timeout in steps:
+            why = _retried(host, command, what, timeout)
+            if why is not None:
+                manual = " && ".join(f"sudo {c.removeprefix(prefix)}" for c, _, _ in steps)
+                raise ServeCheckError(
+                    f"restoring {unit} on {host.name} failed at {what} ({why}); production may still run "
+                    f"the draft. Run by hand: {manual}"
+                )
+        log.info("serve check restore: %s removed, daemon-reload, %s %s", path, action, unit)
+        if was_active and verify is not None:
+            try:
+                verify()
+            except Exception as err:
+                raise ServeCheckError(f"{unit} was restored but production is not back: {err}") from err
+            log.info("production %s answers /health and serves its model again", unit)
+    if received:
+        raise Interrupted(received[0])
+
+
 @contextlib.contextmanager
 def draft_dropin(
-    host: Any, unit: str, text: str, sudo: bool = True, timeout_s: float = 120, unit_dir: str = UNIT_DIR
-) -> Iterator[None]:
-    """Install the drop-in and restart the unit; on exit remove it and restore the unit's state."""
+    host: Any, unit: str, exec_start: str, sudo: bool = True, timeout_s: float = 720,
+    unit_dir: str | None = None, before_restart: Callable[[], None] | None = None,
+    verify: Callable[[], None] | None = None,
+) -> Iterator[str]:  # fmt: skip
+    """Install the drop-in (marker, run id) and restart the unit with the draft; on exit, whatever
+    happened, `restore`. `before_restart` runs after the drop-in is written (the checkpoint's hash
+    check); yields the run id."""
     prefix = "sudo -n " if sudo else ""
     q_unit = shlex.quote(unit)
-    path = f"{unit_dir}/{unit}.d/{DROPIN_NAME}"
+    path = dropin_path(unit, unit_dir or UNIT_DIR)
     was_active = host.run(f"systemctl is-active --quiet -- {q_unit}").ok
-    _must(
-        host.run(f"{prefix}mkdir -p -- {shlex.quote(posixpath.dirname(path))}"), "mkdir of the drop-in folder"
-    )
-    _must(
-        host.run(f"printf %s {shlex.quote(text)} | {prefix}tee -- {shlex.quote(path)} >/dev/null"),
-        f"writing {path}",
-    )
+    run_id = new_run_id()
     try:
+        _must(
+            host.run(f"{prefix}mkdir -p -- {shlex.quote(posixpath.dirname(path))}"),
+            "mkdir of the drop-in folder",
+        )
+        text = dropin_text(exec_start, run_id, was_active)
+        _must(secrets.write_secret_file(host, path, text, sudo), f"writing {path}")
+        if before_restart is not None:
+            before_restart()
         _must(host.run(f"{prefix}systemctl daemon-reload"), "systemctl daemon-reload")
         _must(
             host.run(f"{prefix}systemctl restart -- {q_unit}", timeout=timeout_s), f"systemctl restart {unit}"
         )
-        yield
+        yield run_id
+    except BaseException as err:
+        log.warning("serve check ends early (%s): restoring %s", type(err).__name__, unit)
+        restore(host, unit, path, was_active, sudo, timeout_s, verify)
+        raise
+    else:
+        restore(host, unit, path, was_active, sudo, timeout_s, verify)
+
+
+def recover_leftover(
+    host: Any, unit: str, sudo: bool = True, timeout_s: float = 720,
+    unit_dirs: tuple[str, ...] | None = None, verify: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Find and restore a drop-in a previous serve check left behind (killed, connection lost).
+
+    Returns:
+        One {'path', 'run', 'was_active'} per drop-in restored (empty when none was found).
+
+    Raises:
+        ServeCheckError: a file at our path that we did not write, or the restore failed.
+    """
+    found = []
+    for unit_dir in unit_dirs or RECOVERY_DIRS:
+        path = dropin_path(unit, unit_dir)
+        res = host.run(f"cat -- {shlex.quote(path)}")
+        if not res.ok:
+            if "No such file" not in res.stderr:
+                raise ServeCheckError(f"cannot read {host.name}:{path}: {res.stderr.strip()}")
+            continue
+        marker = parse_marker(res.stdout)
+        if marker is None:
+            raise ServeCheckError(
+                f"{host.name}:{path} exists but was not written by eagle3-pipeline (no '{MARKER}' line): "
+                "it changes the unit the serve check would restore; move it away or rename it"
+            )
+        was_active = marker["was_active"]
+        if was_active is None:  # legacy: the state before is unknown; keep the unit as it is now
+            was_active = host.run(f"systemctl is-active --quiet -- {shlex.quote(unit)}").ok
+        log.warning(
+            "found the drop-in of an unfinished serve check (run %s) at %s:%s: restoring %s first",
+            marker["run"], host.name, path, unit,
+        )  # fmt: skip
+        restore(host, unit, path, was_active, sudo, timeout_s, verify)
+        found.append({"path": path, "run": marker["run"], "was_active": was_active})
+    return found
+
+
+def recover_leftover_dropin(server_cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """`recover_leftover` on the configured host; nothing to do where the pipeline runs the unit as a
+    local process (no systemd). Called first by snapshot_server, so that a draft command left in the
+    unit is never snapshotted as production."""
+    from eagle3_pipeline.server.lifecycle import uses_local_process
+    from eagle3_pipeline.server.remote import open_host
+
+    if uses_local_process(server_cfg):
+        return []
+    host = open_host(server_cfg)
+    try:
+        return recover_leftover(
+            host,
+            server_cfg["unit"],
+            bool(server_cfg.get("ssh", {}).get("sudo", True)),
+            _restart_timeout(server_cfg),
+        )
     finally:
-        host.run(f"{prefix}rm -f -- {shlex.quote(path)}")
-        host.run(f"{prefix}systemctl daemon-reload")
-        action = "restart" if was_active else "stop"
-        log.info("serve check done: drop-in removed, %s %s", action, unit)
-        host.run(f"{prefix}systemctl {action} -- {q_unit}", timeout=timeout_s)
+        host.close()
+
+
+def _restart_timeout(server_cfg: dict[str, Any]) -> float:
+    """A blocking restart stops the old server first (minutes for a tensor-parallel one)."""
+    return float(server_cfg.get("stop_timeout_s", 600)) + 120
 
 
 def vllm_exec(cat_text: str, unit: str) -> ExecCommand:
@@ -171,6 +302,22 @@ def vllm_exec(cat_text: str, unit: str) -> ExecCommand:
     return candidates[-1]
 
 
+def _production_check(
+    server_cfg: dict[str, Any], server_json: dict[str, Any], state_dir: Path
+) -> Callable[[], None]:
+    """/health through the configured URL (tunnel included), then /v1/models lists the snapshot's model."""
+    from eagle3_pipeline.server import auth_headers
+    from eagle3_pipeline.server.lifecycle import check_model, server_url, wait_healthy
+
+    def check() -> None:
+        headers = auth_headers(server_cfg)
+        base_url = server_url(server_json, server_cfg, state_dir)
+        wait_healthy(base_url, float(server_cfg.get("start_timeout_s", 1800)), None, None, headers)
+        check_model(base_url, server_json["served_model_name"], headers)
+
+    return check
+
+
 def run_remote_serve_check(
     server_cfg: dict[str, Any],
     server_json: dict[str, Any],
@@ -179,34 +326,55 @@ def run_remote_serve_check(
     sampling: Any,
     state_dir: str | Path,
     num_speculative_tokens: int,
-    remote_dir: str,
+    remote_dir: str | None,
     enforce_eager: bool = True,
     concurrency: int = 8,
     request_timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     """The serve check through systemd (an SSH host, or this machine when it runs systemd)."""
     from eagle3_pipeline.server import api_key, auth_headers
-    from eagle3_pipeline.server.lifecycle import server_url, wait_healthy
+    from eagle3_pipeline.server.lifecycle import UnitWatch, server_url, wait_healthy
     from eagle3_pipeline.server.remote import open_host
     from eagle3_pipeline.server.snapshot import read_unit_text
+    from eagle3_pipeline.validate import remote_checkpoint
     from eagle3_pipeline.validate.serve_check import measure
 
-    host = open_host(server_cfg)
-    try:
-        command = vllm_exec(read_unit_text(host, server_cfg), server_cfg["unit"])
-        checkpoint = (
-            upload_checkpoint(host, checkpoint_dir, remote_dir) if not host.is_local else str(checkpoint_dir)
-        )
-        text = dropin_text(exec_start_with_draft(command, checkpoint, num_speculative_tokens, enforce_eager))
-        sudo = bool(server_cfg.get("ssh", {}).get("sudo", True))
-        with draft_dropin(host, server_cfg["unit"], text, sudo=sudo):
-            base_url = server_url(server_json, server_cfg, Path(state_dir))
-            wait_healthy(
-                base_url, float(server_cfg.get("start_timeout_s", 1800)), None, None, auth_headers(server_cfg)
-            )
-            result = measure(
-                base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s
-            )
-    finally:
-        host.close()
-    return result | {"mode": "systemd-dropin", "unit": server_cfg["unit"], "host": server_cfg.get("host")}
+    unit, sudo = server_cfg["unit"], bool(server_cfg.get("ssh", {}).get("sudo", True))
+    timeout_s = _restart_timeout(server_cfg)
+    verify = _production_check(server_cfg, server_json, Path(state_dir))
+    with interrupts_as_exceptions():
+        host = open_host(server_cfg)
+        folder = None
+        try:
+            recover_leftover(host, unit, sudo, timeout_s, verify=verify)  # before anything else
+            cat_text = read_unit_text(host, server_cfg)
+            command = vllm_exec(cat_text, unit)
+            expected = remote_checkpoint.sha256_files(checkpoint_dir)
+            if host.is_local:
+                checkpoint = str(Path(checkpoint_dir).resolve())
+            else:
+                sandbox = remote_checkpoint.unit_sandbox(cat_text, unit)
+                folder = checkpoint = remote_checkpoint.private_dir(host, remote_dir, sandbox)
+                remote_checkpoint.upload(host, checkpoint_dir, folder)
+            exec_start = exec_start_with_draft(command, checkpoint, num_speculative_tokens, enforce_eager)
+            with draft_dropin(
+                host, unit, exec_start, sudo, timeout_s,
+                before_restart=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
+            ) as run_id:  # fmt: skip
+                base_url = server_url(server_json, server_cfg, Path(state_dir))
+                watch = UnitWatch(server_cfg)
+                try:
+                    wait_healthy(
+                        base_url, float(server_cfg.get("start_timeout_s", 1800)), watch.journal, watch.alive,
+                        auth_headers(server_cfg), lambda: f"{unit} with the draft stopped ({watch.state})",
+                    )  # fmt: skip
+                finally:
+                    watch.close()
+                result = measure(
+                    base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s
+                )
+        finally:
+            if folder is not None:
+                remote_checkpoint.remove(host, folder)
+            host.close()
+    return result | {"mode": "systemd-dropin", "unit": unit, "host": server_cfg.get("host"), "run_id": run_id}

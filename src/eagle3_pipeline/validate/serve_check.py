@@ -23,6 +23,7 @@ import polars as pl
 
 from eagle3_pipeline.generate.client import ChatClient, Sampling
 from eagle3_pipeline.validate.acceptance import online_acceptance
+from eagle3_pipeline.validate.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,7 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
     tmp.replace(path)
 
 
+@interrupts_as_exceptions()  # SIGTERM (a SLURM cancel) unwinds through the cleanup: see dropin.py
 def serve_check(
     checkpoint_dir: str | Path,
     validation_path: str | Path,
