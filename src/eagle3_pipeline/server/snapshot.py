@@ -184,9 +184,8 @@ def _launcher_python(launcher: list[str], host: Host) -> str | None:
     return first[2:].split()[0] if first.startswith("#!/") else None
 
 
-def detect_vllm_version(launcher: list[str], host: Host) -> str | None:
+def detect_vllm_version(python: str | None, host: Host) -> str | None:
     """vLLM's installed version from its package metadata (no import of vLLM); None when unknown."""
-    python = _launcher_python(launcher, host)
     if not python or not python.startswith("/"):
         return None
     res = host.run(f"{shlex.quote(python)} -c {shlex.quote(_VERSION_CODE)}", timeout=60)
@@ -262,9 +261,12 @@ def build_server_json(
     }
     fields = json.loads(secrets.REDACTOR.scrub(json.dumps(fields, sort_keys=True)))
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-    version = detect_vllm_version(command.launcher, host) if command.found else None
+    python = _launcher_python(command.launcher, host) if command.found else None
+    version = detect_vllm_version(python, host)
     if version:
         server["vllm_version"] = version
+    if python and python.startswith("/"):
+        server["python"] = python  # the unit's interpreter: hidden_states' vllm backend runs it
     server["identity"] = identity
     server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
     return server, {"identity": identity, "fields": fields}
