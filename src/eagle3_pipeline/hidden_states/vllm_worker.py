@@ -44,6 +44,9 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
     engine = job["engine"]
     kwargs: dict[str, Any] = {
         "model": job["target"],
+        # ids in, ids out: no tokenizer to load (or to trust). vLLM then logs a harmless
+        # "Chat template warmup failed ... Tokenizer not available" warning at start.
+        "skip_tokenizer_init": True,
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
@@ -168,14 +171,16 @@ def run_job(job: dict[str, Any]) -> None:
     start = time.perf_counter()
     llm = make_engine(job)
     log.info("engine ready in %.1f s", time.perf_counter() - start)
-    record = engine_record(llm, job)
+    record = {**engine_record(llm, job), "engine_start_s": round(time.perf_counter() - start, 2)}
     for path in job["records"]:
         storage.atomic_write_json(record, Path(path))
+    total_tokens, extract_s = 0, 0.0
     for done, batch in enumerate(job["batches"], 1):
         start = time.perf_counter()
         tensors = run_batch(llm, batch, weight, norm.eps, dtype)
         storage.atomic_save(tensors, Path(batch["part"]))
         tokens = tensors["aux_hidden_states"].shape[0]
+        total_tokens, extract_s = total_tokens + tokens, extract_s + time.perf_counter() - start
         log.info(
             "part %s (%d/%d): %d samples, %d tokens, %.0f tokens/s",
             Path(batch["part"]).name,
@@ -185,6 +190,14 @@ def run_job(job: dict[str, Any]) -> None:
             tokens,
             tokens / max(time.perf_counter() - start, 1e-9),
         )
+    # this run's figures (a resumed job's are those of its last run)
+    record["last_run"] = {
+        "batches": len(job["batches"]),
+        "tokens": total_tokens,
+        "extract_s": round(extract_s, 2),
+    }
+    for path in job["records"]:
+        storage.atomic_write_json(record, Path(path))
 
 
 def main(argv: list[str]) -> int:
