@@ -80,7 +80,7 @@ def check_architecture(target: str, trust_remote_code: bool) -> None:
     config = json.loads((Path(target) / "config.json").read_text())
     archs = config.get("architectures") or []
     if trust_remote_code and config.get("auto_map"):
-        return  # vLLM may still map it (e.g. Kimi-K2.5's KimiK25ForConditionalGeneration is registered)
+        return  # remote code: vLLM may still run it through its Transformers fallback; the engine decides
     if not set(archs) & set(ModelRegistry.get_supported_archs()):
         raise WorkerError(f"vLLM {_version()} has no model for {archs} ({target}); {FALLBACK}")
 
