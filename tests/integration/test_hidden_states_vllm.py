@@ -25,10 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ENGINE = {"python": str(VLLM_PYTHON), "dtype": "bfloat16", "max_model_len": 512, "enforce_eager": True}
-# Measured on this machine (bf16 engine vs bf16 transformers, random 8-layer Llama, H=128): aux cosine
-# >= 0.99998 per token and relative error <= 0.6%, final 0.99996 / 0.9%; both well above what a wrong
-# layer gives (the neighbouring layers: cosine <= 0.97). The bounds leave room for other CPUs' kernels.
-MIN_COSINE = 0.9995
+# Measured here (bf16 engine vs bf16 transformers, the random 8-layer Llama, H=128, two runs): per
+# sample, relative error 0.5-0.6% (aux) and 0.95-1.25% (final); per token, cosine >= 0.9999 almost
+# everywhere, the worst token 0.9992 (aux) / 0.9989 (final), and the worst token moved between runs
+# (vLLM's CPU kernels are not bit-stable across batch shapes). Another aux layer is >= 17% off.
+MIN_COSINE = 0.995
 MAX_RELATIVE = 0.03
 
 
