@@ -17,6 +17,7 @@ far the two backends' states are apart (cosine, relative error).
 Prints one JSON line per measurement. Examples:
     .venv/bin/python benchmarks/hidden_states.py                       # demo target if built, else random
     .venv/bin/python benchmarks/hidden_states.py --hidden 1024 --layers 8 --vocab 32000 --tokens 8192
+    .venv/bin/python benchmarks/hidden_states.py --backends --random-target   # vllm beside transformers
 """
 
 from __future__ import annotations
@@ -293,6 +294,9 @@ def main() -> None:
     parser.add_argument(
         "--target", type=Path, default=None, help="default: the demo target, else a random Llama"
     )
+    parser.add_argument(
+        "--random-target", action="store_true", help="a random Llama even if the demo's is built"
+    )
     parser.add_argument("--hidden", type=int, default=512, help="random target: hidden size (head_dim 64)")
     parser.add_argument("--layers", type=int, default=8, help="random target: decoder layers")
     parser.add_argument("--vocab", type=int, default=32000, help="random target: vocabulary")
@@ -309,7 +313,8 @@ def main() -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="bench_hidden_states_") as tmp:
         work = Path(tmp)
-        target = args.target or (DEMO_TARGET if (DEMO_TARGET / "config.json").exists() else None)
+        built = DEMO_TARGET if (DEMO_TARGET / "config.json").exists() and not args.random_target else None
+        target = args.target or built
         target = target or random_target(work / "target", args.hidden, args.layers, args.vocab)
         info = extract.target_info(target)
         emit(
