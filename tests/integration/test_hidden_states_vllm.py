@@ -25,11 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ENGINE = {"python": str(VLLM_PYTHON), "dtype": "bfloat16", "max_model_len": 512, "enforce_eager": True}
-# Measured here (bf16 engine vs bf16 transformers, the random 8-layer Llama, H=128, two runs): per
-# sample, relative error 0.5-0.6% (aux) and 0.95-1.25% (final); per token, cosine >= 0.9999 almost
-# everywhere, the worst token 0.9992 (aux) / 0.9989 (final), and the worst token moved between runs
-# (vLLM's CPU kernels are not bit-stable across batch shapes). Another aux layer is >= 17% off.
-MIN_COSINE = 0.995
+# Measured here (bf16 engine vs bf16 transformers, per aux layer or final state, on the fitted demo
+# target): per sample relative error 0.5-0.6% (aux) and 1.0-1.3% (final); per token, cosine 0.99998 /
+# 0.99995 on average, the worst token 0.9992 / 0.9989 (this test's traces) and 0.997 / 0.992 over the
+# benchmark's 8,192 random-id tokens; the random tiny target stays above 0.9995. The worst token moves
+# between runs (vLLM's CPU kernels are not bit-stable across batch shapes). Another aux layer is >= 17%
+# off, so the numbering check has a wide margin.
+MIN_MEAN_COSINE = 0.9995
+MIN_COSINE = 0.98
 MAX_RELATIVE = 0.03
 
 
@@ -99,6 +102,13 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def _assert_close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """[T, H] states: per-token cosine (mean and worst) and the relative error of the whole."""
+    cosine = _cosine(got, ref)
+    assert cosine.mean() > MIN_MEAN_COSINE and cosine.min() > MIN_COSINE, cosine
+    assert _relative(got, ref) < MAX_RELATIVE
+
+
 def test_both_backends_give_the_same_aux_states_and_layer_numbering(both):
     ref_meta, got_meta = both["transformers"][1][0], both["vllm"][1][0]
     for key in ("aux_layers", "aux_layers_vllm", "num_hidden_layers", "hidden_size", "ids", "num_tokens"):
@@ -109,8 +119,7 @@ def test_both_backends_give_the_same_aux_states_and_layer_numbering(both):
         assert torch.equal(ref["input_ids"], got["input_ids"]) and torch.equal(
             ref["loss_mask"], got["loss_mask"]
         )
-        assert _cosine(got["aux_hidden_states"], ref["aux_hidden_states"]).min() > MIN_COSINE
-        assert _relative(got["aux_hidden_states"], ref["aux_hidden_states"]) < MAX_RELATIVE
+        _assert_close(got["aux_hidden_states"].reshape(-1, h), ref["aux_hidden_states"].reshape(-1, h))
         # numbering: vLLM's slot j is transformers' layer j, not a neighbour
         for j in range(3):
             mine = got["aux_hidden_states"][:, j * h : (j + 1) * h]
@@ -123,13 +132,10 @@ def test_final_state_is_the_transformers_post_norm_state(both, hs_target):
     norm = final_norm.find_final_norm(hs_target)
     weight = final_norm.load_weight(norm)
     for ref, got in _pairs(both):
-        assert _cosine(got["final_hidden_states"], ref["final_hidden_states"]).min() > MIN_COSINE
-        assert _relative(got["final_hidden_states"], ref["final_hidden_states"]) < MAX_RELATIVE
-        # and it is post-norm: each row's RMS is the norm weight's scale, not the residual stream's
-        renormed = final_norm.rms_norm(got["final_hidden_states"], weight, norm.eps)
-        assert _relative(renormed, got["final_hidden_states"]) > 0.05 or torch.allclose(
-            weight, torch.ones_like(weight)
-        )
+        _assert_close(got["final_hidden_states"], ref["final_hidden_states"])
+        # and it is post-norm: divided by the norm's weight, every row has an RMS of 1
+        rms = (got["final_hidden_states"].float() / weight.float()).pow(2).mean(-1).sqrt()
+        assert (rms - 1).abs().max() < 0.02, rms
     meta = both["vllm"][1][0]
     assert meta["final_state"] == "post_norm" and "model.norm.weight" in meta["final_state_source"]
 
