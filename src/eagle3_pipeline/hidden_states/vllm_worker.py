@@ -169,8 +169,8 @@ def run_job(job: dict[str, Any]) -> None:
     weight = final_norm.load_weight(norm)
     dtype = storage.TORCH_DTYPES[job["storage_dtype"]]
     start = time.perf_counter()
-    llm = make_engine(job)
-    log.info("engine ready in %.1f s", time.perf_counter() - start)
+    llm = make_engine(job)  # includes vLLM's import
+    log.info("engine ready in %.1f s (vLLM's import included)", time.perf_counter() - start)
     record = {**engine_record(llm, job), "engine_start_s": round(time.perf_counter() - start, 2)}
     for path in job["records"]:
         storage.atomic_write_json(record, Path(path))
