@@ -19,7 +19,7 @@ SNAPSHOT = {
     "max_model_len": 262144,
     "trust_remote_code": True,
     "args": {"--dtype": "bfloat16", "--quantization": "compressed-tensors", "--enforce-eager": True},
-    "env": {"VLLM_ATTENTION_BACKEND": "FLASHMLA", "VLLM_API_KEY": "REDACTED", "OTHER": "x"},
+    "env": {"VLLM_ATTENTION_BACKEND": "FLASHMLA", "VLLM_API_KEY": "<redacted>", "OTHER": "x"},
     "python": sys.executable,
 }
 

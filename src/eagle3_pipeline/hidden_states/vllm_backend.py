@@ -26,6 +26,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.server.secrets import REDACTED
+
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
@@ -187,7 +189,7 @@ def worker_env(package_dir: Path, snapshot: dict[str, Any] | None) -> dict[str, 
     """The worker's environment: the served unit's VLLM_* variables under ours, no launcher's ranks."""
     env = {}
     for name, value in ((snapshot or {}).get("env") or {}).items():
-        if name.startswith("VLLM_") and "REDACTED" not in str(value) and "*" not in str(value):
+        if name.startswith("VLLM_") and REDACTED not in str(value):  # a secret stays out
             env[name] = str(value)  # e.g. VLLM_ATTENTION_BACKEND, VLLM_CPU_KVCACHE_SPACE
     env.update({k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV})
     env["PYTHONPATH"] = str(package_dir)
