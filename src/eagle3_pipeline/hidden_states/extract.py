@@ -438,11 +438,11 @@ def extract_shards_vllm(
     plans = [plan_shard(settings) for settings in jobs]
     batches: list[dict[str, Any]] = []
     for plan in plans:
-        parts = prepare_work(plan.settings.work, fingerprint(plan.settings, plan.seqs, plan.info, plan.layers,
-                                                             engine))  # fmt: skip
+        key = fingerprint(plan.settings, plan.seqs, plan.info, plan.layers, engine)
+        parts = prepare_work(plan.settings.work, key)
         todo = [b for b in range(len(plan.batches)) if not part_path(parts, b).exists()]
-        log.info("%s: %d batches to run, %d already saved", plan.settings.output.name, len(todo),
-                 len(plan.batches) - len(todo))  # fmt: skip
+        saved = len(plan.batches) - len(todo)
+        log.info("%s: %d batches to run, %d already saved", plan.settings.output, len(todo), saved)
         batches += [
             {
                 "part": str(part_path(parts, b)),

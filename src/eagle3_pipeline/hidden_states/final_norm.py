@@ -70,8 +70,9 @@ def find_final_norm(target: str | Path) -> FinalNorm:
     model_type = text.get("model_type", config.get("model_type"))
     fallback = "set hidden_states.backend: transformers to extract with transformers instead"
     if model_type in NON_PLAIN_RMSNORM:
-        raise FinalNormError(f"{target}: the final norm of model_type {model_type!r} is not plain RMSNorm; "
-                             f"{fallback}")  # fmt: skip
+        raise FinalNormError(
+            f"{target}: the final norm of model_type {model_type!r} is not plain RMSNorm; {fallback}"
+        )
     eps = text.get("rms_norm_eps")
     if eps is None:
         raise FinalNormError(f"{target}/config.json has no rms_norm_eps (not an RMSNorm model?); {fallback}")

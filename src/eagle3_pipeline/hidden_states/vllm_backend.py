@@ -32,8 +32,20 @@ log = logging.getLogger(__name__)
 
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
 # Set by `accelerate launch` / torchrun for the pipeline's process; vLLM must build its own world.
-DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                   "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")  # fmt: skip
+DISTRIBUTED_ENV = frozenset(
+    [
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+    ]
+)
 
 
 class VllmBackendError(RuntimeError):
@@ -127,8 +139,7 @@ def engine_settings(
                 f"hidden_states.max_seq_len {max_seq_len} tokens plus the one vLLM generates: set it to "
                 f">= {need} or null"
             )
-        log.info("max_model_len %d (snapshot) raised to %d for max_seq_len %d", settings["max_model_len"],
-                 need, max_seq_len)  # fmt: skip
+        log.info("max_model_len %d (snapshot) raised to %d", settings["max_model_len"], need)
         settings["max_model_len"], sources["max_model_len"] = need, "max_seq_len"
     settings["sources"] = sources
     return settings
