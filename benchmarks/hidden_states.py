@@ -9,9 +9,15 @@ On the same token batches of the same model:
 each in float32 and bfloat16 compute (CPU with AMX: bf16 matmuls), plus the bf16-vs-fp32 relative error
 of the stored states, and the shard's bytes per token beside 4 * H * 2.
 
+With --backends (needs .venv-vllm, or --vllm-python): the whole job through each backend on the same
+sequences, side by side in one run (bf16 both): tokens/s of the job, tokens/s once the model is up
+(the job minus the transformers load / the vLLM engine start), their ratio, bytes per token, and how
+far the two backends' states are apart (cosine, relative error).
+
 Prints one JSON line per measurement. Examples:
     .venv/bin/python benchmarks/hidden_states.py                       # demo target if built, else random
     .venv/bin/python benchmarks/hidden_states.py --hidden 1024 --layers 8 --vocab 32000 --tokens 8192
+    .venv/bin/python benchmarks/hidden_states.py --backends --random-target   # vllm beside transformers
 """
 
 from __future__ import annotations
@@ -199,12 +205,97 @@ def bench_extract(target: Path, traces: Path, work: Path, args: argparse.Namespa
         )
 
 
+def _agreement(a_path: Path, b_path: Path) -> dict[str, float]:
+    """Worst per-token cosine and the relative error of shard b's states against shard a's."""
+    from eagle3_pipeline.hidden_states import HiddenStateShard
+
+    out = {}
+    with HiddenStateShard(a_path) as a, HiddenStateShard(b_path) as b:
+        for name in ("aux_hidden_states", "final_hidden_states"):
+            x = a.tensor_slice(name, 0, a.num_tokens).float()
+            y = b.tensor_slice(name, 0, b.num_tokens).float()
+            if name == "aux_hidden_states":  # per layer: [T, 3H] -> [3T, H]
+                x, y = x.reshape(-1, x.shape[1] // 3), y.reshape(-1, y.shape[1] // 3)
+            cos = torch.nn.functional.cosine_similarity(x, y, dim=-1)
+            out[f"{name}_min_cosine"] = round(float(cos.min()), 6)
+            out[f"{name}_relative_error"] = round(float((x - y).norm() / x.norm()), 5)
+    return out
+
+
+def bench_backends(target: Path, traces: Path, work: Path, args: argparse.Namespace) -> None:
+    """The same shard through transformers and vLLM, in one run; engine settings as the demo unit's."""
+    import os
+    import resource
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    vllm = {"python": str(args.vllm_python), "dtype": "bfloat16", "enforce_eager": True}
+    results = {}
+    for backend in ("transformers", "vllm"):
+        settings = extract.ExtractSettings(
+            traces=traces,
+            shard=0,
+            target=target,
+            output=work / f"shard-{backend}.safetensors",
+            metadata=work / f"shard-{backend}.json",
+            work=work / f"work-{backend}",
+            batch_tokens=args.batch_tokens,
+            compute_dtype="bfloat16",
+            max_seq_len=2047,  # the engine's max_model_len 2048 fits the random target's 4096 positions
+            backend=backend,
+            vllm=vllm,
+        )
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        meta = extract.extract_shards([settings])[0]
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = time.process_time() - start_cpu + (after.ru_utime + after.ru_stime)
+        cpu -= children.ru_utime + children.ru_stime
+        forward_s = None
+        if backend == "vllm":
+            startup = meta["engine"]["engine_start_s"]
+            forward_s = meta["engine"]["last_run"]["extract_s"]  # the engine calls, reads, norm, parts
+        else:
+            t0 = time.perf_counter()
+            capture.load_target(target, torch.bfloat16, torch.device("cpu"), device_map=False)
+            startup = time.perf_counter() - t0
+        tokens = meta["num_tokens"]
+        results[backend] = {
+            "measure": "backend_job",
+            "backend": backend,
+            "tokens": tokens,
+            "job_s": round(seconds, 2),
+            "startup_s": round(startup, 2),
+            "job_tokens_per_s": round(tokens / seconds, 1),
+            "tokens_per_s_after_startup": round(tokens / max(seconds - startup, 1e-9), 1),
+            "engine_calls_tokens_per_s": round(tokens / forward_s, 1) if forward_s else None,
+            "cpu_s_incl_children": round(cpu, 2),
+            "bytes_per_token": round(meta["bytes_per_token"], 2),
+            "floor_bytes_per_token": meta["floor_bytes_per_token"],
+        }
+        emit(**results[backend])
+    t, v = results["transformers"], results["vllm"]
+    emit(
+        measure="backend_ratio_vllm_over_transformers",
+        job_tokens_per_s=round(v["job_tokens_per_s"] / t["job_tokens_per_s"], 3),
+        tokens_per_s_after_startup=round(
+            v["tokens_per_s_after_startup"] / t["tokens_per_s_after_startup"], 3
+        ),
+        bytes_per_token=round(v["bytes_per_token"] / t["bytes_per_token"], 4),
+        **_agreement(work / "shard-transformers.safetensors", work / "shard-vllm.safetensors"),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--target", type=Path, default=None, help="default: the demo target, else a random Llama"
+    )
+    parser.add_argument(
+        "--random-target", action="store_true", help="a random Llama even if the demo's is built"
     )
     parser.add_argument("--hidden", type=int, default=512, help="random target: hidden size (head_dim 64)")
     parser.add_argument("--layers", type=int, default=8, help="random target: decoder layers")
@@ -213,6 +304,8 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--backends", action="store_true", help="only the vllm-vs-transformers job")
+    parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -220,7 +313,8 @@ def main() -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="bench_hidden_states_") as tmp:
         work = Path(tmp)
-        target = args.target or (DEMO_TARGET if (DEMO_TARGET / "config.json").exists() else None)
+        built = DEMO_TARGET if (DEMO_TARGET / "config.json").exists() and not args.random_target else None
+        target = args.target or built
         target = target or random_target(work / "target", args.hidden, args.layers, args.vocab)
         info = extract.target_info(target)
         emit(
@@ -235,6 +329,9 @@ def main() -> None:
         traces = synthetic_traces(work / "traces.parquet", info.vocab_size, args.tokens)
         rows = sequences.load_trace_rows(traces, 0)
         seqs = [r["prompt_token_ids"] + r["completion_token_ids"] for r in rows]
+        if args.backends:
+            bench_backends(target, traces, work, args)
+            return
         layers = sequences.resolve_layers("auto", info.num_layers)
         bench_forwards(target, seqs, args, layers)
         bench_extract(target, traces, work, args)

@@ -1,6 +1,9 @@
 # The target run over each full conversation (prompt + thinking + answer, the server's own token ids);
 # three auxiliary layers and the final one stored packed in bf16, one file per shard and split.
 # One job per shard writes every split's file: the target is loaded once, not once per split.
+# hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
+import json
+import shlex
 import sys
 
 
@@ -26,7 +29,17 @@ rule extract_hidden_states:
         # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
         python=sys.executable,
         script=f"{workflow.basedir}/scripts/extract_hidden_states.py",
-        launch_mode="device_map" if config["hidden_states"]["device_map"] else "ddp",
+        # vllm: one process, vLLM starts its own tensor-parallel workers on the job's GPUs
+        launch_mode=(
+            "device_map"
+            if config["hidden_states"]["device_map"]
+            or config["hidden_states"]["backend"] == "vllm"
+            else "ddp"
+        ),
+        backend=config["hidden_states"]["backend"],
+        vllm=shlex.quote(json.dumps(config["hidden_states"]["vllm"])),
+        # the snapshot exists: the traces come from generation, which needs it
+        server_json=rules.snapshot_server.output.server,
         layers=config["hidden_states"]["layers"],
         max_seq_len=config["hidden_states"]["max_seq_len"],
         overlong=config["hidden_states"]["overlong"],
@@ -50,4 +63,5 @@ rule extract_hidden_states:
         " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
         " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.trust_remote_code}"
         " --batch-tokens {params.batch_tokens} --work {params.work}"
+        " --backend {params.backend} --vllm {params.vllm} --server-json {params.server_json}"
         " --output {output.states} --metadata {output.metadata} > {log} 2>&1"

@@ -2,10 +2,13 @@
 
 --traces, --output and --metadata take one path per split, in the same order; the target is loaded
 once for all of them. Each split's resumable state is WORK/<the output's folder name>.
+--backend vllm runs the target in a vLLM engine (an interpreter with vLLM, from --vllm or the
+snapshot --server-json); transformers loads it here.
 """
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -30,6 +33,9 @@ def parse_args(argv: list[str]) -> list[ExtractSettings]:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device-map", action="store_true", help="spread the model over all visible devices")
     p.add_argument("--trust-remote-code", action="store_true", help="the target ships its own model code")
+    p.add_argument("--backend", choices=["vllm", "transformers"], default="transformers")
+    p.add_argument("--vllm", type=json.loads, default={}, help="hidden_states.vllm as JSON (null: snapshot)")
+    p.add_argument("--server-json", type=Path, default=None, help="the served unit's snapshot (vllm backend)")
     args = vars(p.parse_args(argv))
     splits = [args.pop(name) for name in ("traces", "output", "metadata")]
     if len({len(paths) for paths in splits}) != 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,43 @@ def _semantic_problems(config: dict[str, Any]) -> list[str]:
             f"'dataset.path': {path!r} does not exist; point it at a .jsonl, a .parquet, a folder of "
             "parquet files or hf://datasets/ORG/NAME"
         )
+    problem = _layer_problem(config["hidden_states"]["layers"], Path(config["target"]["model"]))
+    if problem:
+        problems.append(problem)
     return problems
+
+
+def target_num_layers(target: Path) -> int | None:
+    """The target's decoder layer count from its config.json (a VL wrapper's text_config), when it is
+    there to read: the demo's target is built by a rule, so at parse time it may not exist yet."""
+    try:
+        data = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    layers = (data.get("text_config") or data).get("num_hidden_layers")
+    return layers if isinstance(layers, int) else None
+
+
+def _layer_problem(layers: Any, target: Path) -> str | None:
+    """hidden_states.layers against the target's depth (the same rule the job applies)."""
+    if isinstance(layers, list) and len(set(layers)) != len(layers):
+        return f"'hidden_states.layers': {layers} repeats a layer; give three distinct 0-indexed layers"
+    num_layers = target_num_layers(target)
+    if num_layers is None:
+        return None
+    if layers == "auto":
+        if num_layers < 5:
+            return (
+                f"'hidden_states.layers': auto needs >= 5 decoder layers, {target} has {num_layers}; "
+                f"give three distinct layers in [0, {num_layers})"
+            )
+        return None
+    if any(layer >= num_layers for layer in layers):
+        return (
+            f"'hidden_states.layers': {layers} out of range for {target} ({num_layers} decoder layers): "
+            f"each must be in [0, {num_layers - 1}] (0-indexed decoder-layer outputs), or use auto"
+        )
+    return None
 
 
 # The trace splits, in the order every rule lists their files (split_traces, extract_hidden_states).

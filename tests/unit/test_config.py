@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,53 @@ def test_unit_name_pattern_is_defined_once():
     assert unit_schema["pattern"] == UNIT_NAME_PATTERN and unit_schema["maxLength"] == UNIT_NAME_MAX
     with pytest.raises(UnitError, match="server.unit"):
         check_unit_name("../x.service")
+
+
+def _target_with_layers(folder: Path, num_layers: int, nested: bool = False) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = {"model_type": "llama", "num_hidden_layers": num_layers}
+    config = {"model_type": "kimi_k25", "text_config": text} if nested else text
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_layers_out_of_range_are_refused_at_parse_time(demo_config, tmp_path, nested):
+    demo_config["target"]["model"] = _target_with_layers(tmp_path / "t", 8, nested)
+    demo_config["hidden_states"]["layers"] = [1, 3, 8]
+    with pytest.raises(ConfigError, match=r"hidden_states\.layers.*\[1, 3, 8\].*8 decoder layers.*\[0, 7\]"):
+        check_config(demo_config, SCHEMA)
+    demo_config["hidden_states"]["layers"] = [1, 3, 7]
+    assert check_config(demo_config, SCHEMA)["hidden_states"]["layers"] == [1, 3, 7]
+
+
+def test_auto_layers_on_a_too_shallow_target_are_refused(demo_config, tmp_path):
+    demo_config["target"]["model"] = _target_with_layers(tmp_path / "t", 4)
+    with pytest.raises(ConfigError, match=r"hidden_states\.layers.*auto needs >= 5.*has 4"):
+        check_config(demo_config, SCHEMA)
+
+
+def test_repeated_layers_are_refused_even_before_the_target_exists(demo_config, tmp_path):
+    demo_config["target"]["model"] = str(tmp_path / "not-built-yet")
+    demo_config["hidden_states"]["layers"] = [2, 2, 4]
+    with pytest.raises(ConfigError, match=r"hidden_states\.layers.*repeats"):
+        check_config(demo_config, SCHEMA)
+    demo_config["hidden_states"]["layers"] = [2, 3, 40]  # the job checks the depth once it is built
+    assert check_config(demo_config, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [("backend", "sglang", "hidden_states.backend"), ("vllm", {"tp": 8}, "tp")],
+)
+def test_bad_backend_settings_name_the_key(demo_config, key, value, fragment):
+    demo_config["hidden_states"][key] = value
+    with pytest.raises(ConfigError, match=fragment):
+        check_config(demo_config, SCHEMA)
+
+
+def test_demo_and_production_default_to_the_vllm_backend(demo_config):
+    assert check_config(demo_config, SCHEMA)["hidden_states"]["backend"] == "vllm"
+    kimi = yaml.safe_load((ROOT / "config" / "examples" / "kimi-k2.5-8gpu.yaml").read_text())
+    assert kimi["hidden_states"]["backend"] == "vllm"
+    assert kimi["hidden_states"]["vllm"]["tensor_parallel_size"] == 8

@@ -41,7 +41,7 @@ def test_rule_runs_the_launcher_and_is_idempotent(hs_target, hs_tokenizer, tmp_p
     )  # shard 1: none
     (tmp_path / "config").symlink_to(REPO / "config")
     config = {"run": "t", "demo": {"enabled": False}, "target": {"model": str(hs_target)},
-              "hidden_states": {"batch_tokens": 256}}  # fmt: skip
+              "hidden_states": {"batch_tokens": 256, "backend": "transformers"}}  # fmt: skip
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     done = snakemake(tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]

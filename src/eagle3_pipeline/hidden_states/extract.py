@@ -59,6 +59,9 @@ class ExtractSettings:
     compute_dtype: str = "auto"
     device_map: bool = False
     trust_remote_code: bool = False
+    backend: str = "transformers"  # or "vllm" (vllm_backend.py): the serving engine's own states
+    vllm: dict[str, Any] = field(default_factory=dict)  # hidden_states.vllm (None values: snapshot)
+    server_json: Path | None = None  # the served unit's snapshot: the vllm backend's engine settings
 
 
 @dataclass
@@ -79,14 +82,20 @@ def target_info(target: Path, trust_remote_code: bool = False) -> TargetInfo:
 
 
 def fingerprint(
-    settings: ExtractSettings, seqs: list[TrainingSequence], info: TargetInfo, layers: list[int]
+    settings: ExtractSettings,
+    seqs: list[TrainingSequence],
+    info: TargetInfo,
+    layers: list[int],
+    engine: dict[str, Any] | None = None,
 ) -> str:
-    """What the saved parts depend on; parts from another plan are never mixed in."""
+    """What the saved parts depend on; parts from another plan (or backend) are never mixed in."""
     digest = hashlib.sha256()
     for seq in seqs:
         digest.update(json.dumps([seq.id, seq.input_ids, seq.loss_mask]).encode())
     plan = [str(Path(settings.target).resolve()), info.config_sha, layers, settings.dtype]
     plan += [settings.compute_dtype, settings.batch_tokens, digest.hexdigest()]
+    if settings.backend != "transformers":  # the transformers plan's fingerprint stays as it was
+        plan += [settings.backend, {k: v for k, v in (engine or {}).items() if k != "sources"}]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
 
 
@@ -187,10 +196,20 @@ def shard_metadata(
     stats: sequences.SequenceStats,
     info: TargetInfo,
     layers: list[int],
+    backend: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The shard's metadata (the JSON sibling; all but token_counts also in the safetensors header)."""
+    """The shard's metadata (the JSON sibling; all but token_counts also in the safetensors header).
+
+    `backend` holds the vllm backend's keys (`compute_dtype`, `engine`, `final_state_source`); the
+    transformers backend's are filled in here.
+    """
     itemsize = storage.TORCH_DTYPES[settings.dtype].itemsize
+    backend = backend or {
+        "compute_dtype": str(capture.resolve_compute_dtype(settings.compute_dtype)).removeprefix("torch."),
+        "final_state_source": "transformers decoder stack's last_hidden_state (after its final norm)",
+    }
     return {
+        "backend": settings.backend,
         "ids": [s.id for s in seqs],
         "num_samples": len(seqs),
         "num_tokens": sum(len(s) for s in seqs),
@@ -205,7 +224,7 @@ def shard_metadata(
         "final_state": "post_norm",
         "final_rows": "all",
         "dtype": settings.dtype,
-        "compute_dtype": str(capture.resolve_compute_dtype(settings.compute_dtype)).removeprefix("torch."),
+        **backend,
         "target": str(settings.target),
         "token_counts": token_counts(seqs),
         "rows": stats.rows,
@@ -268,8 +287,11 @@ def write_shard(
 def extract_shards(jobs: list[ExtractSettings], state: Any = None) -> list[dict[str, Any] | None]:
     """Extract several shards (one per split) with one load of the target; see extract_shard.
 
-    The work folders go only once every shard is written (see the module docstring).
+    The work folders go only once every shard is written (see the module docstring). The vllm
+    backend runs in one process whatever the launcher started (vLLM spreads the target itself).
     """
+    if any(settings.backend == "vllm" for settings in jobs):
+        return extract_shards_vllm(jobs, state)
     from accelerate import PartialState
 
     state = state or PartialState()
@@ -281,28 +303,24 @@ def extract_shards(jobs: list[ExtractSettings], state: Any = None) -> list[dict[
     return metas
 
 
-def extract_shard(
-    settings: ExtractSettings, state: Any = None, target: TargetModel | None = None, keep_work: bool = False
-) -> dict[str, Any] | None:
-    """Extract one trace shard's hidden states; returns the metadata on the main process, else None.
+@dataclass
+class ShardPlan:
+    """One shard's sequences and batches, before any state is computed."""
 
-    Args:
-        settings: the job.
-        state: an `accelerate.PartialState` (made here when None).
-        target: the target model shared with the job's other shards (loaded here when needed).
-        keep_work: leave the saved parts in the work folder (extract_shards removes them at the end).
+    settings: ExtractSettings
+    info: TargetInfo
+    layers: list[int]
+    seqs: list[TrainingSequence]
+    stats: sequences.SequenceStats
+    batches: list[list[int]]
+
+
+def plan_shard(settings: ExtractSettings) -> ShardPlan:
+    """Read the shard's trace rows and build its sequences and batches (both backends).
 
     Raises:
         sequences.SequenceError: bad trace rows or settings.
-        storage.ShardError: the written shard failed validation (kept as `*.invalid`).
     """
-    from accelerate import PartialState
-
-    state = state or PartialState()
-    if settings.device_map and not state.is_main_process:
-        log.info("device_map placement: rank %d has nothing to do", state.process_index)
-        return None
-    world, rank = (1, 0) if settings.device_map else (state.num_processes, state.process_index)
     info = target_info(settings.target, settings.trust_remote_code)
     layers = sequences.resolve_layers(settings.layers, info.num_layers)
     rows = sequences.load_trace_rows(settings.traces, settings.shard)
@@ -320,28 +338,14 @@ def extract_shard(
         layers,
         sequences.vllm_layer_ids(layers),
     )
-    if state.is_main_process:
-        prepare_work(settings.work, fingerprint(settings, seqs, info, layers))
-    if world > 1:
-        state.wait_for_everyone()
-    parts = settings.work / "parts"
-    todo = [b for b in range(len(batches)) if b % world == rank and not part_path(parts, b).exists()]
-    log.info(
-        "rank %d/%d: %d batches to run, %d already saved",
-        rank,
-        world,
-        len(todo),
-        len(batches[rank::world]) - len(todo),
-    )
-    if todo:
-        model = (target or TargetModel()).get(settings, state.device)
-        run_batches(settings, seqs, batches, todo, layers, model)
-    if world > 1:
-        state.wait_for_everyone()
-    if not state.is_main_process:
-        return None
-    meta = shard_metadata(settings, seqs, stats, info, layers)
-    write_shard(settings, seqs, batches, meta)
+    return ShardPlan(settings, info, layers, seqs, stats, batches)
+
+
+def finish_shard(plan: ShardPlan, keep_work: bool, backend: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Pack the saved parts into the shard, validate it, write its JSON; returns the metadata."""
+    settings = plan.settings
+    meta = shard_metadata(settings, plan.seqs, plan.stats, plan.info, plan.layers, backend)
+    write_shard(settings, plan.seqs, plan.batches, meta)
     if not keep_work:
         shutil.rmtree(settings.work, ignore_errors=True)
     log.info(
@@ -353,6 +357,124 @@ def extract_shard(
         meta["floor_bytes_per_token"],
     )
     return meta
+
+
+def extract_shard(
+    settings: ExtractSettings, state: Any = None, target: TargetModel | None = None, keep_work: bool = False
+) -> dict[str, Any] | None:
+    """Extract one trace shard's hidden states; returns the metadata on the main process, else None.
+
+    Args:
+        settings: the job.
+        state: an `accelerate.PartialState` (made here when None).
+        target: the target model shared with the job's other shards (loaded here when needed).
+        keep_work: leave the saved parts in the work folder (extract_shards removes them at the end).
+
+    Raises:
+        sequences.SequenceError: bad trace rows or settings.
+        storage.ShardError: the written shard failed validation (kept as `*.invalid`).
+    """
+    if settings.backend == "vllm":
+        return extract_shards_vllm([settings], state, keep_work=keep_work)[0]
+    from accelerate import PartialState
+
+    state = state or PartialState()
+    if settings.device_map and not state.is_main_process:
+        log.info("device_map placement: rank %d has nothing to do", state.process_index)
+        return None
+    world, rank = (1, 0) if settings.device_map else (state.num_processes, state.process_index)
+    plan = plan_shard(settings)
+    if state.is_main_process:
+        prepare_work(settings.work, fingerprint(settings, plan.seqs, plan.info, plan.layers))
+    if world > 1:
+        state.wait_for_everyone()
+    parts = settings.work / "parts"
+    todo = [b for b in range(len(plan.batches)) if b % world == rank and not part_path(parts, b).exists()]
+    log.info(
+        "rank %d/%d: %d batches to run, %d already saved",
+        rank,
+        world,
+        len(todo),
+        len(plan.batches[rank::world]) - len(todo),
+    )
+    if todo:
+        model = (target or TargetModel()).get(settings, state.device)
+        run_batches(settings, plan.seqs, plan.batches, todo, plan.layers, model)
+    if world > 1:
+        state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    return finish_shard(plan, keep_work)
+
+
+def extract_shards_vllm(
+    jobs: list[ExtractSettings], state: Any = None, keep_work: bool = False
+) -> list[dict[str, Any] | None]:
+    """The vllm backend: every split's missing batches through one vLLM engine, then pack each shard.
+
+    Only the main process works (vLLM starts its own tensor-parallel workers). Parts are the
+    transformers backend's, so resume and packing are shared; the plan fingerprint includes the backend
+    and the engine settings, so parts of another backend or engine are never mixed in.
+
+    Raises:
+        vllm_backend.VllmBackendError: no interpreter with vLLM, a bad setting, or the engine failed.
+        final_norm.FinalNormError: the target's final norm cannot be rebuilt (use transformers).
+    """
+    from eagle3_pipeline.hidden_states import final_norm, vllm_backend
+
+    if state is not None and not state.is_main_process:
+        log.info("vllm backend: rank %d has nothing to do", state.process_index)
+        return [None] * len(jobs)
+    first = jobs[0]
+    options = vllm_backend.VllmOptions.from_dict(first.vllm)
+    snapshot = vllm_backend.read_snapshot(first.server_json)
+    engine = vllm_backend.engine_settings(options, snapshot, first.max_seq_len)
+    log.info(
+        "vLLM engine settings: %s (from %s)",
+        {k: v for k, v in engine.items() if k != "sources"},
+        engine["sources"],
+    )
+    norm = final_norm.find_final_norm(first.target)
+    plans = [plan_shard(settings) for settings in jobs]
+    batches: list[dict[str, Any]] = []
+    for plan in plans:
+        key = fingerprint(plan.settings, plan.seqs, plan.info, plan.layers, engine)
+        parts = prepare_work(plan.settings.work, key)
+        todo = [b for b in range(len(plan.batches)) if not part_path(parts, b).exists()]
+        saved = len(plan.batches) - len(todo)
+        log.info("%s: %d batches to run, %d already saved", plan.settings.output, len(todo), saved)
+        batches += [
+            {
+                "part": str(part_path(parts, b)),
+                "index": plan.batches[b],
+                "input_ids": [plan.seqs[i].input_ids for i in plan.batches[b]],
+            }
+            for b in todo
+        ]
+    layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
+    if batches:
+        python = vllm_backend.resolve_python(options, snapshot)
+        records = [plan.settings.work / "engine.json" for plan in plans]
+        job = vllm_backend.job_spec(
+            first.target, engine, layer_ids, first.dtype, norm.as_dict(), records, batches
+        )
+        vllm_backend.run_worker(python, job, snapshot)
+    metas: list[dict[str, Any] | None] = []
+    for plan in plans:
+        record_path = plan.settings.work / "engine.json"
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+        requested = {k: v for k, v in engine.items() if k != "sources"}
+        backend = {
+            "compute_dtype": (record or requested)["dtype"],
+            "engine": record or {**requested, "layer_ids": layer_ids, "ran": False},
+            "final_state_source": f"vLLM id {plan.info.num_layers} (before the final norm), then the "
+            f"target's final RMSNorm ({norm.key}, eps {norm.eps}) applied in float32",
+        }
+        metas.append(finish_shard(plan, keep_work=True, backend=backend))
+    if not keep_work:
+        for settings in jobs:
+            shutil.rmtree(settings.work, ignore_errors=True)
+    return metas
 
 
 def _tokenizer_loader(settings: ExtractSettings):

@@ -188,9 +188,8 @@ def _launcher_python(launcher: list[str], host: Host) -> str | None:
     return first[2:].split()[0] if first.startswith("#!/") else None
 
 
-def detect_vllm_version(launcher: list[str], host: Host) -> str | None:
+def detect_vllm_version(python: str | None, host: Host) -> str | None:
     """vLLM's installed version from its package metadata (no import of vLLM); None when unknown."""
-    python = _launcher_python(launcher, host)
     if not python or not python.startswith("/"):
         return None
     res = host.run(f"{shlex.quote(python)} -c {shlex.quote(_VERSION_CODE)}", timeout=60)
@@ -281,9 +280,12 @@ def build_server_json(
     fields = secrets.redact_data(fields, found)
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     secrets.redact_env(env, found)  # the unit's own secrets, also where a container does not see them
-    version = _vllm_version(command, host)
+    python = _launcher_python(command.launcher, host) if command.found and command.container is None else None
+    version = _vllm_version(command, python, host)
     if version:
         server["vllm_version"] = version
+    if python and python.startswith("/"):
+        server["python"] = python  # the unit's interpreter: hidden_states' vllm backend runs it
     server["identity"] = identity
     server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
     server["warnings"] = list(dict.fromkeys(unit.warnings))  # what systemd itself would warn about
@@ -313,11 +315,11 @@ def _model_on_host(command: VllmCommand) -> str | None:
     return model
 
 
-def _vllm_version(command: VllmCommand, host: Host) -> str | None:
+def _vllm_version(command: VllmCommand, python: str | None, host: Host) -> str | None:
     """From an official image's tag, or the launcher's Python package metadata."""
     if command.container is not None:
         return command.container.version() if command.found else None
-    return detect_vllm_version(command.launcher, host) if command.found else None
+    return detect_vllm_version(python, host)
 
 
 def _number(

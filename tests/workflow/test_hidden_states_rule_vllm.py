@@ -1,0 +1,67 @@
+"""Rule extract_hidden_states on the vllm backend through Snakemake itself: the engine's interpreter and
+settings come from the snapshot (server.json) when hidden_states.vllm leaves them null, one engine runs
+both splits of the shard, and a second run does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.hidden_states import trace_rows, write_traces
+
+from eagle3_pipeline.hidden_states import HiddenStateShard
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    targets = [f"results/t/hidden_states/{s}/shard-00000.safetensors" for s in ("train", "validation")]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
+    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
+    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_rule_runs_the_vllm_backend_with_the_snapshots_settings(hs_target, hs_tokenizer, tmp_path):
+    if not VLLM_PYTHON.exists():
+        pytest.skip("needs vLLM CPU in .venv-vllm (make install-vllm)")
+    results = tmp_path / "results" / "t"
+    (results / "traces").mkdir(parents=True)
+    write_traces(results / "traces" / "train.parquet", trace_rows(hs_tokenizer, 3, shard=0))
+    write_traces(results / "traces" / "validation.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=3))
+    (results / "server").mkdir()
+    snapshot = {  # what snapshot_server writes for the demo unit (the fields the backend reads)
+        "python": str(VLLM_PYTHON),
+        "tensor_parallel_size": 1,
+        "max_model_len": 512,
+        "trust_remote_code": False,
+        "args": {"--dtype": "bfloat16", "--enforce-eager": True},
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+    }
+    (results / "server" / "server.json").write_text(json.dumps(snapshot))
+    (tmp_path / "config").symlink_to(REPO / "config")
+    config = {"run": "t", "demo": {"enabled": False}, "target": {"model": str(hs_target)},
+              "hidden_states": {"backend": "vllm", "max_seq_len": 400, "batch_tokens": 256}}  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    done = snakemake(tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = (results / "logs" / "extract_hidden_states" / "00000.log").read_text()
+    assert log.count("vLLM worker: ") == 1, log[-4000:]  # both splits, one engine
+    for split, count in (("train", 3), ("validation", 1)):
+        meta = json.loads((results / "hidden_states" / split / "shard-00000.json").read_text())
+        assert meta["backend"] == "vllm" and meta["num_samples"] == count
+        engine = meta["engine"]
+        assert (engine["dtype"], engine["enforce_eager"], engine["max_model_len"]) == ("bfloat16", True, 512)
+        with HiddenStateShard(results / "hidden_states" / split / "shard-00000.safetensors") as shard:
+            assert len(shard) == count and shard.metadata["aux_layers_vllm"] == [2, 4, 5]
+    again = snakemake(tmp_path, "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
