@@ -92,3 +92,13 @@ def test_shard_ids_come_from_config(num_samples, shard_size, count):
     assert len(ids) == count
     assert ids[0] == "00000"
     assert ids[-1] == f"{count - 1:05d}"
+
+
+def test_a_training_batch_smaller_than_the_longest_sample_is_refused(demo_config):
+    demo_config["train"]["batch_tokens"] = 512
+    demo_config["hidden_states"]["max_seq_len"] = 2048
+    with pytest.raises(ConfigError) as error:
+        check_config(demo_config, SCHEMA)
+    message = str(error.value)
+    assert "'train.batch_tokens' (512)" in message and "'hidden_states.max_seq_len' (2048)" in message
+    assert "raise train.batch_tokens to at least 2048" in message

@@ -97,6 +97,18 @@ def check_tensors(tensors: dict[str, torch.Tensor], config: DraftConfig) -> None
             raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
 
 
+def check_fits_target(
+    config: DraftConfig, target: dict[str, Any], draft_vocab_size: int, weights: str | Path
+) -> None:
+    """Raise ValueError when the trained draft does not fit the target or the vocab map (the attention's
+    shape, draft.head_dim and the heads, is the draft's own and not compared)."""
+    base = draft_config_from_target(
+        target, draft_vocab_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    )
+    if base != config:
+        raise ValueError(f"{weights} was trained for another target or vocab map: {config} != {base}")
+
+
 def aux_layers_from_metadata(metadata_path: str | Path) -> list[int]:
     """The auxiliary layer ids in vLLM's numbering, from a hidden-state shard's metadata."""
     meta = json.loads(Path(metadata_path).read_text())
@@ -115,12 +127,10 @@ def export_checkpoint(
 ) -> None:
     """Write config.json and model.safetensors of the EAGLE-3 checkpoint."""
     d2t, t2d = load_vocab_map(vocab_map)
-    config = draft_config_from_target(read_target_config(target_config), len(d2t))
     with safe_open(str(weights), "pt") as f:
-        trained = json.loads(f.metadata()["draft_config"])
+        config = DraftConfig(**json.loads(f.metadata()["draft_config"]))  # the shape it was trained in
         tensors = {k: f.get_tensor(k).to(torch.bfloat16) for k in f.keys()}  # noqa: SIM118
-    if trained != config.to_dict():
-        raise ValueError(f"{weights} was trained for another draft shape: {trained} != {config.to_dict()}")
+    check_fits_target(config, read_target_config(target_config), len(d2t), weights)
     if config.draft_vocab_size != config.vocab_size:
         tensors |= {"d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     check_tensors(tensors, config)
