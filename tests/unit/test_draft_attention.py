@@ -52,8 +52,9 @@ def test_dense_reference_equals_attention_under_the_mask():
 def test_linear_attention_equals_the_dense_reference_in_forward_and_gradients(
     monkeypatch, seq_len, steps, heads, block_elements
 ):
-    # block_elements small enough forces many query blocks (the minimum block is 16 rows)
+    # block_elements small enough forces many query blocks (of MIN_BLOCK_ROWS, 16 here)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block_elements)
+    monkeypatch.setattr(attention, "MIN_BLOCK_ROWS", 16)
     torch.manual_seed(seq_len + steps)
     q, cache = random_cache(2, heads, seq_len, 16, steps)
     grad = torch.randn(2, heads, seq_len, 16)
@@ -69,6 +70,7 @@ def test_linear_attention_equals_the_dense_reference_in_forward_and_gradients(
 
 def test_linear_attention_passes_gradcheck_in_float64(monkeypatch):
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 1)  # blocks of 16 rows over 20: two blocks
+    monkeypatch.setattr(attention, "MIN_BLOCK_ROWS", 16)
     torch.manual_seed(1)
     q, cache = random_cache(1, 2, 20, 4, 3, dtype=torch.float64)
 

@@ -16,7 +16,8 @@ Three forms, equal up to rounding (tests check forward and gradients):
   union), writes its output and throws the scores away. Only q, the cache, the output and the
   per-row log-sum-exp [B, nh, T] are kept for backward, which recomputes each block's probabilities
   from the log-sum-exp (P = exp(S - lse)). Memory: O(steps * nh * T * hd) kept, plus one block's
-  scores while it runs (C is chosen so that a block holds at most BLOCK_ELEMENTS scores): linear in T.
+  scores while it runs (C is chosen so that a block holds at most BLOCK_ELEMENTS scores, and at least
+  MIN_BLOCK_ROWS rows): linear in T.
   Plain tensor ops, so it runs on CPU and GPU alike and the log-sum-exp's own gradient (which
   torch's fused SDPA kernels do not differentiate) is exact.
 """
@@ -28,7 +29,8 @@ import math
 import torch
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (keys, values) per TTT step, each [B, nh, T, hd]
-BLOCK_ELEMENTS = 2**25  # scores per query block: 128 MB in fp32, a few such tensors live at once
+BLOCK_ELEMENTS = 2**24  # scores per query block: 64 MB in fp32, a few such tensors live at once
+MIN_BLOCK_ROWS = 64  # below this the matmuls get too thin (Kimi-K2.5: 64 heads x 10,240 keys: 168 MB)
 
 
 def ttt_attention_mask(seq_len: int, step: int) -> torch.Tensor:
@@ -62,8 +64,9 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 def block_size(batch: int, heads: int, seq_len: int) -> int:
-    """Queries per block so that one block's [B, nh, C, T] scores hold at most BLOCK_ELEMENTS."""
-    return max(16, min(seq_len, BLOCK_ELEMENTS // max(1, batch * heads * seq_len)))
+    """Queries per block so that one block's [B, nh, C, T] scores hold at most BLOCK_ELEMENTS (but at
+    least MIN_BLOCK_ROWS rows)."""
+    return min(seq_len, max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, batch * heads * seq_len)))
 
 
 def _block_scores(

@@ -102,12 +102,15 @@ def free_port(low: int = 18580, high: int = 18599, host: str = "127.0.0.1") -> i
 
 
 def load_questions(validation_path: str | Path, max_questions: int) -> list[dict[str, Any]]:
-    """The validation questions (id, system, question), the first `max_questions` by id.
+    """The validation questions (id, system, question, source), the first `max_questions` by id.
 
     Raises:
         ServeCheckError: the file has no questions.
     """
-    frame = pl.read_parquet(validation_path, columns=["id", "system", "question"]).sort("id")
+    columns = ["id", "system", "question"]
+    if "source" in pl.read_parquet_schema(validation_path):  # acceptance by source (validate/served.py)
+        columns.append("source")
+    frame = pl.read_parquet(validation_path, columns=columns).sort("id")
     if frame.is_empty():
         raise ServeCheckError(
             f"{validation_path} has no questions: raise dataset.num_samples or traces.validation_fraction"
@@ -265,7 +268,12 @@ def run_local_serve_check(
     base_url = f"http://127.0.0.1:{port}"
     handle = serve_local(served, env, cwd, Path(state_dir), base_url, start_timeout_s)
     try:
-        result = measure(base_url, questions, sampling, api_key, concurrency, request_timeout_s)
+        from eagle3_pipeline.validate.served import measure_by_source
+
+        result = measure_by_source(
+            lambda group: measure(base_url, group, sampling, api_key, concurrency, request_timeout_s),
+            questions,
+        )
     finally:
         handle.stop()
     return result | {"mode": "local", "base_url": base_url}
@@ -304,9 +312,17 @@ def serve_check(
     validate: dict[str, Any],
     work_dir: str | Path,
     output_path: str | Path,
+    offline_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Rule serve_check: serve the target with the draft, send the validation questions, write the
-    spec-decode figures to `output_path` (validation/serve_check.json)."""
+    spec-decode figures to `output_path` (validation/serve_check.json): acceptance overall and by
+    source, the speedup over the target alone (local units), and the comparison with the offline
+    simulation (`offline_path`, validation/offline.json; see validate/served.py).
+
+    Raises:
+        ServeCheckError: served and offline acceptance disagree beyond validate.served_offline_tolerance
+            (the figures are kept in work_dir/serve_check.rejected.json).
+    """
     from eagle3_pipeline.server import api_key
     from eagle3_pipeline.server.lifecycle import uses_local_process
 
@@ -332,10 +348,12 @@ def serve_check(
             api_key=api_key(server_cfg),
             start_timeout_s=server_cfg.get("start_timeout_s", 900),
         )
+        result["speedup"] = local_speedup(server_cfg, result, common, validate)
     else:
         from eagle3_pipeline.validate.dropin import run_remote_serve_check
 
         result = run_remote_serve_check(server_cfg, server_json, **common, remote_dir=validate["remote_dir"])
+        result["speedup"] = {"speedup": None, "reason": "measured only for a local unit (server.host: local)"}
     result |= {
         "checkpoint": str(checkpoint_dir),
         "num_speculative_tokens": validate["num_speculative_tokens"],
@@ -348,5 +366,64 @@ def serve_check(
         result["answered"],
         result["questions"],
     )
+    return check_against_offline(result, offline_path, validate, work_dir, output_path)
+
+
+def local_speedup(
+    server_cfg: dict[str, Any], with_draft: dict[str, Any], common: dict[str, Any], validate: dict[str, Any]
+) -> dict[str, Any]:
+    """validate.speedup: the same questions, sampling and concurrency against the target alone."""
+    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.validate.served import run_local_without_draft, speedup
+
+    if not validate.get("speedup", True):
+        return {"speedup": None, "reason": "validate.speedup is false"}
+    key = api_key(server_cfg)
+
+    def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
+        return ask(
+            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2
+        )
+
+    without = run_local_without_draft(
+        server_cfg,
+        common["questions"],
+        ask_group,
+        str(Path(common["state_dir"]) / "without-draft"),
+        server_cfg.get("start_timeout_s", 900),
+    )
+    figures = speedup(with_draft, without)
+    log.info(
+        "served speedup %.2fx (%.1f tokens/s with the draft, %.1f without)",
+        figures["speedup"] or 0.0,
+        figures["tokens_per_s_with_draft"] or 0.0,
+        figures["tokens_per_s_without_draft"] or 0.0,
+    )
+    return figures
+
+
+def check_against_offline(
+    result: dict[str, Any],
+    offline_path: str | Path | None,
+    validate: dict[str, Any],
+    work_dir: str | Path,
+    output_path: str | Path,
+) -> dict[str, Any]:
+    """Add the served-vs-offline comparison, write serve_check.json, and fail when they disagree."""
+    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, compare_with_offline, disagreement_message
+
+    tolerance = validate.get("served_offline_tolerance", DEFAULT_TOLERANCE)
+    if offline_path is not None:
+        offline = json.loads(Path(offline_path).read_text())
+        comparison = compare_with_offline(
+            result, offline, DEFAULT_TOLERANCE if tolerance is None else tolerance
+        )
+        # offline simulates greedy verification: under sampling the served figure is lower by design
+        enforced = tolerance is not None and result["sampling"]["temperature"] == 0
+        result["offline_comparison"] = comparison | {"enforced": enforced}
+        if enforced and not comparison["agree"]:
+            kept = Path(work_dir) / "serve_check.rejected.json"
+            write_json(result, kept)
+            raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")
     write_json(result, output_path)
     return result
