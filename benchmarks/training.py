@@ -8,8 +8,9 @@ FLOPs would take at the measured matmul rate, and the measured step time: their 
 fraction of the machine the training step uses.
 
 FLOPs counted (2 per multiply-add; backward = 2x forward for trained matmuls, 1x for fc, whose input
-needs no gradient; the target head once, no gradient; attention as implemented: a dense T x T block
-per step plus one diagonal per earlier step).
+needs no gradient; the target head once, no gradient; attention: a T x T block per step plus one
+diagonal per earlier step, as the dense reference computes it; the linear-memory form computes half
+the causal block but recomputes it in the backward pass).
 
 `--memory` instead measures the peak memory and time of one training step (forward and backward over
 `--ttt-steps` steps, one sequence of T tokens) for T = `--lengths`, with the linear-memory TTT attention
@@ -149,8 +150,8 @@ def maxrss_mb() -> float:
 
 
 def memory_point(a: argparse.Namespace) -> None:
-    """In this process: one warm-up and one measured step of `a.attention` at T = a.seq; print the step's
-    peak memory (maxrss growth) and the measured step's time."""
+    """In this process: one training step of `a.attention` at T = a.seq (and a second, warm one timed,
+    up to T = 2,048); print the peak memory (maxrss growth) and the timed step's seconds."""
     torch.set_num_threads(a.threads_memory)
     torch.manual_seed(0)
     c = draft_shape(a)
