@@ -348,12 +348,10 @@ def serve_check(
             api_key=api_key(server_cfg),
             start_timeout_s=server_cfg.get("start_timeout_s", 900),
         )
-        result["speedup"] = local_speedup(server_cfg, result, common, validate)
     else:
         from eagle3_pipeline.validate.dropin import run_remote_serve_check
 
         result = run_remote_serve_check(server_cfg, server_json, **common, remote_dir=validate["remote_dir"])
-        result["speedup"] = {"speedup": None, "reason": "measured only for a local unit (server.host: local)"}
     result |= {
         "checkpoint": str(checkpoint_dir),
         "num_speculative_tokens": validate["num_speculative_tokens"],
@@ -366,7 +364,13 @@ def serve_check(
         result["answered"],
         result["questions"],
     )
-    return check_against_offline(result, offline_path, validate, work_dir, output_path)
+    check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
+    if uses_local_process(server_cfg):
+        result["speedup"] = local_speedup(server_cfg, result, common, validate)
+    else:  # the drop-in restart is the only server there: nothing to time the target alone on
+        result["speedup"] = {"speedup": None, "reason": "measured only for a local unit (server.host: local)"}
+    write_json(result, output_path)
+    return result
 
 
 def local_speedup(
@@ -403,13 +407,10 @@ def local_speedup(
 
 
 def check_against_offline(
-    result: dict[str, Any],
-    offline_path: str | Path | None,
-    validate: dict[str, Any],
-    work_dir: str | Path,
-    output_path: str | Path,
-) -> dict[str, Any]:
-    """Add the served-vs-offline comparison, write serve_check.json, and fail when they disagree."""
+    result: dict[str, Any], offline_path: str | Path | None, validate: dict[str, Any], work_dir: str | Path
+) -> None:
+    """Add the served-vs-offline comparison to `result`; raise ServeCheckError when they disagree (the
+    figures kept in work_dir/serve_check.rejected.json)."""
     from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, compare_with_offline, disagreement_message
 
     tolerance = validate.get("served_offline_tolerance", DEFAULT_TOLERANCE)
@@ -425,5 +426,3 @@ def check_against_offline(
             kept = Path(work_dir) / "serve_check.rejected.json"
             write_json(result, kept)
             raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")
-    write_json(result, output_path)
-    return result
