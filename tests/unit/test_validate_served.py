@@ -130,3 +130,29 @@ def test_the_target_alone_runs_without_any_speculative_config():
     words = without_draft(argv, "127.0.0.1", 19301)
     assert "--speculative_config" not in words and '{"method":"ngram"}' not in words
     assert words[-4:] == ["--host", "127.0.0.1", "--port", "19301"] and "--port=8000" not in words
+
+
+@pytest.mark.parametrize(
+    ("temperature", "tolerance", "raises"), [(0.0, 0.2, True), (0.6, 0.2, False), (0.0, None, False)]
+)
+def test_the_check_fails_only_for_a_greedy_disagreement_with_a_tolerance(
+    tmp_path, temperature, tolerance, raises
+):
+    import json
+
+    from eagle3_pipeline.validate.serve_check import ServeCheckError, check_against_offline
+
+    result = served("vllm-0.32.0-metrics-untrained-draft.txt") | {"sampling": {"temperature": temperature}}
+    (tmp_path / "offline.json").write_text(json.dumps(offline_with([0.85, 0.72, 0.62])))
+    validate = {"served_offline_tolerance": tolerance}
+    if raises:
+        with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.850"):
+            check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
+        kept = json.loads((tmp_path / "work" / "serve_check.rejected.json").read_text())
+        assert kept["offline_comparison"]["agree"] is False
+    else:
+        check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
+        assert (
+            result["offline_comparison"]["agree"] is False
+            and result["offline_comparison"]["enforced"] is False
+        )
