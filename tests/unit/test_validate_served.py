@@ -156,3 +156,30 @@ def test_the_check_fails_only_for_a_greedy_disagreement_with_a_tolerance(
             result["offline_comparison"]["agree"] is False
             and result["offline_comparison"]["enforced"] is False
         )
+
+
+def test_a_source_that_fails_is_reported_and_the_others_measured():
+    from eagle3_pipeline.validate.serve_check import ServeCheckError
+
+    after = counters("vllm-0.32.0-metrics-trained-draft.txt")
+    reading = after.__dict__ | {"accepted_per_position": list(after.accepted_per_position)}
+
+    def measure(group: list[dict]) -> dict:
+        if group[0]["source"] == "code":
+            raise ServeCheckError("no validation question was answered")
+        figures = online_acceptance(after, after).to_dict()
+        return figures | {"questions": len(group), "answered": len(group), "failed": {}} | {
+            "completion_tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0,
+            "counters_before": reading, "counters_after": reading,
+        }  # fmt: skip
+
+    result = measure_by_source(measure, QUESTIONS)
+    assert result["by_source"]["code"] == {
+        "questions": 1,
+        "answered": 0,
+        "error": "no validation question was answered",
+    }
+    assert result["answered"] == 3 and result["questions"] == 4
+    with pytest.raises(ServeCheckError, match="no validation question"):
+        measure_by_source(measure, [q for q in QUESTIONS if q["source"] == "code"])
+    assert speedup(result, result)["by_source"] == {"math": 1.0, "unknown": 1.0}

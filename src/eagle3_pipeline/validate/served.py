@@ -6,10 +6,11 @@ were all accepted; offline.py counts, per step i, the anchors whose first i+1 gr
 the target's argmax. Their ratios (to drafts, to anchors) estimate the same thing, prod_{j<=i} p_j,
 when vLLM runs the draft that was trained, on the layers it was trained on, greedily. They still
 differ a little for honest reasons: vLLM drafts only where a verification step begins (after an
-accepted run) while offline anchors every completion position; the served replies are capped at
-validate.max_tokens; bf16 kernels against the fp32 simulation. A draft fed the wrong layers, a wrong
-vocabulary map or other weights is accepted far less (vLLM PR 50170: an off-by-one in the layer ids
-took acceptance to ~1.04). The check allows, per position,
+accepted run) while offline anchors every completion position; offline runs over the validation
+traces (sampled at generation.temperature, up to generation.max_tokens) while the served replies are
+greedy and capped at validate.max_tokens; bf16 kernels against the fp32 simulation. A draft fed
+the wrong layers, a wrong vocabulary map or other weights is accepted far less (vLLM PR 50170: an
+off-by-one in the layer ids took acceptance to ~1.04). The check allows, per position,
 
     |served_i - offline_i| <= tolerance + Z * sqrt(r(1-r)/drafts + r(1-r)/anchors),  r = offline_i
 
@@ -116,17 +117,33 @@ def measure_by_source(
 ) -> dict[str, Any]:
     """Run `measure` (serve_check.measure bound to a server) once per source, one source after the other:
     vLLM's counters are global, so per-source acceptance needs each source's requests alone. The whole
-    figure is the counters from before the first group to after the last; tokens/s is all completion
-    tokens over the groups' summed wall time (concurrency applies within a group)."""
-    by_source = {source: measure(group) for source, group in source_groups(questions).items()}
+    figure is the counters from before the first measured group to after the last; tokens/s is all
+    completion tokens over the groups' summed wall time (concurrency applies within a group). A source
+    none of whose questions was answered (or drafted) is reported with its error, not fatal.
+
+    Raises:
+        ServeCheckError: no source was measured (the first source's error).
+    """
+    from eagle3_pipeline.validate.serve_check import ServeCheckError
+
+    by_source, errors = {}, {}
+    for source, group in source_groups(questions).items():
+        try:
+            by_source[source] = measure(group)
+        except ServeCheckError as error:
+            errors[source] = {"questions": len(group), "answered": 0, "error": str(error)}
+    if not by_source:
+        raise ServeCheckError(next(iter(errors.values()))["error"])
     parts = list(by_source.values())
     overall = online_acceptance(
         _counters(parts[0]["counters_before"]), _counters(parts[-1]["counters_after"])
     )
     tokens, seconds = sum(p["completion_tokens"] for p in parts), sum(p["seconds"] for p in parts)
+    keys = ("questions", "answered", "drafts", "acceptance_length", "per_position_rate")
+    keys += ("completion_tokens", "seconds", "tokens_per_s")
     return {
         **overall.to_dict(),
-        "questions": sum(p["questions"] for p in parts),
+        "questions": len(questions),
         "answered": sum(p["answered"] for p in parts),
         "failed": {k: v for p in parts for k, v in p["failed"].items()},
         "completion_tokens": tokens,
@@ -134,22 +151,8 @@ def measure_by_source(
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "counters_before": parts[0]["counters_before"],
         "counters_after": parts[-1]["counters_after"],
-        "by_source": {
-            source: {
-                key: part[key]
-                for key in (
-                    "questions",
-                    "answered",
-                    "drafts",
-                    "acceptance_length",
-                    "per_position_rate",
-                    "completion_tokens",
-                    "seconds",
-                    "tokens_per_s",
-                )
-            }
-            for source, part in by_source.items()
-        },
+        "by_source": {source: {key: part[key] for key in keys} for source, part in by_source.items()}
+        | errors,
     }
 
 
@@ -162,7 +165,10 @@ def speedup(with_draft: dict[str, Any], without_draft: dict[str, Any]) -> dict[s
             a["tokens_per_s"] / b["tokens_per_s"] if a.get("tokens_per_s") and b.get("tokens_per_s") else None
         )
 
-    sources = set(with_draft.get("by_source", {})) & set(without_draft.get("by_source", {}))
+    def timed(run: dict[str, Any]) -> set[str]:
+        return {k for k, v in run.get("by_source", {}).items() if v.get("tokens_per_s")}
+
+    sources = timed(with_draft) & timed(without_draft)
     return {
         "speedup": ratio(with_draft, without_draft),
         "tokens_per_s_with_draft": with_draft.get("tokens_per_s"),
