@@ -8,11 +8,27 @@ FLOPs would take at the measured matmul rate, and the measured step time: their 
 fraction of the machine the training step uses.
 
 FLOPs counted (2 per multiply-add; backward = 2x forward for trained matmuls, 1x for fc, whose input
-needs no gradient; the target head once, no gradient; attention as implemented: a dense T x T block
-per step plus one diagonal per earlier step).
+needs no gradient; the target head once, no gradient; attention: a T x T block per step plus one
+diagonal per earlier step, as the dense reference computes it; the linear-memory form computes half
+the causal block but recomputes it in the backward pass).
+
+`--memory` instead measures the peak memory and time of one training step (forward and backward over
+`--ttt-steps` steps, one sequence of T tokens) for T = `--lengths`, with the linear-memory TTT attention
+and with the dense reference side by side. Each point runs in its own process (torch's CPU allocator
+is invisible to tracemalloc): the process's peak resident set (getrusage maxrss) after the step(s),
+minus the same before the first step, is the step's peak memory; the time is that of a second, warm
+step up to T = 2,048, of the only step beyond (minutes each on 2 cores). A
+dense point whose projection from the previous length (x4 per doubling) exceeds `--max-dense-gb` is
+not run and printed as skipped, with the projection.
+
+`--shape kimi` runs one training step at the real Kimi-K2.5 draft shape (H 7,168, 64 heads of 128,
+MLP 18,432, vocabulary 163,840, draft vocabulary 32,000, T 10,240, 7 TTT steps, bf16 autocast) on
+the first CUDA device and prints its peak GPU memory (torch.cuda.max_memory_allocated) and step time.
 
     .venv/bin/python benchmarks/training.py                       # demo shape (H 128, 2 x 64 heads)
     .venv/bin/python benchmarks/training.py --hidden 1024 --heads 8 --intermediate 2816 --vocab 32000
+    .venv/bin/python benchmarks/training.py --memory              # H 256, 8 heads, T 1k..8k, 7 steps
+    .venv/bin/python benchmarks/training.py --shape kimi          # needs a GPU (about 80 GB)
 Prints one JSON line per measurement.
 """
 
@@ -21,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -103,6 +121,110 @@ def time_training(c: DraftConfig, batch: int, seq: int, steps: int, bf16: bool, 
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def draft_shape(a: argparse.Namespace) -> DraftConfig:
+    return DraftConfig(
+        hidden_size=a.hidden, target_hidden_size=a.hidden, intermediate_size=a.intermediate,
+        num_attention_heads=a.heads, num_key_value_heads=a.heads, head_dim=a.head_dim or a.hidden // a.heads,
+        rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=max(8192, a.seq), vocab_size=a.vocab,
+        draft_vocab_size=a.draft_vocab or a.vocab,
+    )  # fmt: skip
+
+
+def one_step(model: Eagle3Draft, data: Batch, head: dict, steps: int, bf16: bool) -> float:
+    """Seconds of one training step: target distribution, forward over `steps`, loss, backward."""
+    start = time.perf_counter()
+    probs, in_draft = target_distribution(data.final_hidden_states, **head)
+    device = data.input_ids.device.type
+    with torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext():
+        logits = model(data.aux_hidden_states, data.input_ids, steps)
+    loss, _ = ttt_loss(logits, data, probs, in_draft, 0.8)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def memory_point(a: argparse.Namespace) -> None:
+    """In this process: one training step of `a.attention` at T = a.seq (and a second, warm one timed,
+    up to T = 2,048); print the peak memory (maxrss growth) and the timed step's seconds."""
+    torch.set_num_threads(a.threads_memory)
+    torch.manual_seed(0)
+    c = draft_shape(a)
+    model = Eagle3Draft(c, attention=a.attention)
+    head = {
+        "lm_head": torch.randn(c.vocab_size, c.hidden_size),
+        "t2d": torch.ones(c.vocab_size, dtype=torch.bool),
+        "draft_ids": torch.arange(c.draft_vocab_size),
+    }
+    data = synthetic_batch(c, 1, a.seq)
+    before = maxrss_mb()
+    seconds = one_step(model, data, head, a.ttt_steps, bf16=False)
+    if a.seq <= 2048:  # a second, warm step where it is cheap; minutes per step past that on 2 cores
+        seconds = one_step(model, data, head, a.ttt_steps, bf16=False)
+    emit(
+        {"measure": "train_step_memory", "attention": a.attention, "seq": a.seq, "ttt_steps": a.ttt_steps}
+        | {"hidden": a.hidden, "heads": a.heads, "threads": a.threads_memory}
+        | {"peak_step_mb": round(maxrss_mb() - before, 1), "peak_rss_mb": round(maxrss_mb(), 1)}
+        | {"step_s": round(seconds, 2)}
+    )
+
+
+def memory_table(a: argparse.Namespace, argv: list[str]) -> None:
+    """One subprocess per (T, attention); dense points skipped past --max-dense-gb (projected)."""
+    previous_dense: tuple[int, float] | None = None  # (T, peak step MB) of the last dense point
+    for seq in [int(t) for t in a.lengths.split(",")]:
+        for attention in ("linear", "dense"):
+            if attention == "dense" and previous_dense is not None:
+                projected = previous_dense[1] * (seq / previous_dense[0]) ** 2
+                if projected > a.max_dense_gb * 1024:
+                    emit({"measure": "train_step_memory", "attention": "dense", "seq": seq, "skipped": True}
+                         | {"projected_peak_step_mb": round(projected)})  # fmt: skip
+                    continue
+            point = ["--point", "--attention", attention, "--seq", str(seq)]
+            command = [sys.executable, __file__, *argv, *point]
+            out = subprocess.run(command, capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                emit({"measure": "train_step_memory", "attention": attention, "seq": seq, "failed": True}
+                     | {"returncode": out.returncode, "stderr_tail": out.stderr[-500:]})  # fmt: skip
+                continue
+            record = json.loads(out.stdout.strip().splitlines()[-1])
+            emit(record)
+            if attention == "dense":
+                previous_dense = (seq, record["peak_step_mb"])
+
+
+def kimi_step(a: argparse.Namespace) -> None:
+    """One training step at the Kimi-K2.5 draft shape on the first CUDA device (see the docstring)."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--shape kimi needs a CUDA device")
+    device = torch.device("cuda")
+    a.hidden, a.heads, a.head_dim, a.intermediate = 7168, 64, 128, 18432
+    a.vocab, a.draft_vocab, a.seq = 163840, 32000, a.kimi_seq
+    c = draft_shape(a)
+    torch.manual_seed(0)
+    model = Eagle3Draft(c, attention=a.attention).to(device)
+    head = {
+        "lm_head": torch.randn(c.vocab_size, c.hidden_size, dtype=torch.bfloat16, device=device),
+        "t2d": torch.ones(c.vocab_size, dtype=torch.bool, device=device),
+        "draft_ids": torch.arange(c.draft_vocab_size, device=device),
+    }
+    data = synthetic_batch(c, 1, a.seq).to(device)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    times = [one_step(model, data, head, a.ttt_steps, bf16=True) for _ in range(3)]
+    emit(
+        {"measure": "kimi_train_step", "attention": a.attention, "seq": a.seq, "ttt_steps": a.ttt_steps}
+        | {"hidden": 7168, "heads": 64, "head_dim": 128, "device": torch.cuda.get_device_name()}
+        | {"static_mb": round(base / 2**20), "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20)}
+        | {"step_s": [round(t, 3) for t in times]}
+    )
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int, default=128)
@@ -116,13 +238,23 @@ def main(argv: list[str]) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--matmul-n", type=int, default=1024)
     p.add_argument("--threads", default="1,2", help="torch thread counts to compare (comma-separated)")
+    p.add_argument("--head-dim", type=int, default=None, help="default: hidden / heads")
+    p.add_argument("--memory", action="store_true", help="peak memory and time per step against T")
+    p.add_argument("--lengths", default="1024,2048,4096,8192", help="--memory: the T measured")
+    p.add_argument("--max-dense-gb", type=float, default=8.0, help="--memory: skip dense points past this")
+    p.add_argument("--threads-memory", type=int, default=1, help="--memory: torch threads per point")
+    p.add_argument("--point", action="store_true", help=argparse.SUPPRESS)  # one --memory point
+    p.add_argument("--attention", choices=["linear", "dense"], default="linear")
+    p.add_argument("--shape", choices=["kimi"], default=None, help="kimi: one step at Kimi-K2.5's shape")
+    p.add_argument("--kimi-seq", type=int, default=10240)
     a = p.parse_args(argv)
-    c = DraftConfig(
-        hidden_size=a.hidden, target_hidden_size=a.hidden, intermediate_size=a.intermediate,
-        num_attention_heads=a.heads, num_key_value_heads=a.heads, head_dim=a.hidden // a.heads,
-        rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=8192, vocab_size=a.vocab,
-        draft_vocab_size=a.draft_vocab or a.vocab,
-    )  # fmt: skip
+    if a.point:
+        return memory_point(a)
+    if a.memory:
+        return memory_table(a, argv)
+    if a.shape == "kimi":
+        return kimi_step(a)
+    c = draft_shape(a)
     flops = step_flops(c, a.batch, a.seq, a.ttt_steps)
     tokens = a.batch * a.seq
     for threads in [int(t) for t in a.threads.split(",")]:

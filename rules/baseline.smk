@@ -87,6 +87,7 @@ use rule serve_check as baseline_serve_check with:
         checkpoint=rules.baseline_export_draft.output.config,
         validation=rules.split_traces.output.validation,
         server=rules.snapshot_server.output.server,
+        offline=rules.baseline_validate_offline.output[0],
         after=rules.serve_check.output,
     output:
         f"{BASELINE}/validation/serve_check.json",

@@ -35,6 +35,7 @@ rule train_draft:
         python=sys.executable,
         script=f"{workflow.basedir}/scripts/train_draft.py",
         draft=config["draft"],
+        shape=get_draft_shape_args(),
         train=config["train"],
         work=f"{WORK}/train",
     shell:
@@ -45,6 +46,7 @@ rule train_draft:
         " --states {input.states} --vocab-map {input.vocab_map} --target $(dirname {input.target})"
         " --threads {threads} --work {params.work} --weights {output.weights} --history {output.history}"
         " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
+        " {params.shape}"
         " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
         " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"
         " --batch-tokens {params.train[batch_tokens]} --seed {params.train[seed]}"

@@ -26,6 +26,7 @@ rule serve_check:
         checkpoint=rules.export_draft.output.config,
         validation=rules.split_traces.output.validation,
         server=rules.snapshot_server.output.server,
+        offline=rules.validate_offline.output[0],  # served acceptance must match it (validate/served.py)
     output:
         f"{RESULTS}/validation/serve_check.json",
     log:

@@ -17,4 +17,5 @@ serve_check(
     validate=snakemake.params.validate,
     work_dir=snakemake.params.work,
     output_path=snakemake.output[0],
+    offline_path=snakemake.input.offline,
 )

@@ -4,7 +4,7 @@ import argparse
 import logging
 import sys
 
-from eagle3_pipeline.draft.train import TrainJob, main, split_shards
+from eagle3_pipeline.draft.train import DRAFT_SHAPE_KEYS, TrainJob, main, split_shards
 
 
 def parse_args(argv: list[str]) -> TrainJob:
@@ -20,6 +20,8 @@ def parse_args(argv: list[str]) -> TrainJob:
     p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--step-weight-decay", type=float, default=0.8)
+    for key in DRAFT_SHAPE_KEYS:  # draft.head_dim etc.; left out: the default from the target
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
     for flag, kind in [("epochs", int), ("lr", float), ("warmup-ratio", float), ("weight-decay", float)]:
         p.add_argument(f"--{flag}", type=kind, required=True)
     for flag, kind in [("grad-clip", float), ("batch-tokens", int), ("seed", int), ("save-every-steps", int)]:
@@ -41,7 +43,8 @@ def parse_args(argv: list[str]) -> TrainJob:
         validation_shards=validation_shards,
         vocab_map=a.vocab_map,
         target=a.target,
-        draft={"ttt_steps": a.ttt_steps, "step_weight_decay": a.step_weight_decay},
+        draft={"ttt_steps": a.ttt_steps, "step_weight_decay": a.step_weight_decay}
+        | {k: getattr(a, k) for k in DRAFT_SHAPE_KEYS if getattr(a, k) is not None},
         train={k: getattr(a, k) for k in train_keys},
         work=a.work,
         weights=a.weights,

@@ -82,6 +82,15 @@ def _semantic_problems(config: dict[str, Any]) -> list[str]:
     problem = _layer_problem(config["hidden_states"]["layers"], Path(config["target"]["model"]))
     if problem:
         problems.append(problem)
+    batch_tokens, max_seq_len = config["train"]["batch_tokens"], config["hidden_states"]["max_seq_len"]
+    if batch_tokens < max_seq_len:
+        # a batch holds whole samples: a sample longer than the batch would be cut, and its tail (the
+        # end of the completion, extracted at a cost) never trained on
+        problems.append(
+            f"'train.batch_tokens' ({batch_tokens}) is below 'hidden_states.max_seq_len' ({max_seq_len}): "
+            "the longest extracted samples would be cut in training; raise train.batch_tokens to at "
+            f"least {max_seq_len} or lower hidden_states.max_seq_len to {batch_tokens}"
+        )
     return problems
 
 

@@ -40,9 +40,10 @@ TRAIN = {
 }
 
 
-def exported_draft(target: Path, root: Path, draft_vocab_size: int) -> Path:
-    """Shards -> vocab map -> a short training -> the exported checkpoint folder."""
-    shards = write_hidden_states(target, root / "hidden_states", train=8, validation=2)
+def exported_draft(target: Path, root: Path, draft_vocab_size: int, layers: list[int] | None = None) -> Path:
+    """Shards (of `layers`, 0-indexed outputs; default EAGLE-3's) -> vocab map -> a short training ->
+    the exported checkpoint folder."""
+    shards = write_hidden_states(target, root / "hidden_states", train=8, validation=2, layers=layers)
     vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
     metadata = [p.with_suffix(".json") for p in shards["train"]]
     build_vocab_map(metadata, vocab_size, draft_vocab_size, root / "vocab_map.safetensors")
@@ -125,12 +126,14 @@ def counter(metrics: str, name: str) -> float:
 
 
 @pytest.mark.parametrize(
-    ("draft_vocab_size", "port"), [(128, 18560), (32000, 18561)], ids=["d2t", "full-vocab"]
+    ("draft_vocab_size", "layers", "port"),
+    [(128, None, 18560), (32000, None, 18561), (128, [0, 2, 6], 18562)],
+    ids=["d2t", "full-vocab", "non-default-layers"],
 )
-def test_exported_draft_serves_as_eagle3_in_vllm(servable_target, tmp_path, draft_vocab_size, port):
+def test_exported_draft_serves_as_eagle3_in_vllm(servable_target, tmp_path, draft_vocab_size, layers, port):
     if not VLLM_PYTHON.exists():
         pytest.skip(".venv-vllm is not installed (make install-vllm)")
-    checkpoint = exported_draft(Path(servable_target), tmp_path, draft_vocab_size)
+    checkpoint = exported_draft(Path(servable_target), tmp_path, draft_vocab_size, layers)
     log = tmp_path / "vllm.log"
     process = start_server(Path(servable_target), checkpoint, port, log)
     base_url = f"http://127.0.0.1:{port}"
@@ -145,5 +148,8 @@ def test_exported_draft_serves_as_eagle3_in_vllm(servable_target, tmp_path, draf
         drafts = counter(metrics, "vllm:spec_decode_num_drafts_total")
         assert drafts > 0, f"no drafts counted; log tail:\n{log.read_text()[-3000:]}"
         assert counter(metrics, "vllm:spec_decode_num_draft_tokens_total") >= 3 * drafts
+        # vLLM's runner logs the layers it captures for the draft: the trained ones, in its numbering
+        expected = tuple(i + 1 for i in layers) if layers else (2, 4, 5)  # the 8-layer target's default
+        assert f"Using auxiliary layers from speculative config: {expected}" in log.read_text()
     finally:
         stop(process)

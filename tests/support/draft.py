@@ -45,15 +45,20 @@ def aux_layers(num_layers: int) -> list[int]:
 
 @torch.no_grad()
 def write_hidden_state_shard(
-    target_dir: Path, path: Path, num_samples: int, seed: int, length: tuple[int, int] = (12, 40)
+    target_dir: Path,
+    path: Path,
+    num_samples: int,
+    seed: int,
+    length: tuple[int, int] = (12, 40),
+    layers: list[int] | None = None,
 ) -> Path:
     """Run the target over random sequences (first ~third prompt, the rest completion) and write one
-    shard and its .json sibling at `path`."""
+    shard and its .json sibling at `path`; `layers` (0-indexed outputs) default to EAGLE-3's."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     config = model.config
-    layers = aux_layers(config.num_hidden_layers)
+    layers = layers or aux_layers(config.num_hidden_layers)
     generator = torch.Generator().manual_seed(seed)
     ids, masks, aux, final, counts = [], [], [], [], Counter()
     for _ in range(num_samples):
@@ -95,20 +100,22 @@ def write_hidden_state_shard(
 
 
 def write_hidden_states(
-    target_dir: Path, root: Path, train: int = 24, validation: int = 6
+    target_dir: Path, root: Path, train: int = 24, validation: int = 6, layers: list[int] | None = None
 ) -> dict[str, list[Path]]:
     """Train and validation shards under root/{split}/ (two train shards, one validation shard)."""
     half = train // 2
     return {
         "train": [
-            write_hidden_state_shard(target_dir, root / "train" / "shard-00000.safetensors", half, seed=1),
             write_hidden_state_shard(
-                target_dir, root / "train" / "shard-00001.safetensors", train - half, seed=2
+                target_dir, root / "train" / "shard-00000.safetensors", half, seed=1, layers=layers
+            ),
+            write_hidden_state_shard(
+                target_dir, root / "train" / "shard-00001.safetensors", train - half, seed=2, layers=layers
             ),
         ],
         "validation": [
             write_hidden_state_shard(
-                target_dir, root / "validation" / "shard-00000.safetensors", validation, seed=3
+                target_dir, root / "validation" / "shard-00000.safetensors", validation, seed=3, layers=layers
             )
         ],
     }

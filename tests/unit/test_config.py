@@ -173,3 +173,13 @@ def test_demo_and_production_default_to_the_vllm_backend(demo_config):
     kimi = yaml.safe_load((ROOT / "config" / "examples" / "kimi-k2.5-8gpu.yaml").read_text())
     assert kimi["hidden_states"]["backend"] == "vllm"
     assert kimi["hidden_states"]["vllm"]["tensor_parallel_size"] == 8
+
+
+def test_a_training_batch_smaller_than_the_longest_sample_is_refused(demo_config):
+    demo_config["train"]["batch_tokens"] = 512
+    demo_config["hidden_states"]["max_seq_len"] = 2048
+    with pytest.raises(ConfigError) as error:
+        check_config(demo_config, SCHEMA)
+    message = str(error.value)
+    assert "'train.batch_tokens' (512)" in message and "'hidden_states.max_seq_len' (2048)" in message
+    assert "raise train.batch_tokens to at least 2048" in message

@@ -54,9 +54,6 @@ def test_draft_stage_reads_what_extraction_writes(hs_target, hs_tokenizer, tmp_p
     export_checkpoint(job.weights, job.vocab_map, hs_target / "config.json", train.with_suffix(".json"),
                       out / "config.json", out / "model.safetensors")  # fmt: skip
     config = json.loads((out / "config.json").read_text())
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == meta["aux_layers_vllm"]
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
-        2,
-        4,
-        5,
-    ]  # 8 layers: vLLM's numbering
+    # 8 layers: vLLM's numbering at the top level, SGLang's (0-indexed outputs) under eagle_config
+    assert config["eagle_aux_hidden_state_layer_ids"] == meta["aux_layers_vllm"] == [2, 4, 5]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == meta["aux_layers"] == [1, 3, 4]

@@ -1,51 +1,21 @@
-"""The draft model: the TTT attention mask, its fast form, shifts, and no look-ahead."""
+"""The draft model: shapes from the target, shifts, and no look-ahead (attention: test_draft_attention)."""
 
 from __future__ import annotations
 
-import math
-
+import pytest
 import torch
 
-from eagle3_pipeline.draft.config import draft_config_from_target
-from eagle3_pipeline.draft.model import Eagle3Draft, shift_left, ttt_attention, ttt_attention_mask
+from eagle3_pipeline.draft.config import attention_shape, draft_config_from_target
+from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
 
 TARGET = {
     "hidden_size": 32,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
+    "head_dim": 8,
     "vocab_size": 50,
     "intermediate_size": 48,
 }
-
-
-def test_mask_is_causal_over_step_zero_and_diagonal_over_later_steps():
-    expected = torch.tensor(
-        [
-            # step 0 keys   step 1 keys   step 2 keys
-            [1, 0, 0, 1, 0, 0, 1, 0, 0],
-            [1, 1, 0, 0, 1, 0, 0, 1, 0],
-            [1, 1, 1, 0, 0, 1, 0, 0, 1],
-        ],
-        dtype=torch.bool,
-    )
-    assert torch.equal(ttt_attention_mask(3, 2), expected)
-    assert torch.equal(ttt_attention_mask(3, 0), expected[:, :3])
-
-
-def test_fast_attention_equals_dense_attention_under_the_mask():
-    torch.manual_seed(0)
-    batch, heads, seq_len, head_dim, steps = 2, 3, 5, 8, 4
-    cache = [
-        (torch.randn(batch, heads, seq_len, head_dim), torch.randn(batch, heads, seq_len, head_dim))
-        for _ in range(steps)
-    ]
-    q = torch.randn(batch, heads, seq_len, head_dim)
-    keys = torch.cat([k for k, _ in cache], dim=2)  # [B, nh, T * steps, hd]
-    values = torch.cat([v for _, v in cache], dim=2)
-    scores = (q @ keys.transpose(-1, -2)) / math.sqrt(head_dim)
-    scores = scores.masked_fill(~ttt_attention_mask(seq_len, steps - 1), float("-inf"))
-    dense = torch.softmax(scores, dim=-1) @ values
-    torch.testing.assert_close(ttt_attention(q, cache), dense)
 
 
 def test_shift_left_fills_with_zeros():
@@ -87,3 +57,49 @@ def test_step_k_row_i_sees_no_token_after_i_plus_1_plus_k():
         changed = ids.clone()
         changed[0, 1 + k] = (changed[0, 1 + k] + 1) % 50
         assert not torch.allclose(model(aux, changed, steps=3)[k][0, 0], base[k][0, 0])
+
+
+KIMI_K25_TEXT = {  # Kimi-K2.5's text_config (DeepseekV3, multi-head latent attention): no head_dim
+    "hidden_size": 7168,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "vocab_size": 163840,
+    "intermediate_size": 18432,
+}
+
+
+@pytest.mark.parametrize(
+    ("target", "settings", "expected"),
+    [
+        # the target's own head_dim and heads (the demo target: 2 heads of 64)
+        ({"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64}, {}, (64, 2, 2)),
+        # Llama-3-8B's config.json has no head_dim: 4096 / 32 = 128, GQA kept
+        ({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8}, {}, (128, 32, 8)),
+        # an MLA target gives no Llama head size: heads of 128 (not 7168 / 64 = 112)
+        (KIMI_K25_TEXT, {}, (128, 56, 56)),
+        # the production example: SpecForge's Kimi-K2.5 draft, 64 heads of 128
+        (KIMI_K25_TEXT, {"head_dim": 128, "num_attention_heads": 64}, (128, 64, 64)),
+        # a derived 112 is refused by FlashInfer: 128 instead
+        ({"hidden_size": 7168, "num_attention_heads": 64}, {}, (128, 56, 56)),
+    ],
+)
+def test_attention_shape_defaults_and_settings(target, settings, expected):
+    assert attention_shape(target, **settings) == expected
+
+
+def test_an_attention_shape_that_does_not_fit_names_the_key_to_set():
+    with pytest.raises(ValueError, match=r"draft\.num_attention_heads"):
+        attention_shape({"hidden_size": 200, "num_attention_heads": 2, "kv_lora_rank": 8})
+    with pytest.raises(ValueError, match=r"draft\.num_key_value_heads"):
+        attention_shape(KIMI_K25_TEXT, num_attention_heads=64, num_key_value_heads=48)
+
+
+def test_a_draft_with_more_query_width_than_hidden_runs():
+    config = draft_config_from_target(KIMI_K25_TEXT | {"hidden_size": 64, "vocab_size": 50}, 50, 32, 4, 2)
+    assert (config.head_dim, config.num_attention_heads, config.num_key_value_heads) == (32, 4, 2)
+    model = Eagle3Draft(config)
+    assert model.midlayer.self_attn.q_proj.weight.shape == (128, 128)  # 4 x 32 from 2H
+    logits = model(torch.randn(1, 5, 192), torch.randint(0, 50, (1, 5)), steps=2)
+    assert logits[1].shape == (1, 5, 50)

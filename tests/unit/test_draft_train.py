@@ -160,3 +160,44 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
         assert a["train"]["tokens"] == b["train"]["tokens"]
         assert a["validation"]["tokens"] == b["validation"]["tokens"]
     assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
+
+
+def test_the_script_passes_the_draft_shape_only_when_set():
+    """rule train_draft adds --head-dim/--num-attention-heads/--num-key-value-heads for the draft.* keys
+    set (get_draft_shape_args); left out, the shape is derived from the target."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("train_script", REPO / "scripts" / "train_draft.py")
+    script = module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--states", "h/train/shard-00000.safetensors", "--vocab-map", "v", "--target", "t", "--work", "w"]
+    argv += ["--weights", "o/m.safetensors", "--history", "o/h.json", "--epochs", "1", "--lr", "1e-3"]
+    argv += ["--warmup-ratio", "0", "--weight-decay", "0", "--grad-clip", "1", "--batch-tokens", "64"]
+    argv += ["--seed", "0", "--save-every-steps", "10"]
+    assert script.parse_args(argv).draft == {"ttt_steps": 7, "step_weight_decay": 0.8}
+    shape = ["--head-dim", "128", "--num-attention-heads", "64", "--num-key-value-heads", "64"]
+    draft = script.parse_args(argv + shape).draft
+    assert draft == {"ttt_steps": 7, "step_weight_decay": 0.8} | {
+        "head_dim": 128,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+    }
+
+
+def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hidden_states, tmp_path):
+    """draft.head_dim and the heads reach the model, its saved shape, and the exported config.json (the
+    random target has 2 heads of 32; the draft gets 4 heads of 16 sharing 2 kv heads)."""
+    from eagle3_pipeline.draft.export import export_checkpoint
+
+    job = replace(job, draft=job.draft | {"head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2})
+    job = replace(job, train=job.train | {"epochs": 1})
+    model, _ = build_model(job)
+    assert model.midlayer.self_attn.q_proj.weight.shape == (64, 128)  # 4 x 16 from 2H
+    assert model.midlayer.self_attn.k_proj.weight.shape == (32, 128)  # 2 x 16
+    assert main(job)
+    out = tmp_path / "checkpoint"
+    metadata = draft_hidden_states["train"][0].with_suffix(".json")
+    export_checkpoint(job.weights, job.vocab_map, random_target / "config.json", metadata,
+                      out / "config.json", out / "model.safetensors")  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert (config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]) == (16, 4, 2)

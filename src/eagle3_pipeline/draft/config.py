@@ -1,8 +1,12 @@
 """The draft's shape, derived from the target model's config.json.
 
-The draft is one Llama decoder layer as wide as the target (EAGLE-3, SpecForge): the hidden size, heads,
-MLP width and norm epsilon are the target's, so that its frozen embeddings and the fc over three
-auxiliary states fit without extra projections.
+The draft is one Llama decoder layer as wide as the target (EAGLE-3, SpecForge): the hidden size, MLP
+width and norm epsilon are the target's, so that its frozen embeddings and the fc over three auxiliary
+states fit without extra projections. The attention's shape (config draft.head_dim,
+draft.num_attention_heads, draft.num_key_value_heads) defaults to the target's where the target has a
+standard attention with a head size serving engines accept, and otherwise to heads of HEAD_DIM: a
+derived hidden/heads can be a size vLLM's attention backends refuse (Kimi-K2.5: 7,168 / 64 = 112;
+SpecForge's Kimi-K2.5 draft uses 64 heads of 128).
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 NUM_AUX_LAYERS = 3  # EAGLE-3 fuses a low, a middle and a high target layer
+HEAD_DIM = 128  # the default head size when the target gives none usable: every vLLM/SGLang backend takes it
+# head sizes taken over from a target without asking: FlashAttention, FlashInfer, Triton and vLLM's CPU
+# attention all accept these (FlashInfer refuses e.g. 80 or 112; CPU refuses 16)
+SERVED_HEAD_DIMS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -60,21 +68,70 @@ def rope_theta_of(config: dict[str, Any]) -> float:
     return float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
 
 
-def draft_config_from_target(target: dict[str, Any], draft_vocab_size: int) -> DraftConfig:
+def attention_shape(
+    target: dict[str, Any],
+    head_dim: int | None = None,
+    num_attention_heads: int | None = None,
+    num_key_value_heads: int | None = None,
+) -> tuple[int, int, int]:
+    """(head_dim, heads, kv heads) of the draft: the settings given, else the defaults (module docstring).
+
+    head_dim: the target's `head_dim`, or its hidden/heads when that is one of SERVED_HEAD_DIMS, else
+    HEAD_DIM (a target with multi-head latent attention, kv_lora_rank, has no Llama head size to take).
+    Heads: the target's when the head size is the target's, else hidden/head_dim. KV heads: the target's
+    when the heads are, else as many as the heads.
+
+    Raises:
+        ValueError: naming the draft.* key to set when the defaults do not fit the target.
+    """
+    hidden, target_heads = int(target["hidden_size"]), int(target["num_attention_heads"])
+    latent = "kv_lora_rank" in target  # MLA: its head sizes are not a Llama draft's
+    derived = hidden // target_heads if hidden % target_heads == 0 else None
+    own = None if latent else target.get("head_dim") or (derived if derived in SERVED_HEAD_DIMS else None)
+    head_dim = int(head_dim or own or HEAD_DIM)
+    if num_attention_heads is None:
+        if own is not None and int(own) == head_dim:
+            num_attention_heads = target_heads
+        elif hidden % head_dim == 0:
+            num_attention_heads = hidden // head_dim
+        else:
+            raise ValueError(
+                f"the target's hidden_size {hidden} is not a multiple of the draft's head_dim {head_dim}: "
+                "set draft.num_attention_heads (and draft.head_dim) in the config"
+            )
+    if num_key_value_heads is None:
+        same = not latent and num_attention_heads == target_heads
+        target_kv = int(target.get("num_key_value_heads") or target_heads)
+        num_key_value_heads = target_kv if same else num_attention_heads
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(
+            f"draft.num_attention_heads ({num_attention_heads}) is not a multiple of "
+            f"draft.num_key_value_heads ({num_key_value_heads}): set draft.num_key_value_heads"
+        )
+    return head_dim, int(num_attention_heads), int(num_key_value_heads)
+
+
+def draft_config_from_target(
+    target: dict[str, Any],
+    draft_vocab_size: int,
+    head_dim: int | None = None,
+    num_attention_heads: int | None = None,
+    num_key_value_heads: int | None = None,
+) -> DraftConfig:
     """The draft's shape for `target` (a parsed config.json); draft_vocab_size is capped at the target's.
 
-    The draft always uses plain RoPE with the target's theta (trained and served alike); a target's own
-    rope scaling is not carried over.
+    head_dim and the heads are config draft.* (None: see attention_shape). The draft always uses plain
+    RoPE with the target's theta (trained and served alike); a target's own rope scaling is not carried
+    over.
     """
     hidden = int(target["hidden_size"])
-    heads = int(target["num_attention_heads"])
-    head_dim = int(target.get("head_dim") or hidden // heads)
+    head_dim, heads, kv_heads = attention_shape(target, head_dim, num_attention_heads, num_key_value_heads)
     return DraftConfig(
         hidden_size=hidden,
         target_hidden_size=hidden,
         intermediate_size=int(target.get("intermediate_size") or 4 * hidden),
         num_attention_heads=heads,
-        num_key_value_heads=int(target.get("num_key_value_heads") or heads),
+        num_key_value_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta_of(target),

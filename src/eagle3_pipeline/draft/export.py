@@ -1,9 +1,23 @@
 """Export the trained draft as an EAGLE-3 checkpoint in the EAGLE/SpecForge format, which vLLM
 (vllm/model_executor/models/llama_eagle3.py) and SGLang (srt/models/llama_eagle3.py) load:
 
-    config.json        LlamaForCausalLMEagle3, one layer, draft_vocab_size, target_hidden_size and
-                       eagle_config.eagle_aux_hidden_state_layer_ids in vLLM's numbering
+    config.json        LlamaForCausalLMEagle3, one layer, draft_vocab_size, target_hidden_size and the
+                       auxiliary layer ids, each key in its reader's numbering (below)
     model.safetensors  fc, midlayer.*, norm, lm_head (bf16), d2t (int64), t2d (bool); no embeddings
+
+The auxiliary layers the draft was trained on are written twice, because the engines read different
+keys in different numberings (and fall back to their default (2, N/2, N-3) silently):
+
+    eagle_aux_hidden_state_layer_ids (top level)   vLLM: read first by both model runners (V1,
+        gpu_model_runner._get_eagle3_aux_layers_from_config; V2, spec_decode/eagle/eagle3_utils), as
+        "the input of decoder layer i" = the output of layer i - 1: the shard metadata's aux_layers_vllm.
+    eagle_config.eagle_aux_hidden_state_layer_ids  SGLang (model_runner reads it; the model's
+        set_eagle3_layers_to_capture captures the input of layer id + 1) and SpecForge (output of
+        0-indexed layer id): the outputs' own 0-indexed numbers, vLLM's minus one.
+
+vLLM reads the nested key only for its length (llama_eagle3.py: the fc width), or as ids when the
+top-level key is absent; Model Runner V2's other fallback, eagle_config["layer_ids"], is not written
+(the top-level key always wins there).
 
 When the draft vocabulary is the whole target vocabulary, d2t and t2d are left out: vLLM then has no
 draft_id_to_target_id parameter and refuses a checkpoint carrying d2t.
@@ -53,6 +67,17 @@ def expected_keys(config: DraftConfig) -> set[str]:
     return set(WEIGHT_KEYS) | (set(VOCAB_KEYS) if with_map else set())
 
 
+def sglang_layer_ids(aux_layer_ids_vllm: list[int]) -> list[int]:
+    """vLLM's ids ("input of layer i") as SGLang/SpecForge number them ("output of 0-indexed layer i").
+
+    Raises:
+        ValueError: an id 0 (the embeddings), which SGLang's numbering cannot express.
+    """
+    if any(i < 1 for i in aux_layer_ids_vllm):
+        raise ValueError(f"auxiliary layer ids {aux_layer_ids_vllm} (vLLM numbering) include the embeddings")
+    return [int(i) - 1 for i in aux_layer_ids_vllm]
+
+
 def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dict[str, Any]:
     """config.json for vLLM / SGLang / transformers' LlamaConfig."""
     return {
@@ -77,8 +102,11 @@ def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dic
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
+        # vLLM's numbering, read first by both of vLLM's model runners (module docstring)
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids_vllm),
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids_vllm),
+            # SGLang's and SpecForge's: 0-indexed layer outputs (SGLang adds one when capturing)
+            "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(aux_layer_ids_vllm),
             "use_aux_hidden_state": True,
         },
     }
@@ -95,6 +123,18 @@ def check_tensors(tensors: dict[str, torch.Tensor], config: DraftConfig) -> None
     for name, shape in shapes.items():
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+
+
+def check_fits_target(
+    config: DraftConfig, target: dict[str, Any], draft_vocab_size: int, weights: str | Path
+) -> None:
+    """Raise ValueError when the trained draft does not fit the target or the vocab map (the attention's
+    shape, draft.head_dim and the heads, is the draft's own and not compared)."""
+    base = draft_config_from_target(
+        target, draft_vocab_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    )
+    if base != config:
+        raise ValueError(f"{weights} was trained for another target or vocab map: {config} != {base}")
 
 
 def aux_layers_from_metadata(metadata_path: str | Path) -> list[int]:
@@ -115,12 +155,10 @@ def export_checkpoint(
 ) -> None:
     """Write config.json and model.safetensors of the EAGLE-3 checkpoint."""
     d2t, t2d = load_vocab_map(vocab_map)
-    config = draft_config_from_target(read_target_config(target_config), len(d2t))
     with safe_open(str(weights), "pt") as f:
-        trained = json.loads(f.metadata()["draft_config"])
+        config = DraftConfig(**json.loads(f.metadata()["draft_config"]))  # the shape it was trained in
         tensors = {k: f.get_tensor(k).to(torch.bfloat16) for k in f.keys()}  # noqa: SIM118
-    if trained != config.to_dict():
-        raise ValueError(f"{weights} was trained for another draft shape: {trained} != {config.to_dict()}")
+    check_fits_target(config, read_target_config(target_config), len(d2t), weights)
     if config.draft_vocab_size != config.vocab_size:
         tensors |= {"d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     check_tensors(tensors, config)
@@ -131,5 +169,11 @@ def export_checkpoint(
     layer_ids = aux_layers_from_metadata(hidden_states_metadata)
     Path(output_config).write_text(json.dumps(checkpoint_config(config, layer_ids), indent=1) + "\n")
     log.info(
-        "exported %d tensors, aux layers (vLLM numbering) %s, to %s", len(tensors), layer_ids, out.parent
+        "exported %d tensors, aux layers %s (vLLM numbering; SGLang's %s), head_dim %d x %d heads, to %s",
+        len(tensors),
+        layer_ids,
+        sglang_layer_ids(layer_ids),
+        config.head_dim,
+        config.num_attention_heads,
+        out.parent,
     )

@@ -11,21 +11,26 @@ One draft step, as vLLM and SGLang run it (vllm/model_executor/models/llama_eagl
     logits = lm_head(norm(h'))                                # [B, T, Vd]
 
 Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
-keys causally and, at its own position only, the key of each step 1..k (`ttt_attention_mask` spells the
-mask out; `ttt_attention` computes the same thing without materialising it).
+keys causally and, at its own position only, the key of each step 1..k (attention.py: `ttt_attention`,
+in memory linear in T, and `ttt_attention_dense`, the quadratic reference).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3_pipeline.draft.attention import KVCache, ttt_attention, ttt_attention_dense
 from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (keys, values) per TTT step, each [B, nh, T, hd]
+# "linear" for training; "dense" is the quadratic reference (tests, benchmarks/training.py)
+ATTENTION: dict[str, Callable[[torch.Tensor, KVCache], torch.Tensor]] = {
+    "linear": ttt_attention,
+    "dense": ttt_attention_dense,
+}
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -65,38 +70,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
-def ttt_attention_mask(seq_len: int, step: int) -> torch.Tensor:
-    """Which keys a query of TTT step `step` may see: bool [T, T * (step + 1)] over the keys of steps
-    0..step laid side by side. Step 0's block is causal; each later step's block is the identity (the
-    key the same position produced at that step). The reference for `ttt_attention`, and for tests."""
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-    same_position = torch.eye(seq_len, dtype=torch.bool)
-    return torch.cat([causal] + [same_position] * step, dim=1)
-
-
-def ttt_attention(q: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Attention of the newest step's queries q [B, nh, T, hd] over `cache`; -> [B, nh, T, hd].
-
-    Equal to dense attention under `ttt_attention_mask`, in O(T^2 + T * steps) instead of
-    O(T^2 * steps): step 0 is a causal T x T block, every later step contributes one diagonal score.
-    """
-    seq_len, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
-    k0, v0 = cache[0]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, T, T]
-    diagonal = [(q * k).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]  # each [B, nh, T, 1]
-    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
-    out = probs[..., :seq_len] @ v0
-    for j, (_, v) in enumerate(cache[1:]):
-        out = out + probs[..., seq_len + j : seq_len + j + 1] * v
-    return out
-
-
 class DraftAttention(nn.Module):
     """Llama attention whose q/k/v read 2H (embedding and hidden state side by side)."""
 
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
         super().__init__()
+        self.attention = ATTENTION[attention]
         self.heads, self.kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -116,7 +95,7 @@ class DraftAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.heads // self.kv_heads  # grouped-query attention: share each kv head
         cache.append((k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)))
-        out = ttt_attention(q, cache).transpose(1, 2).reshape(batch, seq_len, -1)  # [B, T, nh * hd]
+        out = self.attention(q, cache).transpose(1, 2).reshape(batch, seq_len, -1)  # [B, T, nh * hd]
         return self.o_proj(out)
 
 
@@ -134,11 +113,11 @@ class DraftMLP(nn.Module):
 class DraftDecoderLayer(nn.Module):
     """The single decoder layer ("midlayer" in the checkpoint)."""
 
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the embeddings
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the fed hidden state
-        self.self_attn = DraftAttention(config)
+        self.self_attn = DraftAttention(config, attention)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DraftMLP(config)
 
@@ -154,15 +133,16 @@ class Eagle3Draft(nn.Module):
     """fc over the three auxiliary target states, one decoder layer, norm, draft-vocabulary lm_head.
 
     embed_tokens is the target's, frozen, and never exported (vLLM and SGLang share the target's).
+    `attention` names the TTT attention form (ATTENTION); both give the same numbers.
     """
 
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(NUM_AUX_LAYERS * config.target_hidden_size, config.hidden_size, bias=False)
-        self.midlayer = DraftDecoderLayer(config)
+        self.midlayer = DraftDecoderLayer(config, attention)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
 

@@ -35,6 +35,8 @@ from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 
 log = logging.getLogger(__name__)
 
+DRAFT_SHAPE_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")  # config draft.*, None: default
+
 
 @dataclass
 class TrainJob:
@@ -44,7 +46,7 @@ class TrainJob:
     validation_shards: list[str]
     vocab_map: str
     target: str  # the target model folder
-    draft: dict[str, Any]  # config draft.*
+    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set)
     train: dict[str, Any]  # config train.*
     work: str
     weights: str  # output: trained tensors
@@ -91,7 +93,8 @@ def build_model(job: TrainJob) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
     """The draft (seeded init, target embeddings copied and frozen) and the frozen target head."""
     target_config = read_target_config(job.target)
     d2t, t2d = load_vocab_map(job.vocab_map)
-    config = draft_config_from_target(target_config, len(d2t))
+    shape = {k: job.draft.get(k) for k in DRAFT_SHAPE_KEYS}
+    config = draft_config_from_target(target_config, len(d2t), **shape)
     if config.draft_vocab_size != len(d2t) or len(t2d) != config.vocab_size:
         raise ValueError(
             f"{job.vocab_map} does not fit the target vocabulary ({config.vocab_size}); rebuild it"

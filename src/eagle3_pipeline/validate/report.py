@@ -164,14 +164,11 @@ def _bars(ax: plt.Axes, series: dict[str, list[float | None]], title: str) -> No
 
 
 def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: str | Path) -> None:
-    """Conditional acceptance per position (offline and served) and acceptance length against k."""
+    """Acceptance per position (offline and served, with the serve check's allowance), acceptance length
+    against k, and the served acceptance length by dataset source with the served speedup."""
     offline, served = _read_json(offline_path), _read_json(serve_path)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    series = {"offline, conditional": offline["conditional"]}
-    if served:
-        series["served, conditional"] = served["conditional"]
-        series["served, of all drafts"] = served["per_position_rate"]
-    _bars(axes[0], series, "Acceptance per position")
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
+    _served_vs_offline(axes[0], offline, served)
     ks = range(1, len(offline["acceptance_length"]) + 1)
     axes[1].plot(ks, offline["acceptance_length"], "o-", label="offline (simulated, greedy)")
     if served and served.get("acceptance_length") is not None:
@@ -184,7 +181,49 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
         )
     axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
     axes[1].legend(fontsize=8)
+    _by_source(axes[2], served)
     _save(fig, output)
+
+
+def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, Any] | None) -> None:
+    """Share of drafts whose first i+1 tokens were accepted: offline, and served with its allowance."""
+    anchors = offline.get("anchors") or 0
+    rates = [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
+    series = {"offline (simulated)": rates}
+    if served:
+        series["served by vLLM"] = served["per_position_rate"]
+    _bars(ax, series, "First i+1 draft tokens accepted")
+    comparison = (served or {}).get("offline_comparison")
+    if comparison:
+        for p in comparison["positions"]:
+            # on the offline bar (left of the pair): the band the served bar must fall in
+            ax.errorbar(
+                p["position"] + 0.8, p["offline"], yerr=p["allowed"], fmt="none", ecolor="k", capsize=4
+            )
+        verdict = "agree" if comparison["agree"] else "DISAGREE"
+        ax.set_title(f"First i+1 draft tokens accepted\nserved and offline {verdict} (whiskers: allowed)")
+
+
+def _by_source(ax: plt.Axes, served: dict[str, Any] | None) -> None:
+    """Served acceptance length per dataset source; the served speedup in the title."""
+    by_source = (served or {}).get("by_source") or {}
+    if not by_source:
+        ax.text(0.5, 0.5, "no served check by source", transform=ax.transAxes, ha="center")
+        ax.set_axis_off()
+        return
+    names = list(by_source)
+    values = [by_source[n].get("acceptance_length") or 1.0 for n in names]
+    ax.bar(range(len(names)), values, color="tab:green")
+    ax.set_xticks(range(len(names)), names)
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+    figures = (served or {}).get("speedup") or {}
+    title = "Served acceptance length by source"
+    if figures.get("speedup") is not None:
+        title += f"\nspeedup {figures['speedup']:.2f}x"
+        rates = figures["tokens_per_s_with_draft"], figures["tokens_per_s_without_draft"]
+        title += " ({:.0f} vs {:.0f} tok/s)".format(*rates)
+    ax.set(title=title, ylabel="tokens per target step", ylim=(1, None))
 
 
 def comparison(

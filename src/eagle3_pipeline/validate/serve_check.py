@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from eagle3_pipeline.generate.client import ChatClient, Sampling
+from eagle3_pipeline.server.secrets import redact_data
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
@@ -103,12 +104,15 @@ def free_port(low: int = 18580, high: int = 18599, host: str = "127.0.0.1") -> i
 
 
 def load_questions(validation_path: str | Path, max_questions: int) -> list[dict[str, Any]]:
-    """The validation questions (id, system, question), the first `max_questions` by id.
+    """The validation questions (id, system, question, source), the first `max_questions` by id.
 
     Raises:
         ServeCheckError: the file has no questions.
     """
-    frame = pl.read_parquet(validation_path, columns=["id", "system", "question"]).sort("id")
+    columns = ["id", "system", "question"]
+    if "source" in pl.read_parquet_schema(validation_path):  # acceptance by source (validate/served.py)
+        columns.append("source")
+    frame = pl.read_parquet(validation_path, columns=columns).sort("id")
     if frame.is_empty():
         raise ServeCheckError(
             f"{validation_path} has no questions: raise dataset.num_samples or traces.validation_fraction"
@@ -266,7 +270,12 @@ def run_local_serve_check(
     base_url = f"http://127.0.0.1:{port}"
     handle = serve_local(served, env, cwd, Path(state_dir), base_url, start_timeout_s)
     try:
-        result = measure(base_url, questions, sampling, api_key, concurrency, request_timeout_s)
+        from eagle3_pipeline.validate.served import measure_by_source
+
+        result = measure_by_source(
+            lambda group: measure(base_url, group, sampling, api_key, concurrency, request_timeout_s),
+            questions,
+        )
     finally:
         handle.stop()
     return result | {"mode": "local", "base_url": base_url}
@@ -288,7 +297,9 @@ def serve_sampling(generation: dict[str, Any], validate: dict[str, Any], model: 
 
 
 def write_json(data: dict[str, Any], path: str | Path) -> None:
-    """Write JSON atomically (a temporary file renamed into place)."""
+    """Write JSON atomically (a temporary file renamed into place), the unit's secrets redacted as
+    values (a vLLM error or log tail in the figures can carry one)."""
+    data = redact_data(data)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -306,9 +317,17 @@ def serve_check(
     validate: dict[str, Any],
     work_dir: str | Path,
     output_path: str | Path,
+    offline_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Rule serve_check: serve the target with the draft, send the validation questions, write the
-    spec-decode figures to `output_path` (validation/serve_check.json)."""
+    spec-decode figures to `output_path` (validation/serve_check.json): acceptance overall and by
+    source, the speedup over the target alone (local units), and the comparison with the offline
+    simulation (`offline_path`, validation/offline.json; see validate/served.py).
+
+    Raises:
+        ServeCheckError: served and offline acceptance disagree beyond validate.served_offline_tolerance
+            (the figures are kept in work_dir/serve_check.rejected.json).
+    """
     from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import uses_local_process
 
@@ -351,5 +370,65 @@ def serve_check(
         result["answered"],
         result["questions"],
     )
+    check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
+    if uses_local_process(server_cfg):
+        result["speedup"] = local_speedup(server_cfg, result, common, validate)
+    else:  # the drop-in restart is the only server there: nothing to time the target alone on
+        result["speedup"] = {"speedup": None, "reason": "measured only for a local unit (server.host: local)"}
     write_json(result, output_path)
     return result
+
+
+def local_speedup(
+    server_cfg: dict[str, Any], with_draft: dict[str, Any], common: dict[str, Any], validate: dict[str, Any]
+) -> dict[str, Any]:
+    """validate.speedup: the same questions, sampling and concurrency against the target alone."""
+    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.validate.served import run_local_without_draft, speedup
+
+    if not validate.get("speedup", True):
+        return {"speedup": None, "reason": "validate.speedup is false"}
+    key = api_key(server_cfg)
+
+    def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
+        return ask(
+            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2
+        )
+
+    without = run_local_without_draft(
+        server_cfg,
+        common["questions"],
+        ask_group,
+        str(Path(common["state_dir"]) / "without-draft"),
+        server_cfg.get("start_timeout_s", 900),
+    )
+    figures = speedup(with_draft, without)
+    log.info(
+        "served speedup %.2fx (%.1f tokens/s with the draft, %.1f without)",
+        figures["speedup"] or 0.0,
+        figures["tokens_per_s_with_draft"] or 0.0,
+        figures["tokens_per_s_without_draft"] or 0.0,
+    )
+    return figures
+
+
+def check_against_offline(
+    result: dict[str, Any], offline_path: str | Path | None, validate: dict[str, Any], work_dir: str | Path
+) -> None:
+    """Add the served-vs-offline comparison to `result`; raise ServeCheckError when they disagree (the
+    figures kept in work_dir/serve_check.rejected.json)."""
+    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, compare_with_offline, disagreement_message
+
+    tolerance = validate.get("served_offline_tolerance", DEFAULT_TOLERANCE)
+    if offline_path is not None:
+        offline = json.loads(Path(offline_path).read_text())
+        comparison = compare_with_offline(
+            result, offline, DEFAULT_TOLERANCE if tolerance is None else tolerance
+        )
+        # offline simulates greedy verification: under sampling the served figure is lower by design
+        enforced = tolerance is not None and result["sampling"]["temperature"] == 0
+        result["offline_comparison"] = comparison | {"enforced": enforced}
+        if enforced and not comparison["agree"]:
+            kept = Path(work_dir) / "serve_check.rejected.json"
+            write_json(result, kept)
+            raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")

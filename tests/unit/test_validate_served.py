@@ -1,0 +1,185 @@
+"""Served against offline acceptance, acceptance by source and the speedup, on real recorded vLLM
+/metrics readings (tests/data/validate, vLLM 0.32.0 CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline.validate.acceptance import online_acceptance
+from eagle3_pipeline.validate.metrics import parse_prometheus, spec_decode_counters
+from eagle3_pipeline.validate.served import (
+    compare_with_offline,
+    disagreement_message,
+    measure_by_source,
+    source_groups,
+    speedup,
+    time_by_source,
+    without_draft,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "validate"
+
+
+def counters(name: str):
+    return spec_decode_counters(parse_prometheus((DATA / name).read_text()))
+
+
+def served(name: str) -> dict:
+    """serve_check.json's figures for the recorded reading (all counters from zero)."""
+    after = counters(name)
+    zero = counters("vllm-0.32.0-metrics-before.txt")
+    return online_acceptance(zero, after).to_dict()
+
+
+def offline_with(rates: list[float], anchors: int = 2000) -> dict:
+    return {"anchors": anchors, "prefix_counts": [round(r * anchors) for r in rates]}
+
+
+def test_a_trained_draft_agrees_with_an_offline_figure_like_its_own():
+    # recorded: 35 drafts, per position 32, 28, 26 accepted -> 0.914, 0.800, 0.743
+    figures = served("vllm-0.32.0-metrics-trained-draft.txt")
+    comparison = compare_with_offline(figures, offline_with([0.85, 0.72, 0.62]), tolerance=0.15)
+    assert comparison["agree"], comparison
+    assert [p["served"] for p in comparison["positions"]] == pytest.approx([32 / 35, 28 / 35, 26 / 35])
+    # few drafts: the binomial term widens the allowance beyond the systematic 0.15
+    assert all(p["allowed"] > 0.15 for p in comparison["positions"])
+
+
+def test_a_draft_fed_other_layers_is_refused():
+    # recorded: an untrained (or mis-fed) draft, 117 drafts, nothing accepted, against a trained offline
+    figures = served("vllm-0.32.0-metrics-untrained-draft.txt")
+    comparison = compare_with_offline(figures, offline_with([0.85, 0.72, 0.62]), tolerance=0.15)
+    assert not comparison["agree"]
+    message = disagreement_message(comparison)
+    assert "position 0: served 0.000 vs offline 0.850" in message and "auxiliary layer ids" in message
+
+
+def test_more_drafts_tighten_the_allowance_to_the_systematic_tolerance():
+    few = compare_with_offline({"drafts": 30, "per_position_rate": [0.5]}, offline_with([0.5]), 0.15)
+    many = compare_with_offline(
+        {"drafts": 30000, "per_position_rate": [0.5]}, offline_with([0.5], 10**6), 0.15
+    )
+    assert few["positions"][0]["allowed"] > many["positions"][0]["allowed"] == pytest.approx(0.15, abs=0.01)
+
+
+def test_nothing_to_compare_is_not_agreement():
+    comparison = compare_with_offline({"drafts": 0, "per_position_rate": [None]}, offline_with([0.5]), 0.15)
+    assert not comparison["agree"] and "nothing" in disagreement_message(comparison)
+
+
+QUESTIONS = [
+    {"id": f"q{i}", "question": "?", "source": s} for i, s in enumerate(["math", "code", "math", None])
+]
+
+
+def test_questions_are_grouped_by_source():
+    groups = source_groups(QUESTIONS)
+    assert list(groups) == ["code", "math", "unknown"]
+    assert [q["id"] for q in groups["math"]] == ["q0", "q2"]
+
+
+def test_acceptance_by_source_from_consecutive_real_readings():
+    """Two groups measured one after the other: the recorded 'before' reading, then the trained draft's
+    reading as the first group's end, then that reading again as the second group's end (no drafts)."""
+    before = counters("vllm-0.32.0-metrics-before.txt")
+    after = counters("vllm-0.32.0-metrics-trained-draft.txt")
+    readings = {"code": (before, after), "math": (after, after)}
+
+    def measure(group: list[dict]) -> dict:
+        start, end = readings[group[0]["source"]]
+        figures = online_acceptance(start, end).to_dict()
+        as_dict = lambda c: c.__dict__ | {"accepted_per_position": list(c.accepted_per_position)}  # noqa: E731
+        return figures | {
+            "questions": len(group),
+            "answered": len(group),
+            "failed": {},
+            "completion_tokens": 40 * len(group),
+            "seconds": 2.0,
+            "tokens_per_s": 20.0 * len(group),
+            "counters_before": as_dict(start),
+            "counters_after": as_dict(end),
+        }
+
+    result = measure_by_source(measure, [q for q in QUESTIONS if q["source"]])
+    assert result["acceptance_length"] == pytest.approx(1 + 86 / 35)  # the whole run: first to last reading
+    assert result["by_source"]["code"]["acceptance_length"] == pytest.approx(1 + 86 / 35)
+    assert result["by_source"]["math"]["drafts"] == 0
+    assert result["tokens_per_s"] == pytest.approx(120 / 4.0)
+
+
+def test_speedup_is_tokens_per_second_with_over_without_the_draft():
+    with_draft = {
+        "tokens_per_s": 30.0,
+        "by_source": {"code": {"tokens_per_s": 40.0}, "math": {"tokens_per_s": 20.0}},
+    }
+    without = time_by_source(lambda group: [{"status": "ok", "completion_tokens": 0}] * len(group), QUESTIONS)
+    assert set(without["by_source"]) == {"code", "math", "unknown"} and without["completion_tokens"] == 0
+    without = {
+        "tokens_per_s": 20.0,
+        "by_source": {"code": {"tokens_per_s": 20.0}, "math": {"tokens_per_s": 20.0}},
+    }
+    figures = speedup(with_draft, without)
+    assert figures["speedup"] == 1.5 and figures["by_source"] == {"code": 2.0, "math": 1.0}
+
+
+def test_the_target_alone_runs_without_any_speculative_config():
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port=8000"]
+    argv += ["--speculative_config", '{"method":"ngram"}', "--host", "0.0.0.0"]
+    words = without_draft(argv, "127.0.0.1", 19301)
+    assert "--speculative_config" not in words and '{"method":"ngram"}' not in words
+    assert words[-4:] == ["--host", "127.0.0.1", "--port", "19301"] and "--port=8000" not in words
+
+
+@pytest.mark.parametrize(
+    ("temperature", "tolerance", "raises"), [(0.0, 0.2, True), (0.6, 0.2, False), (0.0, None, False)]
+)
+def test_the_check_fails_only_for_a_greedy_disagreement_with_a_tolerance(
+    tmp_path, temperature, tolerance, raises
+):
+    import json
+
+    from eagle3_pipeline.validate.serve_check import ServeCheckError, check_against_offline
+
+    result = served("vllm-0.32.0-metrics-untrained-draft.txt") | {"sampling": {"temperature": temperature}}
+    (tmp_path / "offline.json").write_text(json.dumps(offline_with([0.85, 0.72, 0.62])))
+    validate = {"served_offline_tolerance": tolerance}
+    if raises:
+        with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.850"):
+            check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
+        kept = json.loads((tmp_path / "work" / "serve_check.rejected.json").read_text())
+        assert kept["offline_comparison"]["agree"] is False
+    else:
+        check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
+        assert (
+            result["offline_comparison"]["agree"] is False
+            and result["offline_comparison"]["enforced"] is False
+        )
+
+
+def test_a_source_that_fails_is_reported_and_the_others_measured():
+    from eagle3_pipeline.validate.serve_check import ServeCheckError
+
+    after = counters("vllm-0.32.0-metrics-trained-draft.txt")
+    reading = after.__dict__ | {"accepted_per_position": list(after.accepted_per_position)}
+
+    def measure(group: list[dict]) -> dict:
+        if group[0]["source"] == "code":
+            raise ServeCheckError("no validation question was answered")
+        figures = online_acceptance(after, after).to_dict()
+        return figures | {"questions": len(group), "answered": len(group), "failed": {}} | {
+            "completion_tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0,
+            "counters_before": reading, "counters_after": reading,
+        }  # fmt: skip
+
+    result = measure_by_source(measure, QUESTIONS)
+    assert result["by_source"]["code"] == {
+        "questions": 1,
+        "answered": 0,
+        "error": "no validation question was answered",
+    }
+    assert result["answered"] == 3 and result["questions"] == 4
+    with pytest.raises(ServeCheckError, match="no validation question"):
+        measure_by_source(measure, [q for q in QUESTIONS if q["source"] == "code"])
+    assert speedup(result, result)["by_source"] == {"math": 1.0, "unknown": 1.0}
