@@ -30,8 +30,8 @@ from pathlib import Path
 import polars as pl
 import requests
 
-from eagle3_pipeline.generate.client import Sampling, chat_body
-from eagle3_pipeline.generate.http import Connection, Endpoint
+from eagle3_pipeline.generate.http import Http
+from eagle3_pipeline.generate.payload import Sampling, chat_body
 from eagle3_pipeline.generate.shard import run_generation
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
@@ -185,18 +185,19 @@ def bench_sequential(base_url: str, sampling: Sampling, frame: pl.DataFrame) -> 
 
 
 async def _raw(base_url: str, bodies: list[bytes], concurrency: int) -> int:
-    endpoint, queue, tokens = Endpoint.parse(base_url), list(reversed(bodies)), 0
+    http, queue, tokens = Http(base_url, {}, concurrency), list(reversed(bodies)), 0
 
     async def worker() -> None:
         nonlocal tokens
-        connection = Connection(endpoint)
         while queue:
-            response = await connection.request("POST", "/v1/chat/completions", queue.pop(), 600)
+            response = await http.request("POST", "/v1/chat/completions", queue.pop(), 600)
             start = response.body.find(b'"token_ids":[')  # the choice's ids (not prompt_token_ids)
             tokens += response.body.count(b",", start, response.body.find(b"]", start)) + 1
-        connection.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await http.close()
     return tokens
 
 
