@@ -115,3 +115,22 @@ def chat_body(
         body["chat_template_kwargs"] = sampling.chat_template_kwargs
     body.update(sampling.extra_body)
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# Keys added after the first release, and the value that makes each a no-op (not sent / default).
+LATER_KEYS = {key: None for key in OPTIONAL_SAMPLING} | {"extra_body": {}, "history": "none"}
+
+
+def rule_params(section: dict[str, Any], later: dict[str, Any] = LATER_KEYS) -> dict[str, Any]:
+    """A config section as a rule's params (rerun triggers): a key added later is left out while it
+    holds its no-op value, so that upgrading the pipeline does not rerun every finished shard."""
+    return {key: value for key, value in section.items() if key not in later or value != later[key]}
+
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "chat_template_kwargs", *OPTIONAL_SAMPLING)
+
+
+def sampling_params(generation: dict[str, Any]) -> dict[str, Any]:
+    """Only the generation.* keys that shape a request (Sampling.from_config reads these), as params."""
+    keys = (*SAMPLING_KEYS, "extra_body")
+    return rule_params({key: generation[key] for key in keys if key in generation})
