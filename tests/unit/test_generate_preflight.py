@@ -3,8 +3,6 @@ count of prompts that do not fit max_model_len. A real vLLM server is checked in
 tests/integration/test_generation.py; the scripted endpoint stands in only for the faults no current
 vLLM shows (an old server that ignores return_token_ids)."""
 
-import time
-
 import polars as pl
 import pytest
 
@@ -53,10 +51,9 @@ def test_a_good_server_passes_and_the_prompts_that_do_not_fit_are_counted(script
 
 def test_a_server_that_ignores_return_token_ids_is_refused_in_seconds(scripted_endpoint, tmp_path):
     scripted_endpoint.token_ids = False  # what vLLM < 0.10.2 does
-    started = time.monotonic()
     with pytest.raises(PreflightError, match=r"ignores return_token_ids .* vLLM >= 0.10.2"):
         preflight(scripted_endpoint, tmp_path)
-    assert time.monotonic() - started < 10
+    assert len(scripted_endpoint.bodies) == 1  # one short request, before any shard
 
 
 def test_an_unknown_served_name_is_refused_naming_what_is_served(scripted_endpoint, tmp_path):
