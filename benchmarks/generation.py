@@ -1,4 +1,4 @@
-"""Generation throughput: the pipeline's client beside a plain sequential client and raw capacity.
+"""Generation throughput: the pipeline's client beside plain clients and raw capacity.
 
 (a) Against a vLLM server (`--base-url`, or `--model DIR` to start the demo target on a free port):
     the pipeline's run_generation (journal, slots, progress included), a plain sequential `requests`
@@ -6,10 +6,17 @@
 (b) Client overhead against a local endpoint that answers instantly with a canned vLLM-shaped reply
     (256 completion token ids): requests/s and client CPU microseconds per request, beside a plain
     sequential `requests` client. The endpoint runs in its own process; both share this machine's cores.
+(c) `--shard-jobs N`: the pipeline as Snakemake runs it, N shard jobs in parallel processes sharing the
+    global cap (journals included), beside a plain threaded `requests` client with as many threads as
+    the cap, on the same server and prompts count; rounds alternate, each on fresh prompts. The span
+    is first request to last reply (for the jobs: from the earliest job's first send to the last
+    job's end, process start-up excluded as Snakemake's is).
 
 Prints one JSON line per measurement. Examples:
     .venv/bin/python benchmarks/generation.py --instant-only
     .venv/bin/python benchmarks/generation.py --model resources/demo/target --requests 64 --max-tokens 64
+    .venv/bin/python benchmarks/generation.py --model resources/demo/target --shard-jobs 4 \
+        --requests 256 --max-tokens 128 --concurrency 64
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -214,6 +223,120 @@ def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrenc
     }
 
 
+SHARD_JOB = """
+import json, resource, sys, time
+import polars as pl
+from eagle3_pipeline.generate.payload import Sampling
+from eagle3_pipeline.generate.shard import run_generation
+a = json.loads(sys.argv[1])
+frame = pl.read_parquet(a["prompts"])
+start = time.time()
+out = run_generation(frame, a["url"], Sampling(**a["sampling"]), a["gen"], a["journal"], "bench",
+                     shard=a["shard"], slots_dir=a["slots"])
+end = time.time()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"start": start, "end": end, "tokens": int(out["completion_tokens"].sum() or 0),
+                  "ok": int((out["status"] == "ok").sum()), "cpu": usage.ru_utime + usage.ru_stime}))
+"""
+
+
+def bench_shard_jobs(base_url: str, sampling: Sampling, frame: pl.DataFrame, jobs: int, cap: int) -> dict:
+    """N shard jobs as parallel processes sharing the global cap; the span from first send to last end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = {"concurrency": cap, "global_concurrency": cap, "retries": 2, "request_timeout_s": 600}
+        size = -(-len(frame) // jobs)
+        children = []
+        for k in range(jobs):
+            path = Path(tmp) / f"p{k}.parquet"
+            frame.slice(k * size, size).write_parquet(path)
+            args = {
+                "prompts": str(path),
+                "url": base_url,
+                "sampling": sampling.__dict__,
+                "gen": gen,
+                "journal": f"{tmp}/j{k}.jsonl",
+                "slots": f"{tmp}/slots",
+                "shard": k,
+            }
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SHARD_JOB, json.dumps(args)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+            )
+        results = [json.loads(child.communicate()[0].splitlines()[-1]) for child in children]
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(frame),
+        "ok": sum(r["ok"] for r in results),
+        "jobs": jobs,
+        "span_s": round(span, 3),
+        "req_per_s": round(len(frame) / span, 3),
+        "tok_per_s": round(tokens / span, 2),
+        "client_cpu_s": round(sum(r["cpu"] for r in results), 2),
+    }
+
+
+def bench_threaded(base_url: str, sampling: Sampling, frame: pl.DataFrame, threads: int) -> dict:
+    """A plain threaded client: `threads` threads, a requests.Session each, nothing stored."""
+    local, tokens, lock = threading.local(), [0], threading.Lock()
+    bodies = [chat_body(record, sampling) for record in frame.to_dicts()]
+
+    def send(body: bytes) -> None:
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        response = local.session.post(
+            f"{base_url}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=600,
+        )
+        response.raise_for_status()
+        with lock:
+            tokens[0] += len(response.json()["choices"][0]["token_ids"])
+
+    cpu, start = cpu_seconds(), time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(send, bodies))
+    span, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return {
+        "requests": len(bodies),
+        "threads": threads,
+        "span_s": round(span, 3),
+        "req_per_s": round(len(bodies) / span, 3),
+        "tok_per_s": round(tokens[0] / span, 2),
+        "client_cpu_s": round(cpu, 2),
+    }
+
+
+def part_shard_jobs(
+    base_url: str, model_name: str, requests_n: int, jobs: int, concurrency: int, max_tokens: int, rounds: int
+) -> None:
+    sampling = Sampling(model_name, max_tokens, 0.6, 0.95, None)
+    bench_raw(base_url, sampling, prompt_frame(8, offset=10**6), 8)  # warm-up
+    spans: dict[str, list[float]] = {"pipeline": [], "threaded": []}
+    for round_ in range(rounds):  # alternate, so that neither side gets the quieter moment
+        frame = prompt_frame(requests_n, offset=(2 * round_ + 10) * requests_n)
+        pipeline = bench_shard_jobs(base_url, sampling, frame, jobs, concurrency)
+        emit(bench="vllm_shard_jobs", client="pipeline", round=round_, max_tokens=max_tokens,
+             load_average_1m=os.getloadavg()[0], **pipeline)  # fmt: skip
+        frame = prompt_frame(requests_n, offset=(2 * round_ + 11) * requests_n)
+        threaded = bench_threaded(base_url, sampling, frame, concurrency)
+        emit(bench="vllm_shard_jobs", client="threaded_requests", round=round_, max_tokens=max_tokens,
+             load_average_1m=os.getloadavg()[0], **threaded)  # fmt: skip
+        spans["pipeline"].append(pipeline["span_s"])
+        spans["threaded"].append(threaded["span_s"])
+    emit(
+        bench="vllm_shard_jobs",
+        ratio="threaded_span_over_pipeline_span",
+        value=round(sum(spans["threaded"]) / sum(spans["pipeline"]), 3),
+        per_round=[round(t / p, 3) for t, p in zip(spans["threaded"], spans["pipeline"], strict=True)],
+    )
+
+
 # --- the two parts ---------------------------------------------------------------------------------
 
 
@@ -364,12 +487,15 @@ def main() -> None:
     parser.add_argument("--sequential-requests", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--shard-jobs", type=int, help="part (c) only, with this many parallel shard jobs")
+    parser.add_argument("--rounds", type=int, default=2, help="part (c): alternating rounds")
     args = parser.parse_args()
     if args.serve_instant:
         serve_instant(args.serve_instant)
         return
     logging.basicConfig(level=logging.WARNING)
-    part_instant(args.instant_requests, args.concurrency)
+    if not args.shard_jobs:
+        part_instant(args.instant_requests, args.concurrency)
     if args.instant_only:
         return
     process = None
@@ -379,6 +505,11 @@ def main() -> None:
         process, base_url = start_vllm(str(Path(model).resolve()), 2048)
         name = "bench"
     try:
+        if args.shard_jobs:
+            part_shard_jobs(
+                base_url, name, args.requests, args.shard_jobs, args.concurrency, args.max_tokens, args.rounds
+            )
+            return
         part_server(
             base_url, name, args.requests, args.sequential_requests, args.concurrency, args.max_tokens
         )

@@ -33,6 +33,8 @@ from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
 
 log = logging.getLogger(__name__)
 
+SLOT_POLL_S = 0.01  # while work waits for a slot: a freed slot idles at most this long (one flock per slot)
+
 # the prompt's columns (shard after id), then what the server wrote
 OUTPUT_SCHEMA = {
     "id": PROMPT_SCHEMA["id"],
@@ -124,13 +126,18 @@ class _Workers:
                     if slot is None:
                         break
                     tasks.add(asyncio.create_task(self._worker(slot, queue.popleft(), queue)))
+                waiting = bool(queue) and len(tasks) < min(self.concurrency, self.share)
                 self.pool.set_wanting(bool(queue) and len(tasks) < self.concurrency)
                 if tasks:
-                    done, tasks = await asyncio.wait(tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    # poll often only while work waits for a slot another job may free
+                    timeout = SLOT_POLL_S if waiting else 0.2
+                    done, tasks = await asyncio.wait(
+                        tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
                     for task in done:
                         task.result()  # ServerUnavailable ends the job here; the journal keeps the rest
                 else:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(SLOT_POLL_S)
         finally:
             for task in tasks:
                 task.cancel()
