@@ -17,7 +17,7 @@ from support.generation_server import REPO, VllmProcess
 from eagle3_pipeline.generate import generate_shard, run_generation
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, run_preflight
-from eagle3_pipeline.prompts import prepare_prompts, write_prompt_shard
+from eagle3_pipeline.prompts import normalise, prepare_prompts, write_prompt_shard
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -35,8 +35,15 @@ GENERATION = {
 
 
 def sample_rows(n):
-    lines = (REPO / "config/demo/sample.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines[:n]]
+    """The first n rows of the demo sample with distinct questions (the sample repeats some)."""
+    rows, seen = [], set()
+    for line in (REPO / "config/demo/sample.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        key = normalise(next(t["value"] for t in row["conversations"] if t["from"] == "human"))
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+    return rows[:n]
 
 
 def make_prompts(tmp_path, rows, extra_lines=(), num_samples=16):
