@@ -226,7 +226,10 @@ def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrenc
 SHARD_JOB = """
 import json, resource, sys, time
 import polars as pl
-from eagle3_pipeline.generate.payload import Sampling
+try:
+    from eagle3_pipeline.generate.payload import Sampling
+except ImportError:  # a checkout from before payload.py (--compare-pythonpath)
+    from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.generate.shard import run_generation
 a = json.loads(sys.argv[1])
 frame = pl.read_parquet(a["prompts"])
@@ -240,8 +243,14 @@ print(json.dumps({"start": start, "end": end, "tokens": int(out["completion_toke
 """
 
 
-def bench_shard_jobs(base_url: str, sampling: Sampling, frame: pl.DataFrame, jobs: int, cap: int) -> dict:
-    """N shard jobs as parallel processes sharing the global cap; the span from first send to last end."""
+def bench_shard_jobs(
+    base_url: str, sampling: Sampling, frame: pl.DataFrame, jobs: int, cap: int, pythonpath: str | None = None
+) -> dict:
+    """N shard jobs as parallel processes sharing the global cap; the span from first send to last end.
+
+    `pythonpath` runs the jobs on another checkout's package (its src/), e.g. the previous client.
+    """
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     with tempfile.TemporaryDirectory() as tmp:
         gen = {"concurrency": cap, "global_concurrency": cap, "retries": 2, "request_timeout_s": 600}
         size = -(-len(frame) // jobs)
@@ -252,7 +261,9 @@ def bench_shard_jobs(base_url: str, sampling: Sampling, frame: pl.DataFrame, job
             args = {
                 "prompts": str(path),
                 "url": base_url,
-                "sampling": sampling.__dict__,
+                "sampling": {
+                    k: getattr(sampling, k) for k in ("model", "max_tokens", "temperature", "top_p", "seed")
+                },
                 "gen": gen,
                 "journal": f"{tmp}/j{k}.jsonl",
                 "slots": f"{tmp}/slots",
@@ -262,11 +273,18 @@ def bench_shard_jobs(base_url: str, sampling: Sampling, frame: pl.DataFrame, job
                 subprocess.Popen(
                     [sys.executable, "-c", SHARD_JOB, json.dumps(args)],
                     stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
+                    stderr=open(f"{tmp}/err{k}.log", "w"),  # noqa: SIM115 - closed with the folder
                     text=True,
+                    env=env,
                 )
             )
-        results = [json.loads(child.communicate()[0].splitlines()[-1]) for child in children]
+        results = []
+        for k, child in enumerate(children):
+            lines = child.communicate()[0].splitlines()
+            if child.returncode or not lines:
+                tail = Path(f"{tmp}/err{k}.log").read_text()[-3000:]
+                raise RuntimeError(f"shard job {k} failed ({child.returncode}):\n{tail}")
+            results.append(json.loads(lines[-1]))
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {
@@ -313,28 +331,43 @@ def bench_threaded(base_url: str, sampling: Sampling, frame: pl.DataFrame, threa
 
 
 def part_shard_jobs(
-    base_url: str, model_name: str, requests_n: int, jobs: int, concurrency: int, max_tokens: int, rounds: int
+    base_url: str,
+    model_name: str,
+    requests_n: int,
+    jobs: int,
+    concurrency: int,
+    max_tokens: int,
+    rounds: int,
+    compare_pythonpath: str | None = None,
 ) -> None:
     sampling = Sampling(model_name, max_tokens, 0.6, 0.95, None)
     bench_raw(base_url, sampling, prompt_frame(8, offset=10**6), 8)  # warm-up
-    spans: dict[str, list[float]] = {"pipeline": [], "threaded": []}
-    for round_ in range(rounds):  # alternate, so that neither side gets the quieter moment
-        frame = prompt_frame(requests_n, offset=(2 * round_ + 10) * requests_n)
-        pipeline = bench_shard_jobs(base_url, sampling, frame, jobs, concurrency)
-        emit(bench="vllm_shard_jobs", client="pipeline", round=round_, max_tokens=max_tokens,
-             load_average_1m=os.getloadavg()[0], **pipeline)  # fmt: skip
-        frame = prompt_frame(requests_n, offset=(2 * round_ + 11) * requests_n)
-        threaded = bench_threaded(base_url, sampling, frame, concurrency)
-        emit(bench="vllm_shard_jobs", client="threaded_requests", round=round_, max_tokens=max_tokens,
-             load_average_1m=os.getloadavg()[0], **threaded)  # fmt: skip
-        spans["pipeline"].append(pipeline["span_s"])
-        spans["threaded"].append(threaded["span_s"])
-    emit(
-        bench="vllm_shard_jobs",
-        ratio="threaded_span_over_pipeline_span",
-        value=round(sum(spans["threaded"]) / sum(spans["pipeline"]), 3),
-        per_round=[round(t / p, 3) for t, p in zip(spans["threaded"], spans["pipeline"], strict=True)],
-    )
+    clients = {"pipeline": None, "threaded_requests": None}
+    if compare_pythonpath:
+        clients["pipeline_compared"] = compare_pythonpath
+    spans: dict[str, list[float]] = {name: [] for name in clients}
+    offset = 10
+    for round_ in range(rounds):  # alternate, so that no client gets the quieter moment
+        for name, pythonpath in clients.items():
+            frame = prompt_frame(requests_n, offset=offset * requests_n)  # fresh prompts: no cache hits
+            offset += 1
+            if name == "threaded_requests":
+                result = bench_threaded(base_url, sampling, frame, concurrency)
+            else:
+                result = bench_shard_jobs(base_url, sampling, frame, jobs, concurrency, pythonpath)
+            emit(bench="vllm_shard_jobs", client=name, round=round_, max_tokens=max_tokens,
+                 load_average_1m=os.getloadavg()[0], **result)  # fmt: skip
+            spans[name].append(result["span_s"])
+    for name in clients:
+        if name != "threaded_requests":
+            emit(
+                bench="vllm_shard_jobs",
+                ratio=f"threaded_span_over_{name}_span",
+                value=round(sum(spans["threaded_requests"]) / sum(spans[name]), 3),
+                per_round=[
+                    round(t / p, 3) for t, p in zip(spans["threaded_requests"], spans[name], strict=True)
+                ],
+            )
 
 
 # --- the two parts ---------------------------------------------------------------------------------
@@ -489,6 +522,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--shard-jobs", type=int, help="part (c) only, with this many parallel shard jobs")
     parser.add_argument("--rounds", type=int, default=2, help="part (c): alternating rounds")
+    parser.add_argument(
+        "--compare-pythonpath", help="part (c): also run the shard jobs on this src/ (e.g. an older checkout)"
+    )
     args = parser.parse_args()
     if args.serve_instant:
         serve_instant(args.serve_instant)
@@ -507,7 +543,14 @@ def main() -> None:
     try:
         if args.shard_jobs:
             part_shard_jobs(
-                base_url, name, args.requests, args.shard_jobs, args.concurrency, args.max_tokens, args.rounds
+                base_url,
+                name,
+                args.requests,
+                args.shard_jobs,
+                args.concurrency,
+                args.max_tokens,
+                args.rounds,
+                args.compare_pythonpath,
             )
             return
         part_server(
