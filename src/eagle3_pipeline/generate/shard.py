@@ -34,6 +34,9 @@ from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
 log = logging.getLogger(__name__)
 
 SLOT_POLL_S = 0.01  # while work waits for a slot: a freed slot idles at most this long (one flock per slot)
+# How often a job recounts the jobs waiting for slots (its fair share): when the others finish, the
+# last job may take every slot within this time (0.5 s left slots idle at the end of a run)
+SHARE_CHECK_S = 0.05
 
 # the prompt's columns (shard after id), then what the server wrote
 OUTPUT_SCHEMA = {
@@ -118,7 +121,7 @@ class _Workers:
         last_share_check = 0.0
         try:
             while queue or tasks:
-                if time.monotonic() - last_share_check > 0.5:
+                if time.monotonic() - last_share_check > SHARE_CHECK_S:
                     last_share_check = time.monotonic()
                     self.share = math.ceil(self.pool.total / (1 + self.pool.others_wanting()))
                 while queue and len(tasks) < min(self.concurrency, self.share):
