@@ -84,6 +84,7 @@ def canned_body(tokens: int = 256) -> bytes:
 
 class _Instant(asyncio.Protocol):
     response = b""
+    delay_s = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport, self.buffer = transport, b""
@@ -104,10 +105,14 @@ class _Instant(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(self.response)
+            if self.delay_s:  # a server with a fixed latency and no limit on parallel requests
+                asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, self.response)
+            else:
+                self.transport.write(self.response)
 
 
-def serve_instant(port: int) -> None:
+def serve_instant(port: int, delay_s: float = 0.0) -> None:
+    _Instant.delay_s = delay_s
     body = canned_body()
     _Instant.response = (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -378,17 +383,23 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def part_instant(requests_n: int, concurrency: int) -> None:
+def start_instant(delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """The canned endpoint in a child process (answering after delay_s); its process and base URL."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve-instant", str(port)])
+    argv = [sys.executable, __file__, "--serve-instant", str(port), "--endpoint-delay-s", str(delay_s)]
+    server = subprocess.Popen(argv, start_new_session=True)  # its own group, as vLLM's: killpg is safe
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def part_instant(requests_n: int, concurrency: int) -> None:
+    server, base_url = start_instant()
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         sampling = Sampling("bench", 256, 0.6, 0.95, 0)
         frame = prompt_frame(requests_n)
         endpoint_cpu = process_cpu_seconds(server.pid)
@@ -523,11 +534,18 @@ def main() -> None:
     parser.add_argument("--shard-jobs", type=int, help="part (c) only, with this many parallel shard jobs")
     parser.add_argument("--rounds", type=int, default=2, help="part (c): alternating rounds")
     parser.add_argument(
+        "--endpoint-delay-s",
+        type=float,
+        default=0.0,
+        help="part (c) against the canned endpoint answering after this many seconds, not vLLM: "
+        "the clients' scheduling alone, without a shared server's noise",
+    )
+    parser.add_argument(
         "--compare-pythonpath", help="part (c): also run the shard jobs on this src/ (e.g. an older checkout)"
     )
     args = parser.parse_args()
     if args.serve_instant:
-        serve_instant(args.serve_instant)
+        serve_instant(args.serve_instant, args.endpoint_delay_s)
         return
     logging.basicConfig(level=logging.WARNING)
     if not args.shard_jobs:
@@ -536,7 +554,9 @@ def main() -> None:
         return
     process = None
     base_url, name = args.base_url, args.served_model_name
-    if base_url is None:
+    if args.shard_jobs and args.endpoint_delay_s:
+        process, base_url = start_instant(args.endpoint_delay_s)
+    elif base_url is None:
         model = args.model or str(REPO / "resources/demo/target")
         process, base_url = start_vllm(str(Path(model).resolve()), 2048)
         name = "bench"
