@@ -1,4 +1,4 @@
-"""Generation throughput: the pipeline's client beside a plain sequential client and raw capacity.
+"""Generation throughput: the pipeline's client beside plain clients and raw capacity.
 
 (a) Against a vLLM server (`--base-url`, or `--model DIR` to start the demo target on a free port):
     the pipeline's run_generation (journal, slots, progress included), a plain sequential `requests`
@@ -6,10 +6,17 @@
 (b) Client overhead against a local endpoint that answers instantly with a canned vLLM-shaped reply
     (256 completion token ids): requests/s and client CPU microseconds per request, beside a plain
     sequential `requests` client. The endpoint runs in its own process; both share this machine's cores.
+(c) `--shard-jobs N`: the pipeline as Snakemake runs it, N shard jobs in parallel processes sharing the
+    global cap (journals included), beside a plain threaded `requests` client with as many threads as
+    the cap, on the same server and prompts count; rounds alternate, each on fresh prompts. The span
+    is first request to last reply (for the jobs: from the earliest job's first send to the last
+    job's end, process start-up excluded as Snakemake's is).
 
 Prints one JSON line per measurement. Examples:
     .venv/bin/python benchmarks/generation.py --instant-only
     .venv/bin/python benchmarks/generation.py --model resources/demo/target --requests 64 --max-tokens 64
+    .venv/bin/python benchmarks/generation.py --model resources/demo/target --shard-jobs 4 \
+        --requests 256 --max-tokens 128 --concurrency 64
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 import requests
 
-from eagle3_pipeline.generate.client import Sampling, chat_body
-from eagle3_pipeline.generate.http import Connection, Endpoint
+from eagle3_pipeline.generate.http import Http
+from eagle3_pipeline.generate.payload import Sampling, chat_body
 from eagle3_pipeline.generate.shard import run_generation
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
@@ -75,6 +84,7 @@ def canned_body(tokens: int = 256) -> bytes:
 
 class _Instant(asyncio.Protocol):
     response = b""
+    delay_s = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport, self.buffer = transport, b""
@@ -95,10 +105,14 @@ class _Instant(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(self.response)
+            if self.delay_s:  # a server with a fixed latency and no limit on parallel requests
+                asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, self.response)
+            else:
+                self.transport.write(self.response)
 
 
-def serve_instant(port: int) -> None:
+def serve_instant(port: int, delay_s: float = 0.0) -> None:
+    _Instant.delay_s = delay_s
     body = canned_body()
     _Instant.response = (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -185,18 +199,19 @@ def bench_sequential(base_url: str, sampling: Sampling, frame: pl.DataFrame) -> 
 
 
 async def _raw(base_url: str, bodies: list[bytes], concurrency: int) -> int:
-    endpoint, queue, tokens = Endpoint.parse(base_url), list(reversed(bodies)), 0
+    http, queue, tokens = Http(base_url, {}, concurrency), list(reversed(bodies)), 0
 
     async def worker() -> None:
         nonlocal tokens
-        connection = Connection(endpoint)
         while queue:
-            response = await connection.request("POST", "/v1/chat/completions", queue.pop(), 600)
+            response = await http.request("POST", "/v1/chat/completions", queue.pop(), 600)
             start = response.body.find(b'"token_ids":[')  # the choice's ids (not prompt_token_ids)
             tokens += response.body.count(b",", start, response.body.find(b"]", start)) + 1
-        connection.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await http.close()
     return tokens
 
 
@@ -213,6 +228,153 @@ def bench_raw(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrenc
     }
 
 
+SHARD_JOB = """
+import json, resource, sys, time
+import polars as pl
+try:
+    from eagle3_pipeline.generate.payload import Sampling
+except ImportError:  # a checkout from before payload.py (--compare-pythonpath)
+    from eagle3_pipeline.generate.client import Sampling
+from eagle3_pipeline.generate.shard import run_generation
+a = json.loads(sys.argv[1])
+frame = pl.read_parquet(a["prompts"])
+start = time.time()
+out = run_generation(frame, a["url"], Sampling(**a["sampling"]), a["gen"], a["journal"], "bench",
+                     shard=a["shard"], slots_dir=a["slots"])
+end = time.time()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"start": start, "end": end, "tokens": int(out["completion_tokens"].sum() or 0),
+                  "ok": int((out["status"] == "ok").sum()), "cpu": usage.ru_utime + usage.ru_stime}))
+"""
+
+
+def bench_shard_jobs(
+    base_url: str, sampling: Sampling, frame: pl.DataFrame, jobs: int, cap: int, pythonpath: str | None = None
+) -> dict:
+    """N shard jobs as parallel processes sharing the global cap; the span from first send to last end.
+
+    `pythonpath` runs the jobs on another checkout's package (its src/), e.g. the previous client.
+    """
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = {"concurrency": cap, "global_concurrency": cap, "retries": 2, "request_timeout_s": 600}
+        size = -(-len(frame) // jobs)
+        children = []
+        for k in range(jobs):
+            path = Path(tmp) / f"p{k}.parquet"
+            frame.slice(k * size, size).write_parquet(path)
+            args = {
+                "prompts": str(path),
+                "url": base_url,
+                "sampling": {
+                    k: getattr(sampling, k) for k in ("model", "max_tokens", "temperature", "top_p", "seed")
+                },
+                "gen": gen,
+                "journal": f"{tmp}/j{k}.jsonl",
+                "slots": f"{tmp}/slots",
+                "shard": k,
+            }
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SHARD_JOB, json.dumps(args)],
+                    stdout=subprocess.PIPE,
+                    stderr=open(f"{tmp}/err{k}.log", "w"),  # noqa: SIM115 - closed with the folder
+                    text=True,
+                    env=env,
+                )
+            )
+        results = []
+        for k, child in enumerate(children):
+            lines = child.communicate()[0].splitlines()
+            if child.returncode or not lines:
+                tail = Path(f"{tmp}/err{k}.log").read_text()[-3000:]
+                raise RuntimeError(f"shard job {k} failed ({child.returncode}):\n{tail}")
+            results.append(json.loads(lines[-1]))
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(frame),
+        "ok": sum(r["ok"] for r in results),
+        "jobs": jobs,
+        "span_s": round(span, 3),
+        "req_per_s": round(len(frame) / span, 3),
+        "tok_per_s": round(tokens / span, 2),
+        "client_cpu_s": round(sum(r["cpu"] for r in results), 2),
+    }
+
+
+def bench_threaded(base_url: str, sampling: Sampling, frame: pl.DataFrame, threads: int) -> dict:
+    """A plain threaded client: `threads` threads, a requests.Session each, nothing stored."""
+    local, tokens, lock = threading.local(), [0], threading.Lock()
+    bodies = [chat_body(record, sampling) for record in frame.to_dicts()]
+
+    def send(body: bytes) -> None:
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        response = local.session.post(
+            f"{base_url}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=600,
+        )
+        response.raise_for_status()
+        with lock:
+            tokens[0] += len(response.json()["choices"][0]["token_ids"])
+
+    cpu, start = cpu_seconds(), time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(send, bodies))
+    span, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return {
+        "requests": len(bodies),
+        "threads": threads,
+        "span_s": round(span, 3),
+        "req_per_s": round(len(bodies) / span, 3),
+        "tok_per_s": round(tokens[0] / span, 2),
+        "client_cpu_s": round(cpu, 2),
+    }
+
+
+def part_shard_jobs(
+    base_url: str,
+    model_name: str,
+    requests_n: int,
+    jobs: int,
+    concurrency: int,
+    max_tokens: int,
+    rounds: int,
+    compare_pythonpath: str | None = None,
+) -> None:
+    sampling = Sampling(model_name, max_tokens, 0.6, 0.95, None)
+    bench_raw(base_url, sampling, prompt_frame(8, offset=10**6), 8)  # warm-up
+    clients = {"pipeline": None, "threaded_requests": None}
+    if compare_pythonpath:
+        clients["pipeline_compared"] = compare_pythonpath
+    spans: dict[str, list[float]] = {name: [] for name in clients}
+    offset = 10
+    for round_ in range(rounds):  # alternate, so that no client gets the quieter moment
+        for name, pythonpath in clients.items():
+            frame = prompt_frame(requests_n, offset=offset * requests_n)  # fresh prompts: no cache hits
+            offset += 1
+            if name == "threaded_requests":
+                result = bench_threaded(base_url, sampling, frame, concurrency)
+            else:
+                result = bench_shard_jobs(base_url, sampling, frame, jobs, concurrency, pythonpath)
+            emit(bench="vllm_shard_jobs", client=name, round=round_, max_tokens=max_tokens,
+                 load_average_1m=os.getloadavg()[0], **result)  # fmt: skip
+            spans[name].append(result["span_s"])
+    for name in clients:
+        if name != "threaded_requests":
+            emit(
+                bench="vllm_shard_jobs",
+                ratio=f"threaded_span_over_{name}_span",
+                value=round(sum(spans["threaded_requests"]) / sum(spans[name]), 3),
+                per_round=[
+                    round(t / p, 3) for t, p in zip(spans["threaded_requests"], spans[name], strict=True)
+                ],
+            )
+
+
 # --- the two parts ---------------------------------------------------------------------------------
 
 
@@ -221,17 +383,23 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def part_instant(requests_n: int, concurrency: int) -> None:
+def start_instant(delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """The canned endpoint in a child process (answering after delay_s); its process and base URL."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve-instant", str(port)])
+    argv = [sys.executable, __file__, "--serve-instant", str(port), "--endpoint-delay-s", str(delay_s)]
+    server = subprocess.Popen(argv, start_new_session=True)  # its own group, as vLLM's: killpg is safe
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def part_instant(requests_n: int, concurrency: int) -> None:
+    server, base_url = start_instant()
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         sampling = Sampling("bench", 256, 0.6, 0.95, 0)
         frame = prompt_frame(requests_n)
         endpoint_cpu = process_cpu_seconds(server.pid)
@@ -363,21 +531,48 @@ def main() -> None:
     parser.add_argument("--sequential-requests", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--shard-jobs", type=int, help="part (c) only, with this many parallel shard jobs")
+    parser.add_argument("--rounds", type=int, default=2, help="part (c): alternating rounds")
+    parser.add_argument(
+        "--endpoint-delay-s",
+        type=float,
+        default=0.0,
+        help="part (c) against the canned endpoint answering after this many seconds, not vLLM: "
+        "the clients' scheduling alone, without a shared server's noise",
+    )
+    parser.add_argument(
+        "--compare-pythonpath", help="part (c): also run the shard jobs on this src/ (e.g. an older checkout)"
+    )
     args = parser.parse_args()
     if args.serve_instant:
-        serve_instant(args.serve_instant)
+        serve_instant(args.serve_instant, args.endpoint_delay_s)
         return
     logging.basicConfig(level=logging.WARNING)
-    part_instant(args.instant_requests, args.concurrency)
+    if not args.shard_jobs:
+        part_instant(args.instant_requests, args.concurrency)
     if args.instant_only:
         return
     process = None
     base_url, name = args.base_url, args.served_model_name
-    if base_url is None:
+    if args.shard_jobs and args.endpoint_delay_s:
+        process, base_url = start_instant(args.endpoint_delay_s)
+    elif base_url is None:
         model = args.model or str(REPO / "resources/demo/target")
         process, base_url = start_vllm(str(Path(model).resolve()), 2048)
         name = "bench"
     try:
+        if args.shard_jobs:
+            part_shard_jobs(
+                base_url,
+                name,
+                args.requests,
+                args.shard_jobs,
+                args.concurrency,
+                args.max_tokens,
+                args.rounds,
+                args.compare_pythonpath,
+            )
+            return
         part_server(
             base_url, name, args.requests, args.sequential_requests, args.concurrency, args.max_tokens
         )

@@ -42,8 +42,12 @@ def get_dataset_input():
 
 
 def get_selection_params():
-    """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up)."""
-    return {key: config["dataset"][key] for key in ("path", "seed", "turns")}
+    """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up),
+    and generation.history when own (its units are conversations; absent, older params still match)."""
+    params = {key: config["dataset"][key] for key in ("path", "seed", "turns")}
+    if config["generation"]["history"] == "own":
+        params["history"] = "own"
+    return params
 
 
 def get_prompt_shard_rows(wildcards):

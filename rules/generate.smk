@@ -1,19 +1,41 @@
 # Each question sent alone to the vLLM server; finished requests are journaled under work/ so that a
-# killed shard resumes without repeating or duplicating a request.
+# killed or failed shard resumes without repeating or duplicating a request. preflight_generation runs
+# once before the first shard: one short request and the prompts' token counts refuse in seconds a
+# server that could not produce usable traces. Its output is small and holds only its findings, so a
+# rerun that finds the same writes the same bytes and triggers nothing.
+from eagle3_pipeline.generate.payload import rule_params, sampling_params
+
+
+rule preflight_generation:
+    input:
+        identity=rules.snapshot_server.output.identity,
+        selection=rules.prepare_prompts.output.selection,
+    output:
+        f"{RESULTS}/generations/preflight.json",
+    log:
+        f"{LOGS}/preflight_generation.log",
+    params:
+        server_json=rules.snapshot_server.output.server,
+        server=rule_params(config["server"], {"ca_bundle": None}),
+        generation=sampling_params(config["generation"]),
+        state_dir=f"{WORK}/server",
+    script:
+        "../scripts/preflight_generation.py"
 
 
 rule generate_shard:
     input:
         prompts=f"{RESULTS}/prompts/shard-{{shard}}.parquet",
         identity=rules.snapshot_server.output.identity,
+        preflight=rules.preflight_generation.output[0],
     output:
         f"{RESULTS}/generations/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/generate_shard/{{shard}}.log",
     params:
         server_json=rules.snapshot_server.output.server,
-        server=config["server"],
-        generation=config["generation"],
+        server=rule_params(config["server"], {"ca_bundle": None}),
+        generation=rule_params(config["generation"]),
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",
     script:

@@ -2,14 +2,22 @@
 
 Reads open-perfectblend's format (`conversations: [{from: human|gpt|system, value}]`, `source`) and
 OpenAI/ShareGPT-style rows (`messages` or `conversations` of `{role, content}`), from a .jsonl, a
-.parquet, a folder of parquet files or an `hf://datasets/ORG/NAME` path. A damaged row is never fatal:
-it is counted and its reason kept in the skipped table.
+.json (a JSON array, or JSON lines), a .parquet, a folder of parquet files or an
+`hf://datasets/ORG/NAME` path. A damaged row is never fatal: it is counted and its reason kept in the
+skipped table (a text holding a lone UTF-16 surrogate escape, which no UTF-8 file can store, is
+such a row). A dataset without a single usable question is an error naming its path.
 
-A question's id hashes the row's normalised messages, its source and the turn index, so it depends
-neither on the file format nor on shard size or num_samples. The selection orders every usable
-question by `hash(id, seed)` and takes a prefix (prompts/selection.parquet); shard k is rows
-[k * shard_size, (k + 1) * shard_size) of it. Raising num_samples appends to the selection, so every
-earlier full shard stays byte-identical.
+A question's id hashes its normalised text and the row's system turn (Unicode NFC, whitespace runs
+collapsed): the same question from two rows, two sources or with another answer is one prompt,
+generated once, on one side of the train/validation split; the later copies are listed in
+skipped.parquet with reason `duplicate` and the kept id. With generation.history `own` the unit is a
+conversation: its id hashes the system turn and every human turn, and each turn's id that and the
+turn's position, so that a conversation is generated once, in one shard, turn after turn.
+
+The selection orders the units by `hash(seed, id)` and takes a prefix (prompts/selection.parquet);
+shard k is rows [k * shard_size, (k + 1) * shard_size) of it (with history `own`, moved forward to the
+next conversation start, so that no conversation is cut). Raising num_samples appends to the
+selection, so every earlier full shard stays byte-identical.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import logging
 import os
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # Rows per row group of the selection: a shard job reads only the groups its rows fall in.
 SELECTION_ROW_GROUP = 1024
+# The selection's parquet metadata key saying that its units are whole conversations (history own).
+UNITS_KEY = "eagle3_pipeline.units"
 
 PROMPT_SCHEMA = {
     "id": pl.String,
@@ -101,11 +112,14 @@ def iter_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     path = str(path)
     if "://" not in path and not Path(path).exists():
         raise DatasetError(f"dataset.path {path!r} does not exist")
+    if path.endswith(".json") and "://" not in path and _starts_with(Path(path), b"["):
+        yield from enumerate(_read_json_array(Path(path)))
+        return
     if path.endswith((".jsonl", ".json")) and "://" not in path:
         yield from _iter_jsonl(Path(path))
         return
     if not (path.endswith(".parquet") or "://" in path or Path(path).is_dir()):
-        raise DatasetError(f"dataset.path {path!r}: expected .jsonl, .parquet, a folder or hf://")
+        raise DatasetError(f"dataset.path {path!r}: expected .jsonl, .json, .parquet, a folder or hf://")
     index = 0
     for file in _parquet_files(path):
         for batch in pl.scan_parquet(file).collect_batches():
@@ -125,6 +139,26 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 yield index, RowError(f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}")
             index += 1
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first non-whitespace bytes (after a UTF-8 BOM) are `prefix`."""
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(prefix)
+
+
+def _read_json_array(path: Path) -> list[Any]:
+    """A .json file holding one JSON array of rows (read whole: such files are not streamed)."""
+    try:
+        rows = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DatasetError(
+            f"dataset.path {str(path)!r}: starts like a JSON array but is not one ({error})"
+        ) from error
+    if not isinstance(rows, list):
+        raise DatasetError(f"dataset.path {str(path)!r}: expected a JSON array of rows")
+    return rows
 
 
 # --- one row ------------------------------------------------------------------------------------------
@@ -155,55 +189,95 @@ def _turn(index: int, turn: Any) -> tuple[str, str]:
         raise RowError(f"turn {index} has unknown role {role!r}")
     if not isinstance(text, str):
         raise RowError(f"turn {index} ({role}) value is {type(text).__name__}, not a string")
+    if not _encodable(text):
+        raise RowError(f"turn {index} ({role}) holds a lone surrogate escape (not valid Unicode text)")
     return _ROLES[role.lower()], text
 
 
-def _row_hash(source: str, turns: list[tuple[str, str]]) -> str:
-    canonical = json.dumps({"source": source, "messages": turns}, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+def _encodable(text: str) -> bool:
+    """False for a lone surrogate (json.loads accepts "\\ud800"; no UTF-8 file can store it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
-def prompt_id(row_hash: str, turn: int) -> str:
-    """The stable id of a question: the row content's hash and the turn index, hashed again."""
-    return hashlib.blake2b(f"{row_hash}:{turn}".encode(), digest_size=10).hexdigest()
+def normalise(text: str) -> str:
+    """What two copies of one question share: Unicode NFC, whitespace runs as one space, stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def row_prompts(index: int, row: Any, turns_mode: str = "first") -> list[Prompt]:
+def _hash(*parts: Any, size: int = 10) -> str:
+    canonical = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode(), digest_size=size).hexdigest()
+
+
+def prompt_id(system: str | None, question: str) -> str:
+    """The stable id of a question sent alone: its normalised text and its system turn, hashed."""
+    return _hash(normalise(system or ""), normalise(question))
+
+
+def conversation_id(system: str | None, questions: list[str]) -> str:
+    """The stable id of a conversation (history `own`): its system turn and every human turn."""
+    return _hash("conversation", normalise(system or ""), [normalise(q) for q in questions])
+
+
+def turn_id(conversation: str, position: int) -> str:
+    """The id of one turn of a conversation: the conversation's id and the turn's position."""
+    return _hash(conversation, position)
+
+
+def row_prompts(index: int, row: Any, turns_mode: str = "first", history: str = "none") -> list[Prompt]:
     """The questions of one dataset row (the first human turn, or every one with turns_mode 'all').
+
+    With history `own` the ids are the conversation's turn ids (see conversation_id).
 
     Raises:
         RowError: the row is damaged; the message is the reason.
     """
     turns = _turns(row)
     source = row.get("source") if isinstance(row.get("source"), str) else ""
-    system = next((text for role, text in turns if role == "system"), None)
-    row_hash = _row_hash(source, turns)
-    prompts = []
+    if not _encodable(source):
+        raise RowError("source holds a lone surrogate escape (not valid Unicode text)")
+    system = next((text for role, text in turns if role == "system"), None) or None
+    found: list[tuple[int, str, str | None]] = []  # (position, question, the dataset's answer)
     for position, (role, text) in enumerate(turns):
         if role != "user":
             continue
         if not text.strip():
-            if not prompts and turns_mode == "first":
+            if not found and turns_mode == "first":
                 raise RowError(f"turn {position} (human) is empty")
             continue
-        answer = turns[position + 1][1] if position + 1 < len(turns) else None
-        if position + 1 < len(turns) and turns[position + 1][0] != "assistant":
-            answer = None
-        prompts.append(
-            Prompt(prompt_id(row_hash, position), source, index, position, system or None, text, answer)
-        )
+        follows = position + 1 < len(turns) and turns[position + 1][0] == "assistant"
+        found.append((position, text, turns[position + 1][1] if follows else None))
         if turns_mode == "first":
             break
-    if not prompts:
+    if not found:
         raise RowError("no non-empty human turn")
-    return prompts
+    if history == "own":
+        conversation = conversation_id(system, [question for _, question, _ in found])
+        ids = [turn_id(conversation, position) for position, _, _ in found]
+    else:
+        ids = [prompt_id(system, question) for _, question, _ in found]
+    return [
+        Prompt(id_, source, index, position, system, question, answer)
+        for id_, (position, question, answer) in zip(ids, found, strict=True)
+    ]
+
+
+def unit_key(prompts: list[Prompt], history: str) -> str:
+    """What a duplicate shares: the question's id, or with history `own` the conversation's id."""
+    if history == "own":
+        return conversation_id(prompts[0].system, [p.question for p in prompts])
+    return prompts[0].id
 
 
 # --- selection and shards --------------------------------------------------------------------------
 
 
-def _order_key(prompt_id_: str, seed: int) -> str:
-    return hashlib.blake2b(f"{seed}:{prompt_id_}".encode(), digest_size=16).hexdigest()
+def _order_key(key: str, seed: int) -> str:
+    return hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -215,35 +289,52 @@ class Selection:
     usable: int
 
 
-def select(path: str, turns_mode: str, num_samples: int, seed: int) -> Selection:
-    """Stream the dataset and keep the num_samples questions first in hash(seed, id) order.
+def _units(prompts: list[Prompt], history: str) -> list[list[Prompt]]:
+    """A row's questions as units: each alone, or with history `own` the whole conversation."""
+    return [prompts] if history == "own" else [[p] for p in prompts]
 
-    The order is a prefix, stable as num_samples grows. Memory is a bounded heap of num_samples
-    questions plus one small entry per distinct id (for de-duplication), not the whole dataset.
+
+def select(path: str, turns_mode: str, num_samples: int, seed: int, history: str = "none") -> Selection:
+    """Stream the dataset and keep the units first in hash(seed, key) order, num_samples questions.
+
+    The order is a prefix, stable as num_samples grows. With history `own` whole conversations are
+    kept (the last one may take the count past num_samples). Memory is a bounded heap of the kept
+    units plus one small entry per distinct key (for de-duplication), not the whole dataset.
     """
-    heap: list[tuple[str, int, Prompt]] = []  # (negated order key, tie, prompt): a max-heap on the key
-    first_row: dict[str, int] = {}
+    heap: list[tuple[_Desc, int, list[Prompt]]] = []  # a max-heap on the order key
+    held = 0  # questions in the heap
+    seen: set[str] = set()
+    usable = 0
     skipped: list[dict[str, Any]] = []
     for index, row in iter_rows(path):
-        source = row.get("source") if isinstance(row, dict) and isinstance(row.get("source"), str) else None
+        source = _source(row)
         try:
-            found = row_prompts(index, row, turns_mode)
+            units = _units(row_prompts(index, row, turns_mode, history), history)
         except RowError as exc:
             skipped.append({"row": index, "source": source, "reason": str(exc), "id": None})
             continue
-        for prompt in found:
-            if prompt.id in first_row:
-                reason = f"duplicate of row {first_row[prompt.id]}"
-                skipped.append({"row": index, "source": source, "reason": reason, "id": prompt.id})
+        for unit in units:
+            key = unit_key(unit, history)
+            if key in seen:
+                skipped.append({"row": index, "source": source, "reason": "duplicate", "id": unit[0].id})
                 continue
-            first_row[prompt.id] = index
-            entry = (_Desc(_order_key(prompt.id, seed)), len(first_row), prompt)
-            if len(heap) < num_samples:
-                heapq.heappush(heap, entry)
-            elif entry[0].key < heap[0][0].key:
-                heapq.heapreplace(heap, entry)
-    selected = [prompt for _, _, prompt in sorted(heap, key=lambda e: e[0].key)]
-    return Selection(selected, skipped, len(first_row))
+            seen.add(key)
+            usable += len(unit)
+            order = _Desc(_order_key(key, seed))
+            if held >= num_samples and (not heap or not order.key < heap[0][0].key):
+                continue  # later in the order than everything kept
+            heapq.heappush(heap, (order, len(seen), unit))
+            held += len(unit)
+            while heap and held - len(heap[0][2]) >= num_samples:
+                held -= len(heapq.heappop(heap)[2])
+    selected = [p for _, _, unit in sorted(heap, key=lambda e: e[0].key) for p in unit]
+    return Selection(selected, skipped, usable)
+
+
+def _source(row: Any) -> str | None:
+    """The row's `source` when it is storable text, for the skipped table."""
+    source = row.get("source") if isinstance(row, dict) else None
+    return source if isinstance(source, str) and _encodable(source) else None
 
 
 class _Desc:
@@ -265,13 +356,18 @@ def selection_frame(selected: list[Prompt]) -> pl.DataFrame:
 
 
 def write_parquet(
-    frame: pl.DataFrame, path: str | os.PathLike[str], row_group_size: int | None = None
+    frame: pl.DataFrame,
+    path: str | os.PathLike[str],
+    row_group_size: int | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> None:
     """Write deterministically (same content, same bytes) and atomically (tmp + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.write_parquet(tmp, compression="zstd", statistics=False, row_group_size=row_group_size)
+    frame.write_parquet(
+        tmp, compression="zstd", statistics=False, row_group_size=row_group_size, metadata=metadata
+    )
     os.replace(tmp, path)
 
 
@@ -281,25 +377,43 @@ def prepare_prompts(
     """Read the dataset, select num_samples questions and write them, in order, and the skipped rows.
 
     Args:
-        selection: what the order depends on: the dataset `path`, `seed` and `turns`.
+        selection: what the order depends on: the dataset `path`, `seed` and `turns`, and `history`
+            (generation.history; absent means none).
         num_samples: how many questions to take (fewer when the dataset has fewer).
         selection_path: prompts/selection.parquet; write_prompt_shard cuts the shards out of it.
         skipped_path: where the damaged and duplicate rows are listed with their reasons.
 
     Returns:
         Counts: usable, skipped, selected.
+
+    Raises:
+        DatasetError: the dataset cannot be read, or holds no usable question.
     """
-    found = select(selection["path"], selection.get("turns", "first"), num_samples, selection.get("seed", 0))
+    path = selection["path"]
+    found = select(
+        path,
+        selection.get("turns", "first"),
+        num_samples,
+        selection.get("seed", 0),
+        selection.get("history", "none"),
+    )
     selected, skipped = found.selected, found.skipped
-    write_parquet(selection_frame(selected), selection_path, row_group_size=SELECTION_ROW_GROUP)
-    write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
+    if not found.usable:
+        raise DatasetError(
+            f"dataset.path {path!r} holds no usable question ({len(skipped)} rows skipped: "
+            f"{dict(reasons.most_common(5))}); point dataset.path at a chat dataset"
+        )
+    # write_prompt_shard reads the unit from here: the rule's params stay as they were before history
+    units = {UNITS_KEY: "conversations"} if selection.get("history") == "own" else None
+    write_parquet(selection_frame(selected), selection_path, SELECTION_ROW_GROUP, units)
+    write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     log.info("%d usable questions, %d rows skipped: %s", found.usable, len(skipped), dict(reasons))
     if len(selected) < num_samples:
         log.warning(
             "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the shards past "
             "question %d are short or empty",
-            selection["path"],
+            path,
             found.usable,
             num_samples,
             len(selected),
@@ -308,15 +422,27 @@ def prepare_prompts(
     return {"usable": found.usable, "skipped": len(skipped), "selected": len(selected)}
 
 
+def conversation_start(rows: pl.Series, index: int) -> int:
+    """The first selection row at or after `index` that starts a conversation (a new dataset row)."""
+    while 0 < index < len(rows) and rows[index] == rows[index - 1]:
+        index += 1
+    return min(index, len(rows))
+
+
 def write_prompt_shard(selection_path: str, start: int, stop: int, output: str) -> int:
     """Write rows [start, stop) of the selection as one prompt shard; return how many it holds.
 
     Fewer rows (or none) when the dataset had fewer usable questions than num_samples. Only the
-    selection's row groups that overlap the range are read.
+    selection's row groups that overlap the range are read. When the selection's units are whole
+    conversations (history `own`, in its metadata), both ends move forward to the next conversation
+    start, so that no conversation is cut.
     """
     if not 0 <= start <= stop:
         raise ValueError(f"prompt shard rows [{start}, {stop}): start must be >= 0 and <= stop")
     try:
+        if pl.read_parquet_metadata(selection_path).get(UNITS_KEY) == "conversations":
+            rows = pl.read_parquet(selection_path, columns=["row"])["row"]
+            start, stop = conversation_start(rows, start), conversation_start(rows, stop)
         frame = pl.scan_parquet(selection_path).slice(start, stop - start).collect()
     except (OSError, pl.exceptions.ComputeError) as error:
         raise DatasetError(

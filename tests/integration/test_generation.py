@@ -1,9 +1,12 @@
 """Generation against the real vLLM CPU server on the demo target: a shard end to end through the rule's
 entry point (damaged rows, a too-long prompt, resume sends nothing), the server killed mid-shard and
-restarted (nothing lost, nothing duplicated), and a server without a reasoning parser (split from
-content). Kept small: 16 prompts, max_tokens 64, the CPU is shared with the server."""
+restarted (nothing lost, nothing duplicated), an outage longer than server.start_timeout_s (the shard
+job fails, no failed row, the rerun finishes), the preflight, and a server without a reasoning parser
+(split from content). Kept small: 16 prompts, max_tokens 64, the CPU is shared with the server."""
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,8 +15,9 @@ import pytest
 from support.generation_server import REPO, VllmProcess
 
 from eagle3_pipeline.generate import generate_shard, run_generation
-from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.prompts import prepare_prompts, write_prompt_shard
+from eagle3_pipeline.generate.payload import Sampling
+from eagle3_pipeline.generate.preflight import PreflightError, run_preflight
+from eagle3_pipeline.prompts import normalise, prepare_prompts, write_prompt_shard
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -31,8 +35,15 @@ GENERATION = {
 
 
 def sample_rows(n):
-    lines = (REPO / "config/demo/sample.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines[:n]]
+    """The first n rows of the demo sample with distinct questions (the sample repeats some)."""
+    rows, seen = [], set()
+    for line in (REPO / "config/demo/sample.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        key = normalise(next(t["value"] for t in row["conversations"] if t["from"] == "human"))
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+    return rows[:n]
 
 
 def make_prompts(tmp_path, rows, extra_lines=(), num_samples=16):
@@ -172,3 +183,76 @@ def test_server_without_reasoning_parser_is_split_from_content(generation_target
     for row in out.iter_rows(named=True):
         assert "</think>" not in (row["content"] or "")
         assert (row["reasoning"] is not None) == bool(tags & set(row["completion_token_ids"]))
+
+
+SHARD_JOB = """
+import json, logging, sys
+from eagle3_pipeline.generate import generate_shard
+logging.basicConfig(level=logging.INFO)
+generate_shard(**json.loads(sys.argv[1]))
+"""
+
+
+def test_an_outage_longer_than_the_start_timeout_fails_the_shard_job_and_the_rerun_finishes(
+    vllm_server, tmp_path
+):
+    shard = make_prompts(tmp_path, sample_rows(16))
+    journal = tmp_path / "work/shard-00000.jsonl"
+    output = tmp_path / "generations/shard-00000.parquet"
+    server_cfg = {"manage": False, "unit": "vllm-demo.service", "base_url": None, "start_timeout_s": 5}
+    server_cfg |= {"api_key_env": "NO_SUCH_KEY_VAR", "api_key_file": None}
+    args = dict(
+        prompts_path=str(shard),
+        output_path=str(output),
+        server_json_path=str(write_server_json(tmp_path, vllm_server)),
+        server_cfg=server_cfg,
+        generation=dict(GENERATION, concurrency=2),
+        journal_path=str(journal),
+        state_dir=str(tmp_path / "work/server"),
+        shard=0,
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-c", SHARD_JOB, json.dumps(args)], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and (not journal.exists() or len(journal_ids(journal)) < 2):
+        time.sleep(0.2)
+    vllm_server.kill()  # and it stays down past server.start_timeout_s
+    try:
+        code = job.wait(300)
+        stderr = job.stderr.read()
+    finally:
+        vllm_server.start()
+    assert code != 0, "an outage must fail the shard job"
+    assert (
+        "not healthy within server.start_timeout_s = 5 s" in stderr
+        and "a rerun sends only the rest" in stderr
+    )
+    assert not output.exists()
+    before = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert 2 <= len(before) < 16 and {line["result"]["status"] for line in before} == {"ok"}  # no failed row
+    job = subprocess.run(
+        [sys.executable, "-c", SHARD_JOB, json.dumps(args)], capture_output=True, text=True, timeout=900
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    out = pl.read_parquet(output)
+    assert out["status"].to_list() == ["ok"] * 16
+    ids = journal_ids(journal)
+    assert sorted(ids) == sorted(out["id"].to_list())  # every prompt finished once: none twice
+    assert ids[: len(before)] == [line["id"] for line in before]  # the rerun kept what was done
+
+
+def test_preflight_against_the_real_server(vllm_server, tmp_path):
+    too_long = {"conversations": [{"from": "human", "value": "count " * 700}], "source": "long"}
+    make_prompts(tmp_path, [*sample_rows(7), too_long], num_samples=8)
+    selection = tmp_path / "prompts/selection.parquet"
+    sampling = Sampling(vllm_server.served_model_name, 64, 0.6, 0.95, None)
+    server_json = {"reasoning_parser": "kimi_k2", "max_model_len": 512}
+    result = run_preflight(vllm_server.base_url, sampling, server_json, selection)
+    assert result["token_ids"] is True and result["reasoning"] == "returned"
+    assert result["max_model_len"] == vllm_server.max_model_len
+    assert result["fit"] == {"prompts": 8, "counted": 8, "over_max_model_len": 1, "at_least": False}
+    with pytest.raises(PreflightError, match="leaves no room for a prompt"):
+        run_preflight(vllm_server.base_url, Sampling(sampling.model, 512), server_json, selection)
+    with pytest.raises(PreflightError, match=r"does not serve 'nope' \(it serves \['eagle3-demo-target'\]\)"):
+        run_preflight(vllm_server.base_url, Sampling("nope", 64), server_json, selection)

@@ -12,8 +12,9 @@ import time
 import polars as pl
 import pytest
 
-from eagle3_pipeline.generate.client import Sampling, parse_completion, split_thinking
 from eagle3_pipeline.generate.journal import Journal
+from eagle3_pipeline.generate.payload import Sampling
+from eagle3_pipeline.generate.reply import parse_completion, split_thinking
 from eagle3_pipeline.generate.shard import OUTPUT_SCHEMA, run_generation
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
@@ -269,3 +270,176 @@ def test_a_job_started_later_gets_its_share_of_the_global_cap(scripted_endpoint,
     last_b = max(i for i, who in enumerate(order) if who == "b")
     # without sharing, "a" would hold all 8 slots until its queue is empty and "b" would come last
     assert order[last_b + 1 :].count("a") > 40
+
+
+def journal_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_an_outage_longer_than_the_start_timeout_fails_the_job_and_the_rerun_resumes(
+    scripted_endpoint, tmp_path
+):
+    from eagle3_pipeline.generate.client import ServerUnavailable
+
+    generate(scripted_endpoint, prompts(6), tmp_path)  # six finished before the outage
+    scripted_endpoint.healthy = False
+    scripted_endpoint.failures = [503] * 100
+    with pytest.raises(ServerUnavailable, match=r"not healthy within server.start_timeout_s = 2 s"):
+        run_generation(
+            prompts(12),
+            scripted_endpoint.base_url,
+            sampling(),
+            GEN,
+            tmp_path / "j.jsonl",
+            "ident",
+            health_timeout_s=2,
+        )
+    assert [line["result"]["status"] for line in journal_lines(tmp_path / "j.jsonl")] == ["ok"] * 6
+    scripted_endpoint.healthy, scripted_endpoint.failures = True, []
+    out = generate(scripted_endpoint, prompts(12), tmp_path)
+    assert out["status"].to_list() == ["ok"] * 12
+    ids = [line["id"] for line in journal_lines(tmp_path / "j.jsonl")]
+    assert sorted(ids) == sorted(out["id"].to_list())  # each prompt finished exactly once
+
+
+def test_transient_errors_past_the_retries_fail_the_job_not_the_prompt(scripted_endpoint, tmp_path):
+    from eagle3_pipeline.generate.client import ServerUnavailable
+
+    scripted_endpoint.failures = [502] * 50
+    with pytest.raises(ServerUnavailable, match="HTTP 502"):
+        generate(scripted_endpoint, prompts(2), tmp_path, gen=dict(GEN, retries=1))
+    assert not (tmp_path / "j.jsonl").read_text()
+
+
+def test_a_500_on_a_healthy_server_is_that_prompts_failure(scripted_endpoint, tmp_path):
+    scripted_endpoint.failures = [500, 500]
+    out = generate(scripted_endpoint, prompts(2), tmp_path, gen=dict(GEN, retries=1, concurrency=1))
+    assert out["status"].to_list() == ["failed", "ok"]
+    assert "while /health answers 200" in out["reason"][0]
+
+
+def test_a_request_timeout_is_retried_without_suspecting_the_server(scripted_endpoint, tmp_path):
+    scripted_endpoint.delays = [3.0]
+    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, request_timeout_s=0.5))
+    assert out["status"].to_list() == ["ok"]
+    assert scripted_endpoint.requests["q0"] == 2
+    assert scripted_endpoint.health_checks == 0  # a slow answer is not a dead server
+
+
+def test_request_timeouts_past_the_retries_fail_the_job_with_a_hint(scripted_endpoint, tmp_path):
+    from eagle3_pipeline.generate.client import ServerUnavailable
+
+    scripted_endpoint.delays = [3.0] * 3
+    with pytest.raises(ServerUnavailable, match="raise generation.request_timeout_s"):
+        generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, request_timeout_s=0.3, retries=1))
+
+
+def test_a_malformed_reply_is_retried_then_failed_for_that_prompt_only(scripted_endpoint, tmp_path):
+    scripted_endpoint.malformed = [b"{not json", b'{"object": "error"}']
+    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, retries=2))
+    assert out["status"].to_list() == ["ok"]  # two malformed replies, then a good one
+    scripted_endpoint.malformed = [b'{"choices": []}'] * 3
+    out = generate(
+        scripted_endpoint, prompts(3, prefix="m"), tmp_path / "x", gen=dict(GEN, retries=2, concurrency=1)
+    )
+    assert out["status"].to_list() == ["failed", "ok", "ok"]
+    assert "3 attempts" in out["reason"][0] and "without choices" in out["reason"][0]
+
+
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key (PEM files), made with `cryptography`."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "eagle3 test gateway")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
+def test_https_with_a_ca_bundle_and_an_untrusted_certificate_refused(tmp_path):
+    import ssl
+
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.generate.client import ServerUnavailable
+
+    cert, key = self_signed(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    endpoint = ScriptedEndpoint(tls=tls).start()
+    try:
+        assert endpoint.base_url.startswith("https://")
+        out = generate(endpoint, prompts(3), tmp_path, ca_bundle=str(cert))
+        assert out["status"].to_list() == ["ok"] * 3
+        # refused at once with the fix named, not waited out as an outage (the health timeout is 30 s)
+        with pytest.raises(ServerUnavailable, match="server.ca_bundle"):
+            generate(endpoint, prompts(1, prefix="u"), tmp_path / "untrusted")
+    finally:
+        endpoint.stop()
+
+
+def conversations(n, turns=3):
+    """n conversations of `turns` questions each (dataset row r, turns 0, 2, 4...)."""
+    return pl.DataFrame(
+        {
+            "id": [f"c{r}t{t}" for r in range(n) for t in range(turns)],
+            "source": ["s"] * (n * turns),
+            "row": [r for r in range(n) for _ in range(turns)],
+            "turn": [2 * t for _ in range(n) for t in range(turns)],
+            "system": ["sys"] * (n * turns),
+            "question": [f"c{r} q{t}" for r in range(n) for t in range(turns)],
+            "original_answer": ["dataset answer"] * (n * turns),
+        },
+        schema=PROMPT_SCHEMA,
+    )
+
+
+def test_history_own_sends_later_turns_after_the_targets_own_answers(scripted_endpoint, tmp_path):
+    scripted_endpoint.delay_s = 0.2
+    frame = conversations(4).with_columns(
+        question=pl.when(pl.col("id") == "c3t1").then(pl.lit("c3 TOO LONG")).otherwise("question")
+    )
+    out = generate(scripted_endpoint, frame, tmp_path, gen=dict(GEN, history="own", concurrency=8))
+    assert scripted_endpoint.max_in_flight == 4  # conversations side by side, turns in sequence
+    body = next(b for b in scripted_endpoint.bodies if b["messages"][-1]["content"] == "c1 q2")
+    assert body["messages"] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "c1 q0"},
+        {"role": "assistant", "content": "answer to c1 q0"},  # the target's own, not the dataset's
+        {"role": "user", "content": "c1 q1"},
+        {"role": "assistant", "content": "answer to c1 q1"},
+        {"role": "user", "content": "c1 q2"},
+    ]
+    by_id = dict(zip(out["id"], out["status"], strict=True))
+    assert by_id["c3t1"] == "skipped" and by_id["c3t2"] == "skipped"  # no answer to follow
+    assert "c3 q2" not in scripted_endpoint.requests
+    assert [by_id[f"c{r}t{t}"] for r in range(3) for t in range(3)] == ["ok"] * 9
+    again = generate(scripted_endpoint, frame, tmp_path, gen=dict(GEN, history="own"))
+    assert again.equals(out) and sum(scripted_endpoint.requests.values()) == 11  # resumed from the journal

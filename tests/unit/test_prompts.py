@@ -132,7 +132,7 @@ def test_damaged_rows_are_counted_with_reasons(tmp_path, caplog):
     assert "not a list" in reasons[8]
     assert "unknown role 'alien'" in reasons[9]
     assert "not an object" in reasons[10]
-    assert reasons[11] == "duplicate of row 0"
+    assert reasons[11] == "duplicate"
     assert skipped.filter(pl.col("row") == 11)["id"][0] is not None
     # fewer usable rows than num_samples: trailing shard empty, a warning with the numbers
     assert pl.read_parquet(paths[1]).height == 0
@@ -195,3 +195,78 @@ def test_a_bad_shard_range_or_selection_is_a_clear_error(tmp_path):
     with pytest.raises(P.DatasetError, match="not the prompt schema; rerun prepare_prompts"):
         P.write_prompt_shard(str(tmp_path / "other.parquet"), 0, 1, str(tmp_path / "x.parquet"))
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_a_lone_surrogate_row_is_skipped_with_its_reason(tmp_path):
+    lone = '{"conversations": [{"from": "human", "value": "bad \\ud800 text"}], "source": "x"}'
+    path = write_jsonl(tmp_path / "d.jsonl", [*rows(3), lone])
+    counts, paths, skipped = run(tmp_path, dataset(path, 4, 4))
+    assert counts == {"usable": 3, "skipped": 1, "selected": 3}
+    assert skipped.row(0, named=True) | {"reason": None} == {
+        "row": 3,
+        "source": "x",
+        "reason": None,
+        "id": None,
+    }
+    assert "lone surrogate" in skipped["reason"][0]
+    assert pl.read_parquet(paths[0]).height == 3
+
+
+def test_a_json_array_file_is_read_as_an_array_and_json_lines_still_work(tmp_path):
+    items = rows(5)
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(items, indent=2))
+    lines = write_jsonl(tmp_path / "lines.json", items)
+    ids = [
+        sorted(pl.read_parquet(run(tmp_path, dataset(p, 5, 5), name=n)[1][0])["id"])
+        for n, p in [("a", array), ("l", lines), ("j", write_jsonl(tmp_path / "d.jsonl", items))]
+    ]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 5
+
+
+def test_no_usable_question_is_an_error_naming_the_dataset(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["{broken", {"source": "x"}])
+    with pytest.raises(P.DatasetError, match=r"d.jsonl' holds no usable question \(2 rows skipped"):
+        run(tmp_path, dataset(path, 4, 4))
+
+
+def test_one_question_is_one_prompt_whatever_its_source_answer_or_spacing(tmp_path):
+    items = [
+        conv(("human", "What is 2 + 3?"), ("gpt", "5"), source="a"),
+        conv(("human", "What is  2 + 3? \n"), ("gpt", "five"), source="b"),  # another source and answer
+        conv(("system", "be brief"), ("human", "What is 2 + 3?"), ("gpt", "5")),  # another system turn
+        conv(("human", "other"), ("gpt", "x"), ("human", "What is 2 + 3?"), ("gpt", "5")),  # a later turn
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", items)
+    counts, paths, skipped = run(tmp_path, dataset(path, 8, 8, turns="all"))
+    frame = pl.read_parquet(paths[0])
+    assert counts["usable"] == 3 and frame["id"].n_unique() == frame.height == 3
+    assert skipped["reason"].to_list() == ["duplicate", "duplicate"]
+    assert skipped["row"].to_list() == [1, 3]
+    kept = frame.filter(pl.col("system").is_null() & pl.col("question").str.starts_with("What"))
+    assert kept["id"].to_list() == skipped["id"].to_list()[:1] and kept["row"].to_list() == [0]
+
+
+def test_history_own_keeps_each_conversation_whole_in_one_shard(tmp_path):
+    talks = [
+        conv(*[(role, f"{role} {i}.{t}") for t in range(1 + i % 3) for role in ("human", "gpt")])
+        for i in range(12)
+    ]
+    talks.append(talks[0])  # the same conversation twice: one unit
+    path = write_jsonl(tmp_path / "d.jsonl", talks)
+    selection = {"path": path, "seed": 0, "turns": "all", "history": "own"}
+    out = tmp_path / "own"
+    counts = P.prepare_prompts(selection, 10, str(out / "sel.parquet"), str(out / "skipped.parquet"))
+    assert counts["selected"] >= 10 and counts["usable"] == 24
+    frames = []
+    for k in range(4):
+        shard = out / f"shard-{k}.parquet"
+        P.write_prompt_shard(str(out / "sel.parquet"), 3 * k, min(3 * k + 3, 10), str(shard))
+        frames.append(pl.read_parquet(shard))
+    whole = pl.concat(frames)
+    assert whole.equals(pl.read_parquet(out / "sel.parquet"))  # no gap, no overlap
+    for frame in frames:  # every conversation in a shard has all its turns, in order
+        for (row,), turns in frame.group_by(["row"]):
+            assert turns["turn"].to_list() == list(range(0, 2 * (1 + row % 3), 2))
+    assert whole["id"].n_unique() == whole.height
+    assert pl.read_parquet(out / "skipped.parquet")["reason"].to_list() == ["duplicate"]

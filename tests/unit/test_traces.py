@@ -438,3 +438,18 @@ def test_shards_from_the_generators_own_table_code(tmp_path):
     assert stats["kept_truncated"] == 2
     lines = (tmp_path / "traces" / "conversations.jsonl").read_text().splitlines()
     assert json.loads(lines[1])["conversations"][0] == {"role": "system", "content": "Be brief."}
+
+
+def test_more_failed_rows_than_max_failed_fraction_stop_the_merge_with_the_numbers(tmp_path):
+    shards = [_shard_path(tmp_path, k) for k in range(2)]
+    _write(shards[0], generation_rows(0, 100, failed=0.0))
+    _write(shards[1], generation_rows(1, 100, failed=0.1))
+    failed = pl.read_parquet(shards[1])["status"].eq("failed").sum()
+    assert failed > 2
+    with pytest.raises(
+        TraceError,
+        match=rf"{failed} of 200 prompts failed .* traces.max_failed_fraction = 1.00%.*00001: {failed}",
+    ):
+        _merge(tmp_path / "strict", shards, TraceFilters(max_failed_fraction=0.01))
+    stats = _merge(tmp_path / "lenient", shards, TraceFilters(max_failed_fraction=0.2))
+    assert stats["failed"] == failed

@@ -14,6 +14,7 @@ PIPELINE_RULES = {
     "snapshot_server",
     "prepare_prompts",
     "write_prompt_shard",
+    "preflight_generation",
     "generate_shard",
     "stop_server",
     "merge_traces",
@@ -41,6 +42,7 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert set(counts) >= PIPELINE_RULES, f"missing from the plan: {PIPELINE_RULES - set(counts)}"
     shards = 256 // 64
     assert counts["generate_shard"] == counts["write_prompt_shard"] == shards
+    assert counts["preflight_generation"] == 1  # once per run, not per shard
     assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["check_disk_budget"] == 1
 

@@ -1,141 +1,45 @@
-"""One question as one chat request to vLLM: payload, retries, a shared wait on /health, parsing.
+"""One question to its outcome: retries, a shared wait on /health, what fails a prompt or the job.
 
-Retried with exponential backoff: connection errors, timeouts, HTTP 408, 429 and 5xx. A refused
-connection or a 503 means the server is restarting: every worker then waits on one shared /health
-poller instead of burning its retries. HTTP 400 about the context length is final: the question is
-recorded as skipped with the server's message. Reasoning comes from `message.reasoning`, then
-`reasoning_content`, else is split out of `<think>...</think>` in the content (a server without a
-reasoning parser), including output that holds only `</think>` because the prompt opened the block.
+Outcomes of one request, and why:
+- `ok`: a 200 reply with choices.
+- `skipped`: HTTP 400 about the context length (the prompt plus max_tokens does not fit).
+- `failed`: a property of the request, which a rerun would meet again: another 4xx, a malformed 200
+  reply (bad JSON, no `choices`) after the retries, an HTTP 500 after the retries while /health says
+  the server is fine.
+- ServerUnavailable (raised: the shard job fails, its journal kept, the rerun resumes): the server did
+  not come back within `server.start_timeout_s`, or connection errors, 408/429/5xx or request
+  timeouts outlasted the retries. An outage is not a property of a prompt.
+
+A refused connection or a 503 means the server is restarting: every worker then waits on one shared
+/health poller instead of spending its retries. A request timeout (`generation.request_timeout_s`) is
+retried without suspecting the server (it answered slowly, it is not down). The body is built in
+payload.py and the reply parsed in reply.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.generate.http import Connection, ConnectionLost, Endpoint
+import aiohttp
+
+from eagle3_pipeline.generate.http import Http
+from eagle3_pipeline.generate.payload import Sampling, chat_body
+from eagle3_pipeline.generate.reply import MalformedReply, decode_reply, error_message, is_context_error
 from eagle3_pipeline.server.secrets import REDACTOR
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-CONTEXT_HINTS = ("context length", "max_model_len", "maximum model length", "too long")
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """What shapes an answer besides the question; all of it goes into the journal's params hash."""
-
-    model: str
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, generation: dict[str, Any], model: str) -> Sampling:
-        return cls(
-            model=model,
-            max_tokens=generation["max_tokens"],
-            temperature=generation["temperature"],
-            top_p=generation["top_p"],
-            seed=generation.get("seed"),
-            chat_template_kwargs=dict(generation.get("chat_template_kwargs") or {}),
-        )
-
-
-def request_seed(base: int | None, prompt_id: str) -> int | None:
-    """The per-request seed: derived from generation.seed and the id, so a retry samples the same."""
-    if base is None:
-        return None
-    digest = hashlib.blake2b(f"{base}:{prompt_id}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
-
-
-def chat_body(prompt: dict[str, Any], sampling: Sampling) -> bytes:
-    """The JSON body of /v1/chat/completions for one question (system turn kept when present)."""
-    messages = [{"role": "system", "content": prompt["system"]}] if prompt.get("system") else []
-    messages.append({"role": "user", "content": prompt["question"]})
-    body: dict[str, Any] = {
-        "model": sampling.model,
-        "messages": messages,
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "return_token_ids": True,
-    }
-    seed = request_seed(sampling.seed, prompt["id"])
-    if seed is not None:
-        body["seed"] = seed
-    if sampling.chat_template_kwargs:
-        body["chat_template_kwargs"] = sampling.chat_template_kwargs
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def split_thinking(text: str | None) -> tuple[str | None, str | None]:
-    """(reasoning, content) from raw output of a server without a reasoning parser.
-
-    `<think>R</think>C` and `R</think>C` (the prompt opened the block) give (R, C); `<think>R` (cut off
-    by max_tokens) gives (R, ""); text without tags gives (None, text).
-    """
-    if text is None:
-        return None, None
-    close = text.find("</think>")
-    if close >= 0:
-        start = text.find("<think>", 0, close)
-        reasoning = text[start + len("<think>") : close] if start >= 0 else text[:close]
-        return reasoning, text[close + len("</think>") :]
-    start = text.find("<think>")
-    if start >= 0:
-        return text[start + len("<think>") :], text[:start]
-    return None, text
-
-
-def parse_completion(data: dict[str, Any]) -> dict[str, Any]:
-    """The stored fields of a 200 response: reasoning, content, finish_reason, token ids and counts."""
-    choice = data["choices"][0]
-    message = choice.get("message") or {}
-    content = message.get("content")
-    reasoning = message.get("reasoning")
-    if reasoning is None:
-        reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        reasoning, content = split_thinking(content)
-    prompt_ids = data.get("prompt_token_ids")
-    completion_ids = choice.get("token_ids")
-    usage = data.get("usage") or {}
-    return {
-        "reasoning": reasoning,
-        "content": content,
-        "finish_reason": choice.get("finish_reason"),
-        "prompt_token_ids": prompt_ids,
-        "completion_token_ids": completion_ids,
-        "prompt_tokens": len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens"),
-        "completion_tokens": (
-            len(completion_ids) if completion_ids is not None else usage.get("completion_tokens")
-        ),
-    }
-
-
-def error_message(body: bytes) -> str:
-    try:
-        error = json.loads(body).get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-        return str(message if message is not None else body[:500].decode(errors="replace"))
-    except (ValueError, AttributeError):
-        return body[:500].decode(errors="replace")
-
-
-def is_context_error(status: int, message: str) -> bool:
-    return status == 400 and any(hint in message.lower() for hint in CONTEXT_HINTS)
+class ServerUnavailable(RuntimeError):
+    """The server could not answer: an outage or transient errors past the retries. The shard fails."""
 
 
 REVIVE_AFTER_S = 30.0  # grace for a supervisor (systemd Restart=) before the pipeline starts it itself
@@ -144,14 +48,8 @@ REVIVE_AFTER_S = 30.0  # grace for a supervisor (systemd Restart=) before the pi
 class HealthGate:
     """A single /health poller that every worker waits on after a refused connection or a 503."""
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        headers: dict[str, str],
-        timeout_s: float,
-        revive: Callable[[], object] | None = None,
-    ) -> None:
-        self.endpoint, self.headers, self.timeout_s = endpoint, headers, timeout_s
+    def __init__(self, http: Http, timeout_s: float, revive: Callable[[], object] | None = None) -> None:
+        self.http, self.timeout_s = http, timeout_s
         # A managed server that died (not merely restarting under systemd's Restart=) is started
         # again by `revive` once it has been down for REVIVE_AFTER_S.
         self.revive = revive
@@ -162,52 +60,65 @@ class HealthGate:
 
     def suspect(self, why: str) -> None:
         if self._healthy.is_set() and self.dead is None:
-            log.warning("server unreachable (%s): waiting for %s/health", why, self.endpoint.host)
+            log.warning("server unreachable (%s): waiting for %s/health", why, self.http.endpoint.origin)
             self._healthy.clear()
             self._poller = asyncio.create_task(self._poll())
 
     async def wait(self) -> None:
         await self._healthy.wait()
 
+    async def healthy_now(self) -> bool:
+        """One /health request: True on 200."""
+        try:
+            return (await self.http.request("GET", "/health", timeout=10)).status == 200
+        except (OSError, TimeoutError, aiohttp.ClientError):
+            return False
+
     async def _poll(self) -> None:
-        connection = Connection(self.endpoint, self.headers)
         start, revived = time.monotonic(), False
         while time.monotonic() - start < self.timeout_s:
-            try:
-                response = await connection.request("GET", "/health", timeout=10)
-                if response.status == 200:
-                    log.warning("server healthy again after %.1f s", time.monotonic() - start)
-                    break
-            except (OSError, TimeoutError):
-                pass
+            if await self.healthy_now():
+                log.warning("server healthy again after %.1f s", time.monotonic() - start)
+                break
             if self.revive and not revived and time.monotonic() - start > REVIVE_AFTER_S:
                 revived = True
                 log.warning("server still down after %.0f s: starting it again", REVIVE_AFTER_S)
                 try:
                     await asyncio.to_thread(self.revive)
-                except Exception as exc:  # noqa: BLE001 - reported as the reason requests fail
+                except Exception as exc:  # noqa: BLE001 - reported as the reason the shard fails
                     self.dead = f"server died and could not be started again: {exc}"
                     log.error(self.dead)
                     break
             await asyncio.sleep(1.0)
         else:
-            self.dead = f"server not healthy within {self.timeout_s:.0f} s"
+            self.dead = f"server not healthy within server.start_timeout_s = {self.timeout_s:.0f} s"
             log.error(self.dead)
-        connection.close()
         self._healthy.set()
 
 
+@dataclass
+class _Try:
+    """One attempt's verdict: a final outcome, or the kind of error to retry and its message."""
+
+    outcome: dict[str, Any] | None = None
+    kind: str = ""  # transient | timeout | malformed | server_500
+    error: str = ""
+
+
 class ChatClient:
-    """Sends questions to one vLLM server; `complete` never raises for a server-side problem.
+    """Sends questions to one vLLM server; `complete` returns ok|skipped|failed or raises
+    ServerUnavailable.
 
     Args:
-        base_url: e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted).
+        base_url: e.g. http://127.0.0.1:8000 or https://gateway/v1 (a trailing /v1 is accepted).
         sampling: model name and sampling parameters.
         api_key: sent as a bearer token when set.
-        retries: attempts after the first, on retryable errors.
+        retries: attempts after the first, for each kind of retryable error.
         request_timeout_s: seconds for one attempt.
-        health_timeout_s: how long a restarting server may take before requests fail.
+        health_timeout_s: how long a restarting server may take before the shard fails.
         revive: called (in a thread) when the server stays down: starts a managed server again.
+        concurrency: connections the session may open.
+        ca_bundle: PEM bundle trusted for https (None: the system's).
     """
 
     def __init__(
@@ -220,65 +131,98 @@ class ChatClient:
         health_timeout_s: float = 1800.0,
         backoff_s: float = 1.0,
         revive: Callable[[], object] | None = None,
+        concurrency: int = 64,
+        ca_bundle: str | None = None,
     ) -> None:
-        self.endpoint = Endpoint.parse(base_url)
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = Http(base_url, headers, concurrency, ca_bundle)
         self.sampling, self.retries, self.timeout, self.backoff_s = (
             sampling,
             retries,
             request_timeout_s,
             backoff_s,
         )
-        self.health = HealthGate(self.endpoint, self.headers, health_timeout_s, revive)
+        self.health = HealthGate(self.http, health_timeout_s, revive)
 
-    def connection(self) -> Connection:
-        return Connection(self.endpoint, self.headers)
+    async def close(self) -> None:
+        await self.http.close()
 
-    async def complete(self, connection: Connection, prompt: dict[str, Any]) -> dict[str, Any]:
-        """One question to its final outcome: a dict with status ok|skipped|failed and reason."""
-        body = chat_body(prompt, self.sampling)
-        attempt, error = 0, ""
+    async def complete(
+        self, prompt: dict[str, Any], history: list[dict[str, str]] | None = None
+    ) -> dict[str, Any]:
+        """One question to its final outcome: a dict with status ok|skipped|failed and reason.
+
+        Raises:
+            ServerUnavailable: the server stayed down, or transient errors outlasted the retries.
+        """
+        body = chat_body(prompt, self.sampling, history)
+        tries: dict[str, int] = {}
         start = time.perf_counter()
+        error = ""
         while True:
             await self.health.wait()
             if self.health.dead:
-                return _outcome("failed", f"{self.health.dead}; last error: {error}", start)
-            outcome, error = await self._attempt(connection, body, start)
-            if outcome is not None:
-                return outcome
-            attempt += 1
-            if attempt > self.retries:
-                return _outcome("failed", f"{attempt} attempts, last error: {error}", start)
-            await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random()))
+                raise ServerUnavailable(f"{self.health.dead}; last error: {error or 'none'}")
+            verdict = await self._attempt(body, start)
+            if verdict.outcome is not None:
+                return verdict.outcome
+            error = verdict.error
+            tries[verdict.kind] = tries.get(verdict.kind, 0) + 1
+            if tries[verdict.kind] > self.retries:
+                return await self._give_up(verdict, tries[verdict.kind], start)
+            await asyncio.sleep(self.backoff_s * 2 ** (tries[verdict.kind] - 1) * (0.5 + random.random()))
 
-    async def _attempt(self, connection: Connection, body: bytes, start: float) -> tuple[dict | None, str]:
+    async def _give_up(self, verdict: _Try, attempts: int, start: float) -> dict[str, Any]:
+        """The outcome once one kind of error outlasted the retries (or ServerUnavailable)."""
+        reason = f"{attempts} attempts, last error: {verdict.error}"
+        if verdict.kind == "malformed":
+            return outcome("failed", reason, start)
+        if verdict.kind == "server_500" and await self.health.healthy_now():
+            return outcome("failed", f"{reason} (while /health answers 200)", start)
+        if verdict.kind == "timeout":
+            reason += " (raise generation.request_timeout_s if the server is just slow)"
+        raise ServerUnavailable(reason)
+
+    async def _attempt(self, body: bytes, start: float) -> _Try:
         try:
-            try:
-                response = await connection.request("POST", "/v1/chat/completions", body, self.timeout)
-            except ConnectionLost as exc:
-                if not exc.reused:
-                    raise
-                # A keep-alive connection the server closed while idle: resend at once on a fresh one.
-                response = await connection.request("POST", "/v1/chat/completions", body, self.timeout)
-        except (OSError, ConnectionLost) as exc:
+            response = await self.http.request("POST", "/v1/chat/completions", body, self.timeout)
+        except aiohttp.ClientSSLError as exc:  # a setup error: no retry or outage wait will mend it
+            raise ServerUnavailable(
+                f"TLS with {self.http.endpoint.origin} failed ({exc}); for a certificate from a private "
+                "CA set server.ca_bundle to that CA's PEM file"
+            ) from exc
+        except aiohttp.ConnectionTimeoutError as exc:  # before TimeoutError: it is one
+            self.health.suspect(f"no connection: {exc!r}")
+            return _Try(kind="transient", error=f"no connection: {exc!r}")
+        except TimeoutError:  # before OSError: on Python 3.11 TimeoutError is an OSError
+            return _Try(kind="timeout", error=f"no response within {self.timeout:.0f} s")
+        except aiohttp.ServerDisconnectedError as exc:
+            # most often a keep-alive connection the server closed while idle: retry, no suspicion
+            return _Try(kind="transient", error=repr(exc))
+        except (OSError, aiohttp.ClientConnectionError) as exc:
             self.health.suspect(repr(exc))
-            return None, repr(exc)
-        except TimeoutError:
-            return None, f"no response within {self.timeout:.0f} s"
+            return _Try(kind="transient", error=repr(exc))
+        except aiohttp.ClientError as exc:  # the response itself was broken (bad framing)
+            return _Try(kind="malformed", error=repr(exc))
         if response.status == 200:
-            result = parse_completion(json.loads(response.body))
-            return _outcome("ok", None, start, result), ""
+            try:
+                return _Try(outcome("ok", None, start, decode_reply(response.body)))
+            except MalformedReply as exc:
+                log.warning("malformed reply, retrying: %s", exc)
+                return _Try(kind="malformed", error=str(exc))
         message = error_message(response.body)
         if is_context_error(response.status, message):
-            return _outcome("skipped", f"HTTP 400: {message}", start), ""
+            return _Try(outcome("skipped", f"HTTP 400: {message}", start))
         if response.status in RETRY_STATUS:
             if response.status == 503:
                 self.health.suspect("HTTP 503")
-            return None, f"HTTP {response.status}: {message}"
-        return _outcome("failed", f"HTTP {response.status}: {message}", start), ""
+            kind = "server_500" if response.status == 500 else "transient"
+            return _Try(kind=kind, error=f"HTTP {response.status}: {message}")
+        return _Try(outcome("failed", f"HTTP {response.status}: {message}", start))
 
 
-def _outcome(status: str, reason: str | None, start: float, fields: dict | None = None) -> dict[str, Any]:
+def outcome(status: str, reason: str | None, start: float, fields: dict | None = None) -> dict[str, Any]:
+    """A journaled result: status, reason, the reply's fields (None when there is no reply), latency."""
     result = {
         "status": status,
         "reason": REDACTOR.scrub(reason) if reason else reason,  # server text, written to the shard

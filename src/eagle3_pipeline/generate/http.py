@@ -1,24 +1,24 @@
-"""A lean asyncio HTTP/1.1 client: one keep-alive connection per worker, no third-party dependency.
+"""HTTP for generation: one aiohttp session per shard job, http:// or https://, proxies from the env.
 
-The client shares the CPU with the server on small machines, so it does the least per request: one
-write of a prebuilt header plus body, a header read, and a body read by Content-Length (chunked
-bodies are supported too). Measured in benchmarks/generation.py.
+One `ClientSession` (a pool of keep-alive connections, at most `limit` open) serves every worker of a
+job. https is verified against the system trust store, or against `server.ca_bundle` (a PEM file) for
+a gateway with a private CA. A proxy comes from the usual environment variables (HTTPS_PROXY,
+HTTP_PROXY, NO_PROXY), looked up once per session: aiohttp's own `trust_env` looks it up (and
+~/.netrc) in a worker thread on every request, which cost 3-5x the client CPU per request here
+(benchmarks/generation.py).
 """
 
 from __future__ import annotations
 
-import asyncio
+import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
-class ConnectionLost(ConnectionError):
-    """The connection closed or broke before a complete response; `reused` says whether it had served
-    a request before (then the server most likely closed it while idle)."""
-
-    def __init__(self, message: str, reused: bool) -> None:
-        super().__init__(message)
-        self.reused = reused
+CONNECT_TIMEOUT_S = 30.0  # a server that does not accept a connection in 30 s is down, not busy
 
 
 @dataclass(frozen=True)
@@ -29,109 +29,96 @@ class Response:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """host, port and path prefix of a base URL such as http://127.0.0.1:8000/v1 or http://h:8000."""
+    """The server's origin and path prefix, from a base URL such as https://gw.example/llm/v1."""
 
-    host: str
-    port: int
-    prefix: str
+    origin: str  # scheme://host:port
+    prefix: str  # the path before /v1, without a trailing slash
 
     @classmethod
     def parse(cls, base_url: str) -> Endpoint:
         parts = urlsplit(base_url)
-        if parts.scheme != "http":
-            raise ValueError(f"base_url {base_url!r}: only http:// is supported (use an SSH tunnel)")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url {base_url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
         path = parts.path.rstrip("/")
         if path.endswith("/v1"):
             path = path[: -len("/v1")]
-        return cls(parts.hostname or "127.0.0.1", parts.port or 80, path)
+        return cls(f"{parts.scheme}://{parts.netloc}", path)
+
+    def url(self, path: str) -> URL:
+        return URL(f"{self.origin}{self.prefix}{path}")
 
 
-class Connection:
-    """One persistent HTTP/1.1 connection, reopened on demand; not safe for concurrent requests."""
+def ssl_context(ca_bundle: str | None) -> ssl.SSLContext | bool:
+    """Verification for https: the system trust store (True) or a context trusting `ca_bundle`."""
+    if ca_bundle is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(f"server.ca_bundle {ca_bundle!r}: not a readable PEM bundle ({error})") from error
 
-    def __init__(self, endpoint: Endpoint, headers: dict[str, str] | None = None) -> None:
-        self.endpoint = endpoint
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._head = f"Host: {endpoint.host}:{endpoint.port}\r\n{extra}".encode()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._used = False
+
+class Http:
+    """A session on one server: `request` returns status and body, or raises aiohttp/timeout errors.
+
+    Args:
+        base_url: the server's base URL (a trailing /v1 is accepted).
+        headers: sent with every request (the bearer token).
+        limit: most connections open at once (the job's concurrency).
+        ca_bundle: PEM file of the CA that signed an https server's certificate (None: system store).
+    """
+
+    def __init__(
+        self, base_url: str, headers: dict[str, str], limit: int, ca_bundle: str | None = None
+    ) -> None:
+        self.endpoint = Endpoint.parse(base_url)
+        self._headers = {"Content-Type": "application/json", **headers}
+        self._ssl = ssl_context(ca_bundle)
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+        # parsed once: yarl's parsing and a ClientTimeout per request are measurable client CPU
+        self._urls: dict[str, URL] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        try:
+            self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.endpoint.origin))
+        except LookupError:  # no proxy set for this scheme, or NO_PROXY names the host
+            self._proxy, self._proxy_auth = None, None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # created inside the running event loop (aiohttp binds the session to it)
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, auto_decompress=False
+            )
+        return self._session
 
     async def request(self, method: str, path: str, body: bytes = b"", timeout: float = 600.0) -> Response:
         """Send one request and read the whole response.
 
         Raises:
-            ConnectionLost: the connection broke; `reused` is True when it had served a request before
-                (a keep-alive connection the server closed while idle: safe to retry at once).
-            OSError: the connection could not be opened (server down or restarting).
-            TimeoutError: no connection within min(timeout, 30) s, or no complete response within
-                `timeout` seconds.
+            TimeoutError: no complete response within `timeout` s (aiohttp.ConnectionTimeoutError, a
+                subclass, when no connection opened within CONNECT_TIMEOUT_S).
+            aiohttp.ClientConnectionError: refused, reset or closed before a complete response.
+            aiohttp.ClientError: any other protocol failure (a malformed response).
         """
-        if self._writer is None:
-            async with asyncio.timeout(min(timeout, 30.0)):
-                self._reader, self._writer = await asyncio.open_connection(
-                    self.endpoint.host, self.endpoint.port
-                )
-            self._used = False
-        reused = self._used
-        head = (
-            f"{method} {self.endpoint.prefix}{path} HTTP/1.1\r\n".encode()
-            + self._head
-            + b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-        )
-        try:
-            async with asyncio.timeout(timeout):
-                self._writer.write(head + body)
-                response, keep = await self._read_response()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-            self.close()
-            raise ConnectionLost(f"connection lost: {exc!r}", reused) from exc
-        except BaseException:
-            self.close()
-            raise
-        self._used = True
-        if not keep:
-            self.close()
-        return response
+        limits = self._timeouts.get(timeout)
+        if limits is None:
+            limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+            self._timeouts[timeout] = limits
+        url = self._urls.get(path) or self._urls.setdefault(path, self.endpoint.url(path))
+        session = self._open()
+        async with session.request(
+            method,
+            url,
+            data=body or None,
+            timeout=limits,
+            proxy=self._proxy,
+            proxy_auth=self._proxy_auth,
+        ) as response:
+            return Response(response.status, await response.read())
 
-    async def _read_response(self) -> tuple[Response, bool]:
-        reader = self._reader
-        assert reader is not None
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        length, chunked, keep = None, False, True
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            name = name.strip().lower()
-            if name == "content-length":
-                length = int(value)
-            elif name == "transfer-encoding" and "chunked" in value.lower():
-                chunked = True
-            elif name == "connection" and value.strip().lower() == "close":
-                keep = False
-        if chunked:
-            body = await self._read_chunked(reader)
-        elif length is not None:
-            body = await reader.readexactly(length)
-        else:
-            body, keep = await reader.read(), False
-        return Response(status, body), keep
-
-    @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        parts = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                return b"".join(parts)
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -2,9 +2,10 @@
 
 `generate_shard` is the rule's entry (it starts the server through the lifecycle API when needed);
 `run_generation` is the test seam (a base URL in, the output table out). Workers each hold one slot of
-the global cap (slots.py) and one keep-alive connection; a manager tops the workers up while slots are
-free and work is pending. The output is written atomically after checking ok + skipped + failed =
-prompts; a shard whose every request failed raises instead (the journal keeps what finished).
+the global cap (slots.py) and share the job's aiohttp session; a manager tops the workers up while
+slots are free and work is pending. The output is written atomically after checking ok + skipped +
+failed = prompts. A server outage (ServerUnavailable) and a shard whose every request failed raise
+instead: nothing is written, the journal keeps what finished, and the rerun sends only the rest.
 """
 
 from __future__ import annotations
@@ -24,12 +25,18 @@ from typing import Any
 import polars as pl
 from tqdm import tqdm
 
-from eagle3_pipeline.generate.client import ChatClient, Sampling, request_seed
+from eagle3_pipeline.generate.client import ChatClient, ServerUnavailable, outcome
 from eagle3_pipeline.generate.journal import Journal, params_hash
+from eagle3_pipeline.generate.payload import Sampling, request_seed
 from eagle3_pipeline.generate.slots import SlotPool
 from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
 
 log = logging.getLogger(__name__)
+
+SLOT_POLL_S = 0.01  # while work waits for a slot: a freed slot idles at most this long (one flock per slot)
+# How often a job recounts the jobs waiting for slots (its fair share): when the others finish, the
+# last job may take every slot within this time (0.5 s left slots idle at the end of a run)
+SHARE_CHECK_S = 0.05
 
 # the prompt's columns (shard after id), then what the server wrote
 OUTPUT_SCHEMA = {
@@ -95,7 +102,11 @@ class _Progress:
 
 
 class _Workers:
-    """Runs the pending questions with at most `concurrency` workers, each holding one global slot."""
+    """Runs the pending work units with at most `concurrency` workers, each holding one global slot.
+
+    A unit is one question, or with `generation.history: own` one conversation (its turns in order,
+    each sent with the target's own earlier answers); units run concurrently, turns in sequence.
+    """
 
     def __init__(
         self, client: ChatClient, pool: SlotPool, concurrency: int, journal: Journal, progress
@@ -104,13 +115,13 @@ class _Workers:
         self.journal, self.progress = journal, progress
         self.share = pool.total
 
-    async def run(self, pending: list[dict[str, Any]]) -> None:
+    async def run(self, pending: list[list[dict[str, Any]]]) -> None:
         queue = deque(pending)
         tasks: set[asyncio.Task[None]] = set()
         last_share_check = 0.0
         try:
             while queue or tasks:
-                if time.monotonic() - last_share_check > 0.5:
+                if time.monotonic() - last_share_check > SHARE_CHECK_S:
                     last_share_check = time.monotonic()
                     self.share = math.ceil(self.pool.total / (1 + self.pool.others_wanting()))
                 while queue and len(tasks) < min(self.concurrency, self.share):
@@ -118,32 +129,64 @@ class _Workers:
                     if slot is None:
                         break
                     tasks.add(asyncio.create_task(self._worker(slot, queue.popleft(), queue)))
+                waiting = bool(queue) and len(tasks) < min(self.concurrency, self.share)
                 self.pool.set_wanting(bool(queue) and len(tasks) < self.concurrency)
                 if tasks:
-                    done, tasks = await asyncio.wait(tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    # poll often only while work waits for a slot another job may free
+                    timeout = SLOT_POLL_S if waiting else 0.2
+                    done, tasks = await asyncio.wait(
+                        tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
                     for task in done:
-                        task.result()
+                        task.result()  # ServerUnavailable ends the job here; the journal keeps the rest
                 else:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(SLOT_POLL_S)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.pool.set_wanting(False)
 
-    async def _worker(self, slot: int, item: dict[str, Any], queue: deque[dict[str, Any]]) -> None:
-        connection = self.client.connection()
+    async def _worker(
+        self, slot: int, unit: list[dict[str, Any]], queue: deque[list[dict[str, Any]]]
+    ) -> None:
         try:
             while True:
-                result = await self.client.complete(connection, item)
-                self.journal.append(item["id"], result)
-                self.progress.update(result)
+                await self._unit(unit)
                 if not queue or self.pool.held > self.share:
                     return  # give the slot back: no work left, or another job waits for its share
-                item = queue.popleft()
+                unit = queue.popleft()
         finally:
-            connection.close()
             self.pool.release(slot)
+
+    async def _unit(self, unit: list[dict[str, Any]]) -> None:
+        """The turns of one unit in order; with history, each after the answers before it."""
+        history: list[dict[str, str]] = []
+        blocked: str | None = None  # the status of an earlier turn that got no answer
+        for item in unit:
+            result = self.journal.finished(item["id"])
+            if result is None and blocked is not None:
+                # nothing to send: the conversation cannot go on without that turn's answer
+                result = outcome(
+                    blocked, f"an earlier turn of this conversation is {blocked}", time.perf_counter()
+                )
+                self.journal.append(item["id"], result)
+                self.progress.update(result)
+            elif result is None:
+                result = await self._turn(item, history if len(unit) > 1 else None)
+            if result["status"] != "ok":
+                blocked = blocked or result["status"]
+            else:
+                history += [
+                    {"role": "user", "content": item["question"]},
+                    {"role": "assistant", "content": result["content"] or ""},
+                ]
+
+    async def _turn(self, item: dict[str, Any], history: list[dict[str, str]] | None) -> dict[str, Any]:
+        result = await self.client.complete(item, history)
+        self.journal.append(item["id"], result)
+        self.progress.update(result)
+        return result
 
 
 def _prompt_records(prompts: pl.DataFrame) -> list[dict[str, Any]]:
@@ -180,6 +223,18 @@ def output_frame(
     return pl.DataFrame(columns)
 
 
+def work_units(records: list[dict[str, Any]], history: str) -> list[list[dict[str, Any]]]:
+    """What one worker sends in sequence: each question alone, or with history `own` each
+    conversation (the questions of one dataset row, by turn) so that a turn follows the answers
+    before it."""
+    if history != "own":
+        return [[record] for record in records]
+    conversations: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        conversations.setdefault(record["row"], []).append(record)
+    return [sorted(turns, key=lambda r: r["turn"]) for turns in conversations.values()]
+
+
 def run_generation(
     prompts: pl.DataFrame,
     base_url: str | Callable[[], str],
@@ -193,6 +248,7 @@ def run_generation(
     slots_dir: str | os.PathLike[str] | None = None,
     progress_interval_s: float = 10.0,
     revive: Callable[[], object] | None = None,
+    ca_bundle: str | None = None,
 ) -> pl.DataFrame:
     """Generate every prompt not already in the journal and return the complete shard table.
 
@@ -201,27 +257,37 @@ def run_generation(
         base_url: the server, e.g. http://127.0.0.1:8000, or a callable giving it (called only when
             something is left to send, so that a finished shard never starts a server).
         sampling: model and sampling parameters.
-        generation: the `generation` config (concurrency, global_concurrency, retries, request_timeout_s).
+        generation: the `generation` config (concurrency, global_concurrency, retries,
+            request_timeout_s, history).
         journal_path: the shard's journal under results/{run}/work/.
         identity: the server identity hash (server.json "identity"); part of the journal's params hash.
+        health_timeout_s: how long the server may stay down (server.start_timeout_s).
         slots_dir: the global-cap slot folder shared by parallel shard jobs (default: next to the journal).
         revive: starts a managed server again when it stays down mid-shard (None: only wait for it).
+        ca_bundle: PEM bundle trusted for an https server (None: the system's).
 
     Raises:
-        RuntimeError: every request of a non-empty shard failed (server down, wrong model name...).
+        ServerUnavailable: the server stayed down longer than health_timeout_s, or transient errors
+            outlasted the retries: nothing is written, the journal keeps what finished.
+        RuntimeError: every request of a non-empty shard failed (wrong model name...).
     """
     records = _prompt_records(prompts)
-    params = params_hash({"sampling": sampling.__dict__, "identity": identity})
+    history = generation.get("history", "none")
+    shaping: dict[str, Any] = {"sampling": sampling.identity(), "identity": identity}
+    if history == "own":
+        shaping["history"] = history  # later turns carry the target's own answers
     slots_dir = slots_dir or Path(journal_path).parent / "slots"
-    with Journal(journal_path, params) as journal:
-        pending = [r for r in records if journal.finished(r["id"]) is None]
-        reused = len(records) - len(pending)
+    with Journal(journal_path, params_hash(shaping)) as journal:
+        pending = [
+            u for u in work_units(records, history) if any(journal.finished(r["id"]) is None for r in u)
+        ]
+        reused = sum(journal.finished(r["id"]) is not None for r in records)
         log.info(
             "shard %05d: %d prompts, %d finished in the journal, %d to send (%d stale journal lines)",
             shard,
             len(records),
             reused,
-            len(pending),
+            len(records) - reused,
             journal.stale,
         )
         start = time.monotonic()
@@ -229,20 +295,24 @@ def run_generation(
         try:
             if pending:
                 base_url = base_url() if callable(base_url) else base_url
-                asyncio.run(
-                    _generate(
-                        pending,
-                        base_url,
-                        sampling,
-                        generation,
-                        api_key,
-                        health_timeout_s,
-                        slots_dir,
-                        journal,
-                        progress,
-                        revive,
-                    )
+                client = ChatClient(
+                    base_url,
+                    sampling,
+                    api_key=api_key,
+                    retries=generation.get("retries", 5),
+                    request_timeout_s=generation.get("request_timeout_s", 1800),
+                    health_timeout_s=health_timeout_s,
+                    revive=revive,
+                    concurrency=generation.get("concurrency", 64),
+                    ca_bundle=ca_bundle,
                 )
+                asyncio.run(_generate(pending, client, generation, slots_dir, journal, progress))
+        except ServerUnavailable as error:
+            done = sum(journal.finished(r["id"]) is not None for r in records)
+            raise ServerUnavailable(
+                f"shard {shard:05d}: the server is unavailable ({error}); {done} of {len(records)} "
+                f"prompts are finished in {journal_path}, and a rerun sends only the rest"
+            ) from error
         finally:
             progress.close()
         results = {r["id"]: journal.results[r["id"]] for r in records}
@@ -256,22 +326,19 @@ def run_generation(
 
 
 async def _generate(
-    pending, base_url, sampling, generation, api_key, health_timeout_s, slots_dir, journal, progress, revive
-):
-    client = ChatClient(
-        base_url,
-        sampling,
-        api_key=api_key,
-        retries=generation.get("retries", 5),
-        request_timeout_s=generation.get("request_timeout_s", 1800),
-        health_timeout_s=health_timeout_s,
-        revive=revive,
-    )
+    pending: list[list[dict[str, Any]]],
+    client: ChatClient,
+    generation: dict[str, Any],
+    slots_dir: str | os.PathLike[str],
+    journal: Journal,
+    progress: _Progress,
+) -> None:
     pool = SlotPool(slots_dir, generation.get("global_concurrency", generation.get("concurrency", 64)))
     try:
         await _Workers(client, pool, generation.get("concurrency", 64), journal, progress).run(pending)
     finally:
         pool.close()
+        await client.close()
 
 
 def _summarise(shard: int, results: dict[str, dict], reused: int, seconds: float, new_tokens: int) -> None:
@@ -337,5 +404,6 @@ def generate_shard(
         health_timeout_s=server_cfg.get("start_timeout_s", 1800),
         # a managed server that dies mid-shard is started again (systemd would, with Restart=)
         revive=start_server if server_cfg.get("manage", True) else None,
+        ca_bundle=server_cfg.get("ca_bundle"),
     )
     write_output(frame, output_path)

@@ -29,31 +29,38 @@ class SlotPool:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.total = total
         self._held: dict[int, int] = {}  # slot index -> fd
+        # every slot file stays open: a poll for a free slot is then one flock call per slot, cheap
+        # enough to poll every few milliseconds while a job waits (a freed slot is taken up at once)
+        self._fds: dict[int, int] = {}
         self._want = self.directory / f"want-{os.getpid()}"
 
     @property
     def held(self) -> int:
         return len(self._held)
 
+    def _fd(self, index: int) -> int:
+        fd = self._fds.get(index)
+        if fd is None:
+            path = self.directory / f"slot-{index:04d}.lock"
+            fd = self._fds[index] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return fd
+
     def try_acquire(self) -> int | None:
         """Lock one free slot and return its index, or None when all `total` are taken."""
         for index in range(self.total):
             if index in self._held:
                 continue
-            fd = os.open(self.directory / f"slot-{index:04d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._fd(index)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
                 continue
             self._held[index] = fd
             return index
         return None
 
     def release(self, index: int) -> None:
-        fd = self._held.pop(index)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        fcntl.flock(self._held.pop(index), fcntl.LOCK_UN)
 
     def set_wanting(self, wanting: bool) -> None:
         """Advertise (with a lock held on a want-PID file) that this job waits for slots."""
@@ -92,4 +99,7 @@ class SlotPool:
     def close(self) -> None:
         for index in list(self._held):
             self.release(index)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         self.set_wanting(False)

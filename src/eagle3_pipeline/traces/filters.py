@@ -30,6 +30,9 @@ class TraceFilters:
     drop_empty: bool = True
     drop_duplicates: bool = True
     validation_fraction: float = 0.05
+    # merge_traces stops above it (merge.check_failed_fraction); None, the library default, checks
+    # nothing: the config always sets it (schema default 0.01)
+    max_failed_fraction: float | None = None
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> TraceFilters:

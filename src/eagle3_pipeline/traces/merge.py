@@ -3,7 +3,8 @@
 Passes over the shards, each streaming (polars lazy scans and sinks; memory bounded by a chunk of
 rows, not by the corpus):
   1. accounting: counts per shard by status and by drop reason, repeated ids, server identity, and
-     (when given) the prompt shards: any mismatch fails before anything is written;
+     (when given) the prompt shards: any mismatch fails before anything is written, and so does a
+     share of `failed` rows above traces.max_failed_fraction;
   2. duplicates: the (system, question, thinking, answer) groups that occur more than once;
   3. traces.parquet: the kept rows, in shard order, with `split`;
 then conversations.jsonl and the statistics. Every output is written under a temporary name and
@@ -135,6 +136,27 @@ def _account(
     return table
 
 
+def check_failed_fraction(table: pl.DataFrame, frame: pl.LazyFrame, limit: float | None) -> None:
+    """Stop when more than `limit` of the prompts failed: naming the count, the worst shards and why.
+
+    A failed row is a request the server refused for good (a 4xx, a malformed reply): a few are
+    noise, many mean a config or server problem worth fixing before training on what is left.
+    """
+    prompts, failed = int(table["rows"].sum()), int(table["failed"].sum())
+    if limit is None or not prompts or failed / prompts <= limit:
+        return
+    worst = table.sort("failed", descending=True).head(3)
+    shards = ", ".join(f"{k:05d}: {n}" for k, n in worst.select("file_shard", "failed").iter_rows() if n)
+    reasons = _not_ok_reasons(frame.filter(pl.col("status") == "failed"), limit=3)
+    why = "; ".join(f"{r['count']} x {str(r['reason'])[:200]}" for r in reasons)
+    raise TraceError(
+        f"{failed} of {prompts} prompts failed ({failed / prompts:.2%}), more than "
+        f"traces.max_failed_fraction = {limit:.2%}; most failed shards {shards}; reasons: {why}. Fix "
+        "the cause, delete those generation shards and rerun (their journals resend only the failed "
+        "prompts), or raise traces.max_failed_fraction"
+    )
+
+
 def kept_traces(frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataFrame) -> pl.LazyFrame:
     """The rows that become traces (no drop reason, not a later duplicate), with `split`."""
     return (
@@ -262,6 +284,7 @@ def merge_traces(
     with pl.Config(streaming_chunk_size=rows):
         with _step("accounting"):
             table = _account(frame, identity, filters, generations, prompts)
+            check_failed_fraction(table, frame, filters.max_failed_fraction)
         with _step("duplicates"):
             duplicates = duplicate_rows(frame, filters)
         kept = kept_traces(frame, filters, duplicates)

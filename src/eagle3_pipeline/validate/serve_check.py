@@ -144,13 +144,12 @@ def ask(
 
         async def one(question: dict) -> dict[str, Any]:
             async with gate:
-                connection = client.connection()
-                try:
-                    return await client.complete(connection, question)
-                finally:
-                    connection.close()
+                return await client.complete(question)
 
-        return list(await asyncio.gather(*(one(q) for q in questions)))
+        try:
+            return list(await asyncio.gather(*(one(q) for q in questions)))
+        finally:
+            await client.close()
 
     return asyncio.run(run())
 

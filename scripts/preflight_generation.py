@@ -1,0 +1,16 @@
+"""Rule preflight_generation: one short request and the prompts' token counts, before any shard."""
+
+from eagle3_pipeline.generate.preflight import preflight_generation
+from eagle3_pipeline.logs import setup_script_logging
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "preflight_generation")
+
+preflight_generation(
+    server_json_path=snakemake.params.server_json,
+    server_cfg=snakemake.params.server,
+    generation=snakemake.params.generation,
+    selection_path=snakemake.input.selection,
+    output_path=snakemake.output[0],
+    state_dir=snakemake.params.state_dir,
+)
