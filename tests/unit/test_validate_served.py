@@ -183,3 +183,37 @@ def test_a_source_that_fails_is_reported_and_the_others_measured():
     with pytest.raises(ServeCheckError, match="no validation question"):
         measure_by_source(measure, [q for q in QUESTIONS if q["source"] == "code"])
     assert speedup(result, result)["by_source"] == {"math": 1.0, "unknown": 1.0}
+
+
+def _common(tmp_path: Path, questions: list[dict]) -> dict:
+    from eagle3_pipeline.generate.payload import Sampling
+
+    sampling = Sampling(model="demo", max_tokens=8, temperature=0.0)
+    return {"questions": questions, "sampling": sampling, "state_dir": tmp_path, "concurrency": 4,
+            "request_timeout_s": 30}  # fmt: skip
+
+
+def test_a_systemd_unit_is_timed_without_the_draft_on_restored_production(scripted_endpoint, tmp_path):
+    """After the drop-in is restored, production serves the target alone: the same questions are timed
+    against it (the endpoint answers as vLLM does, 8 completion tokens each)."""
+    from eagle3_pipeline.validate.serve_check import production_speedup
+
+    questions = [
+        {"id": f"q{i}", "question": f"q {i}", "source": "math" if i % 2 else "code"} for i in range(6)
+    ]
+    server_cfg = {"unit": "vllm.service", "base_url": scripted_endpoint.base_url}
+    with_draft = {"tokens_per_s": 1e9, "by_source": {"math": {"tokens_per_s": 1e9}}}
+    figures = production_speedup(server_cfg, {}, with_draft, _common(tmp_path, questions), {"speedup": True})
+    assert all(scripted_endpoint.requests[q["question"]] == 1 for q in questions)
+    assert figures["completion_tokens_without_draft"] == 6 * 8 and figures["speedup"] > 1
+    assert set(figures["by_source"]) == {"math"} and figures["without_draft"].startswith("the production")
+
+
+def test_no_speedup_when_production_was_not_running_before_the_check(scripted_endpoint, tmp_path):
+    from eagle3_pipeline.validate.serve_check import production_speedup
+
+    scripted_endpoint.healthy = False
+    server_cfg = {"unit": "vllm.service", "base_url": scripted_endpoint.base_url}
+    figures = production_speedup(server_cfg, {}, {}, _common(tmp_path, []), {"speedup": True})
+    assert figures["speedup"] is None and "not serving after the restore" in figures["reason"]
+    assert not scripted_endpoint.requests

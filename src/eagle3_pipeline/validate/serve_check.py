@@ -372,8 +372,8 @@ def serve_check(
     check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
     if uses_local_process(server_cfg):
         result["speedup"] = local_speedup(server_cfg, result, common, validate)
-    else:  # the drop-in restart is the only server there: nothing to time the target alone on
-        result["speedup"] = {"speedup": None, "reason": "measured only for a local unit (server.host: local)"}
+    else:  # restored and verified: production serves the target alone again
+        result["speedup"] = production_speedup(server_cfg, server_json, result, common, validate)
     write_json(result, output_path)
     return result
 
@@ -382,22 +382,14 @@ def local_speedup(
     server_cfg: dict[str, Any], with_draft: dict[str, Any], common: dict[str, Any], validate: dict[str, Any]
 ) -> dict[str, Any]:
     """validate.speedup: the same questions, sampling and concurrency against the target alone."""
-    from eagle3_pipeline.server import api_key
     from eagle3_pipeline.validate.served import run_local_without_draft, speedup
 
     if not validate.get("speedup", True):
         return {"speedup": None, "reason": "validate.speedup is false"}
-    key = api_key(server_cfg)
-
-    def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
-        return ask(
-            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2
-        )
-
     without = run_local_without_draft(
         server_cfg,
         common["questions"],
-        ask_group,
+        _group_asker(server_cfg, common),
         str(Path(common["state_dir"]) / "without-draft"),
         server_cfg.get("start_timeout_s", 900),
     )
@@ -409,6 +401,52 @@ def local_speedup(
         figures["tokens_per_s_without_draft"] or 0.0,
     )
     return figures
+
+
+def production_speedup(
+    server_cfg: dict[str, Any],
+    server_json: dict[str, Any],
+    with_draft: dict[str, Any],
+    common: dict[str, Any],
+    validate: dict[str, Any],
+) -> dict[str, Any]:
+    """validate.speedup for a systemd unit: after the restore (health and model verified), production
+    serves the target alone, so the same questions, sampling and concurrency are timed against it.
+    Production may be serving users meanwhile; their load slows both runs alike only if it is steady."""
+    from eagle3_pipeline.server import auth_headers
+    from eagle3_pipeline.server.lifecycle import check_health, server_url
+    from eagle3_pipeline.validate.served import speedup, time_by_source
+
+    if not validate.get("speedup", True):
+        return {"speedup": None, "reason": "validate.speedup is false"}
+    base_url = server_url(server_json, server_cfg, Path(common["state_dir"]))
+    if not check_health(base_url, auth_headers(server_cfg)):
+        return {
+            "speedup": None,
+            "reason": f"{server_cfg['unit']} is not serving after the restore (it was not running before)",
+        }
+    ask_group = _group_asker(server_cfg, common)
+    figures = speedup(
+        with_draft, time_by_source(lambda group: ask_group(base_url, group), common["questions"])
+    )
+    log.info("served speedup over production without the draft: %s", figures["speedup"])
+    return figures | {"without_draft": "the production unit after the restore"}
+
+
+def _group_asker(
+    server_cfg: dict[str, Any], common: dict[str, Any]
+) -> Callable[[str, list[dict]], list[dict[str, Any]]]:
+    """(base_url, questions) -> outcomes, with the draft run's sampling, concurrency and timeout."""
+    from eagle3_pipeline.server import api_key
+
+    key = api_key(server_cfg)
+
+    def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
+        return ask(
+            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2
+        )
+
+    return ask_group
 
 
 def check_against_offline(
