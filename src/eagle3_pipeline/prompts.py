@@ -7,9 +7,10 @@ it is counted and its reason kept in the skipped table.
 
 A question's id hashes the row's normalised messages, its source and the turn index, so it depends
 neither on the file format nor on shard size or num_samples. The selection orders every usable
-question by `hash(id, seed)` and takes a prefix (prompts/selection.parquet); shard k is rows
-[k * shard_size, (k + 1) * shard_size) of it. Raising num_samples appends to the selection, so every
-earlier full shard stays byte-identical.
+question by `hash(id, seed)` and takes a prefix, written in blocks of SELECTION_BLOCK_SHARDS shards
+(prompts/selection-{b:05d}.parquet holds questions [b * B, (b + 1) * B) of the order, B = 64 x
+shard_size, whatever num_samples is); shard k is rows [k * shard_size, (k + 1) * shard_size) of the
+order. Raising num_samples adds blocks and shards and leaves every done block and full shard alone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # Rows per row group of the selection: a shard job reads only the groups its rows fall in.
 SELECTION_ROW_GROUP = 1024
+# Shards per selection block. A block's content depends on the dataset, seed, turns and shard_size,
+# never on num_samples, so raising num_samples reruns no done block (and, below it, no done shard).
+# Each block streams the whole dataset once: 64 shards of work per scan.
+SELECTION_BLOCK_SHARDS = 64
 
 PROMPT_SCHEMA = {
     "id": pl.String,
@@ -275,34 +280,40 @@ def write_parquet(
     os.replace(tmp, path)
 
 
+def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
+    """Questions [start, stop) of the selection order held by selection block `block`."""
+    rows = SELECTION_BLOCK_SHARDS * shard_size
+    return block * rows, (block + 1) * rows
+
+
 def prepare_prompts(
-    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str
+    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str, start: int = 0
 ) -> dict[str, int]:
-    """Read the dataset, select num_samples questions and write them, in order, and the skipped rows.
+    """Read the dataset, select num_samples questions and write questions [start, num_samples) of the
+    order, and the skipped rows.
 
     Args:
         selection: what the order depends on: the dataset `path`, `seed` and `turns`.
         num_samples: how many questions to take (fewer when the dataset has fewer).
-        selection_path: prompts/selection.parquet; write_prompt_shard cuts the shards out of it.
+        selection_path: prompts/selection-{b}.parquet; write_prompt_shard cuts the shards out of it.
         skipped_path: where the damaged and duplicate rows are listed with their reasons.
+        start: the first question written (a block's first; 0 writes the whole selection).
 
     Returns:
         Counts: usable, skipped, selected.
     """
     found = select(selection["path"], selection.get("turns", "first"), num_samples, selection.get("seed", 0))
-    selected, skipped = found.selected, found.skipped
+    selected, skipped = found.selected[start:], found.skipped
     write_parquet(selection_frame(selected), selection_path, row_group_size=SELECTION_ROW_GROUP)
     write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
     log.info("%d usable questions, %d rows skipped: %s", found.usable, len(skipped), dict(reasons))
-    if len(selected) < num_samples:
-        log.warning(
-            "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the shards past "
-            "question %d are short or empty",
+    if len(found.selected) < num_samples:
+        log.info(
+            "dataset %s has %d usable questions, fewer than the %d this selection could hold",
             selection["path"],
             found.usable,
             num_samples,
-            len(selected),
         )
     log.info("selected %d questions", len(selected))
     return {"usable": found.usable, "skipped": len(skipped), "selected": len(selected)}
@@ -327,5 +338,13 @@ def write_prompt_shard(selection_path: str, start: int, stop: int, output: str) 
             f"{selection_path}: columns {dict(frame.schema)} are not the prompt schema; rerun prepare_prompts"
         )
     write_parquet(frame, output)
+    if frame.height < stop - start:
+        log.warning(
+            "prompt shard %s holds %d questions, not %d: the dataset has fewer usable questions than "
+            "dataset.num_samples",
+            output,
+            frame.height,
+            stop - start,
+        )
     log.info("prompt shard %s: rows %d-%d of the selection, %d questions", output, start, stop, frame.height)
     return frame.height
