@@ -91,6 +91,10 @@ if WINDOW:
             " --window-plan {input.plan} --window-previous '{input.previous}'"
             " --window-state {output.state} > {log} 2>&1"
 
+    localrules:
+        train_draft,  # a state file written out: no GPU, no cluster job
+
+
     rule train_draft:
         input:
             state=window_state(EPOCHS - 1, len(WINDOWS) - 1),

@@ -116,9 +116,9 @@ def shard_bound_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
 def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
-    Decided from the config alone, at parse time: floor(cap / B) - 1, B one shard's upper bound. The
-    one shard held back is the extraction in flight: its per-batch parts and its packed file coexist
-    until the job ends (extraction runs one job at a time: every GPU rule asks for the GPUs).
+    Decided from the config alone, at parse time: floor(cap / 2B), B one shard's upper bound. Twice:
+    an extraction job holds its per-batch parts and its packed file at once until it ends, and on a
+    cluster every shard of a window may be extracted at the same time.
 
     Raises:
         DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
@@ -127,18 +127,18 @@ def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
     if cap_gb is None:
         return None
     bound = shard_bound_bytes(config, hidden_size)
-    shards = int(cap_gb * GB // bound) - 1
+    shards = int(cap_gb * GB // (2 * bound))
     if shards < 1:
         hs = config["hidden_states"]
         raise DiskBudgetError(
             f"hidden_states.max_disk_gb: {cap_gb} GB ({format_bytes(cap_gb * GB)}) cannot hold one shard's "
-            f"hidden states while the next one is extracted: one shard is at most dataset.shard_size "
+            f"hidden states while it is extracted: one shard is at most dataset.shard_size "
             f"{config['dataset']['shard_size']:,} samples x hidden_states.max_seq_len {hs['max_seq_len']:,} "
             f"tokens x {bytes_per_token(hidden_size, hs['dtype']):,} B/token (4 states x hidden size "
-            f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, and a window of one shard "
-            f"needs two of them ({format_bytes(2 * bound)}: the shard trained on, and the one being "
-            f"extracted, parts and packed file). Raise max_disk_gb to at least {2 * bound / GB:.3g}, or "
-            "lower dataset.shard_size or hidden_states.max_seq_len."
+            f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, counted twice while it "
+            f"is extracted (its per-batch parts and packed file exist together until the job ends): "
+            f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least {2 * bound / GB:.3g}, or lower "
+            "dataset.shard_size or hidden_states.max_seq_len."
         )
     return shards
 
@@ -242,7 +242,8 @@ def check_free_space(
             f"{budget.bytes_per_token:,} B/token for {budget.samples:,} samples, {format_bytes(already)} "
             f"already written, {headroom:.0%} headroom) but {Path(results_dir).absolute()} has "
             f"{format_bytes(free)} free. Free space there, point results/ at a larger filesystem (a "
-            "symlink), or lower dataset.num_samples / hidden_states.max_seq_len."
+            "symlink), or lower dataset.num_samples / hidden_states.max_seq_len, or cap the states held at "
+            "once (hidden_states.max_disk_gb)."
         )
     return figures
 
@@ -299,21 +300,34 @@ def check_disk_budget(
     return budget
 
 
+def held_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[Budget, str]:
+    """`budget` reduced to what is on disk at once (on_disk_at_once), with why, for check_free_space."""
+    peak, why = on_disk_at_once(config, budget)
+    if peak == budget.total_bytes:
+        return budget, why
+    window = window_shards(config, budget.hidden_size) or 0
+    samples = min(budget.samples, window * config["dataset"]["shard_size"])
+    held = dataclasses.replace(
+        budget, samples=samples, tokens=peak // budget.bytes_per_token, total_bytes=peak
+    )
+    return held, why
+
+
 def on_disk_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[int, str]:
     """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
 
     Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
-    (window_shards + 1) x one shard's upper bound (and never more than the whole corpus).
+    2 x window_shards x one shard's upper bound (and never more than the whole corpus).
     """
     window = window_shards(config, budget.hidden_size)
     if window is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
-    bound = (window + 1) * shard_bound_bytes(config, budget.hidden_size)
+    bound = 2 * window * shard_bound_bytes(config, budget.hidden_size)
     epochs = config["train"]["epochs"]
     why = (
         f"capped by hidden_states.max_disk_gb = {config['hidden_states']['max_disk_gb']} GB: windows of "
         f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
-        f"over the corpus); at most {format_bytes(bound)} (a window and the shard in extraction)"
+        f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted)"
     )
     return min(budget.total_bytes, bound), why
 
@@ -332,8 +346,8 @@ def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
             "check_disk_budget checks it before extraction"
         )
     budget = estimate_from_config(config, hidden_size)
-    peak, why = on_disk_at_once(config, budget)
-    held = dataclasses.replace(budget, total_bytes=peak)
+    held, why = held_at_once(config, budget)
+    peak = held.total_bytes
     try:
         figures = check_free_space(held, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
     except DiskBudgetError as error:
@@ -392,12 +406,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         budget = estimate_from_traces(traces, hidden_size, hs["max_seq_len"], hs["overlong"], hs["dtype"])
     try:
-        peak, why = on_disk_at_once(config, budget)
-        held = dataclasses.replace(budget, total_bytes=peak)
-        already = 0 if hs["max_disk_gb"] is not None else existing_bytes(run_dir / "hidden_states")
+        held, why = held_at_once(config, budget)
+    except DiskBudgetError as error:  # a cap below one shard
+        sys.stdout.write(describe(budget) + f"\nREFUSED: {error}\n")
+        return 1
+    peak = held.total_bytes
+    already = 0 if hs["max_disk_gb"] is not None else existing_bytes(run_dir / "hidden_states")
+    try:
         figures = check_free_space(held, run_dir, already)
     except DiskBudgetError as error:
-        sys.stdout.write(describe(budget) + f"\nDOES NOT FIT: {error}\n")
+        sys.stdout.write(
+            describe(budget) + f"\n  on disk at once: {format_bytes(peak)}, {why}\nDOES NOT FIT: {error}\n"
+        )
         return 1
     sys.stdout.write(describe(budget, figures) + f"\n  on disk at once: {format_bytes(peak)}, {why}\nfits.\n")
     sys.stdout.write(json.dumps({**budget.to_json(), **figures, "on_disk_at_once": peak}) + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,8 +24,9 @@ from eagle3_pipeline.budget import GB, bytes_per_token
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-SHARD_SIZE, SAMPLES, MAX_SEQ_LEN, EPOCHS = 4, 20, 96, 2
-CAP_GB = 3 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) / GB  # windows of 2 shards (+1 in flight)
+SHARD_SIZE, SAMPLES, MAX_SEQ_LEN, EPOCHS = 4, 24, 96, 2
+# one shard's bound B = 4 x 96 x 1,033 B; windows of floor(cap / 2B) = 2 shards
+CAP_GB = 4 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) / GB
 
 
 class HighWater(threading.Thread):
@@ -32,24 +34,25 @@ class HighWater(threading.Thread):
 
     def __init__(self, folders: list[Path]) -> None:
         super().__init__(daemon=True)
-        self.folders, self.peak, self.polls, self._stop = folders, 0, 0, threading.Event()
+        self.folders, self.peak, self.polls, self._done = folders, 0, 0, threading.Event()
 
     def _size(self) -> int:
         total = 0
         for folder in self.folders:
-            for path in folder.rglob("*") if folder.exists() else ():
-                with contextlib.suppress(FileNotFoundError):  # deleted while walking
-                    total += path.stat().st_size if path.is_file() else 0
+            for root, _, files in os.walk(folder):  # errors (a folder deleted while walked) are skipped
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):  # deleted while walking
+                        total += os.stat(os.path.join(root, name)).st_size
         return total
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.peak = max(self.peak, self._size())
             self.polls += 1
             time.sleep(0.005)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._done.set()
         self.join()
         return self.peak
 
