@@ -76,7 +76,7 @@ def test_extraction_and_training_sizes_come_from_the_profile(slurm_plan):
     extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
     train = render_sbatch(slurm_plan["jobs"]["train_draft_window"][0], settings)
     assert " -t 240 " in extract and " --mem 1000000 " in extract
-    assert " -t 1440 " in train and " --mem 256000 " in train
+    assert " -t 240 " in train and " --mem 256000 " in train  # one window of one epoch
 
 
 def test_cpu_rules_get_no_gpu_and_the_default_partition(slurm_plan):
