@@ -1,5 +1,7 @@
 # Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
+import sys
+
 from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
@@ -22,6 +24,9 @@ WINDOWS = (
     [SHARDS[i : i + WINDOW] for i in range(0, len(SHARDS), WINDOW)] if WINDOW else []
 )
 EPOCHS = config["train"]["epochs"]
+# The windows form one chain of epochs x windows training jobs, and Snakemake builds its DAG
+# recursively (about 3 Python frames per link, measured): room for the chain, as for a long DAG.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * len(WINDOWS)))
 if WINDOW and config["validate"]["baseline"]:
     raise ConfigError(
         "hidden_states.max_disk_gb with validate.baseline: the baseline draft is not trained in "
