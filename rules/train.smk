@@ -94,7 +94,6 @@ if WINDOW:
     localrules:
         train_draft,  # a state file written out: no GPU, no cluster job
 
-
     rule train_draft:
         input:
             state=window_state(EPOCHS - 1, len(WINDOWS) - 1),
