@@ -2,12 +2,14 @@
 #
 # results/{run}/
 #   server/        unit.service (redacted `systemctl cat`), server.json, identity.json
-#   prompts/       shard-{k:05d}.parquet, skipped.parquet
+#   prompts/       selection-{b:05d}.parquet (blocks of 64 shards), shard-{k:05d}.parquet, skipped-{b}
 #   generations/   shard-{k:05d}.parquet (one row per prompt: ok | skipped | failed)
-#   traces/        traces.parquet, train.parquet, validation.parquet, stats.json, conversations.jsonl
-#   budget/        hidden_states.json (disk need, checked against free space before extraction)
-#   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata)
-#   draft/         vocab_map.safetensors, trained/, checkpoint/ (EAGLE-3, loadable by vLLM and SGLang)
+#   traces/        shards/{split}/shard-{k:05d}.parquet, traces.parquet, train.parquet,
+#                  validation.parquet, stats.json, conversations.jsonl
+#   budget/        hidden_states/shard-{k:05d}.json (disk need, checked before shard k's extraction)
+#   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata); under hidden_states.max_disk_gb
+#                  epoch-{e}/{split}/..., deleted once trained on
+#   draft/         vocab_map.safetensors, windows/ (under a cap), trained/, checkpoint/ (EAGLE-3)
 #   validation/    offline.json, serve_check.json
 #   report/        the pictures of `snakemake --report`
 #   baseline/      the same draft trained on the dataset's original answers (validate.baseline)

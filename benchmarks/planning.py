@@ -1,10 +1,13 @@
 """Planning at scale: how long `snakemake -n` takes for 10, 100, 1,000 and 10,000 shards.
 
 Three workflows, side by side for each shard count:
-  demo  config/config.yaml with the baseline on, so 4 jobs per shard (prompt shard, generation,
-        extraction, baseline extraction); the demo is enabled: only the dataset file is needed;
-  kimi  config/examples/kimi-k2.5-8gpu.yaml (3 jobs per shard), its target folder stood in for by
-        Kimi-K2.5's config.json: the SSH host, the server and the hf:// dataset are never contacted;
+  demo  config/config.yaml with the baseline on, so 7 jobs per shard (prompt shard, generation, trace
+        shard, disk check, extraction, baseline traces, baseline extraction); the demo is enabled:
+        only the dataset file is needed;
+  kimi  config/examples/kimi-k2.5-8gpu.yaml (prompt shard, generation, trace shard, disk check, and
+        under its disk cap one extraction per epoch per shard plus the window chain), its target
+        folder stood in for by Kimi-K2.5's config.json: the SSH host, the server and the hf://
+        dataset are never contacted;
   floor a bare Snakefile of four chained one-line shell rules per shard and one rule gathering them:
         Snakemake's own cost per job, with nothing of this workflow in it.
 Each case is a temporary copy with dataset.num_samples = shards x shard_size and a run name of its own

@@ -7,19 +7,20 @@ BASELINE = f"{RESULTS}/baseline"
 
 rule baseline_traces:
     input:
-        rules.split_traces.output.train,
+        rules.filter_traces.output.train,
     output:
-        f"{BASELINE}/traces/train.parquet",
+        f"{BASELINE}/traces/shards/train/shard-{{shard}}.parquet",
     log:
-        f"{LOGS}/baseline/baseline_traces.log",
+        f"{LOGS}/baseline/baseline_traces/{{shard}}.log",
     script:
         "../scripts/baseline_traces.py"
 
 
 use rule extract_hidden_states as baseline_extract_hidden_states with:
     input:
-        traces=[f"{BASELINE}/traces/train.parquet"],  # the baseline trains only: no validation split
+        traces=[rules.baseline_traces.output[0]],  # the baseline trains only: no validation split
         target=get_target_config(),
+        server_stopped=ancient(rules.stop_server.output[0]),
     output:
         states=[f"{BASELINE}/hidden_states/train/shard-{{shard}}.safetensors"],
         metadata=[f"{BASELINE}/hidden_states/train/shard-{{shard}}.json"],
@@ -47,6 +48,7 @@ use rule train_draft as baseline_train_draft with:
         ),
         vocab_map=rules.baseline_vocab_map.output,
         target=get_target_config(),
+        corpus=rules.merge_traces.output.stats,
     output:
         weights=f"{BASELINE}/draft/trained/model.safetensors",
         history=f"{BASELINE}/draft/trained/history.json",

@@ -1,7 +1,9 @@
-# The hidden-state disk budget, checked before any extraction job starts: the real sequence lengths of
-# the traces x 4 hidden states x hidden size, against the free space of the results filesystem. Fails
-# early with the numbers instead of a full disk hours into extraction. A run also prints the config's
-# upper bound as it starts (not on dry runs: nothing is read at parse time but the target's config.json).
+# The hidden-state disk budget, checked per shard before its extraction job starts: the real sequence
+# lengths of shard k's traces x 4 hidden states x hidden size, against the free space of the results
+# filesystem (and hidden_states.max_disk_gb). Per shard, so that adding shards checks only the new ones
+# and no done extraction waits on (or reruns after) a check of the whole corpus. A run prints the
+# corpus's upper bound as it starts (not on dry runs: nothing is read at parse time but the target's
+# config.json), and a cap smaller than one shard's states is refused when the workflow is parsed.
 from eagle3_pipeline.budget import budget_at_start
 
 
@@ -15,17 +17,18 @@ localrules:
 
 rule check_disk_budget:
     input:
-        train=rules.split_traces.output.train,
-        validation=rules.split_traces.output.validation,
+        train=rules.filter_traces.output.train,
+        validation=rules.filter_traces.output.validation,
         target=get_target_config(),
     output:
-        f"{RESULTS}/budget/hidden_states.json",
+        f"{RESULTS}/budget/hidden_states/shard-{{shard}}.json",
     log:
-        f"{LOGS}/check_disk_budget.log",
+        f"{LOGS}/check_disk_budget/{{shard}}.log",
     params:
         hidden_states=f"{RESULTS}/hidden_states",
         max_seq_len=config["hidden_states"]["max_seq_len"],
         overlong=config["hidden_states"]["overlong"],
         dtype=config["hidden_states"]["dtype"],
+        max_disk_gb=config["hidden_states"]["max_disk_gb"],
     script:
         "../scripts/check_disk_budget.py"

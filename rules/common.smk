@@ -1,6 +1,10 @@
 # Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
-from eagle3_pipeline.config import SPLITS, check_config, shard_ids
+import sys
+
+from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
+from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
+from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
 
@@ -8,11 +12,37 @@ RESULTS = f"results/{config['run']}"
 LOGS = f"{RESULTS}/logs"
 WORK = f"{RESULTS}/work"
 SHARDS = shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
+# hidden_states.max_disk_gb: shards per training window, from the config alone (None: no cap, every
+# shard's states kept). Under a cap, epoch e's states of window w are extracted, trained on by
+# train_draft_window and deleted; a cap below one shard is refused here, with the numbers.
+WINDOW = (
+    window_shards(config, parse_time_hidden_size(config))
+    if config["hidden_states"]["max_disk_gb"] is not None
+    else None
+)
+WINDOWS = (
+    [SHARDS[i : i + WINDOW] for i in range(0, len(SHARDS), WINDOW)] if WINDOW else []
+)
+EPOCHS = config["train"]["epochs"]
+# The windows form one chain of epochs x windows training jobs, and Snakemake builds its DAG
+# recursively (about 3 Python frames per link, measured): room for the chain, as for a long DAG.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * len(WINDOWS)))
+if WINDOW and config["validate"]["baseline"]:
+    raise ConfigError(
+        "hidden_states.max_disk_gb with validate.baseline: the baseline draft is not trained in "
+        "windows; set validate.baseline: false (or hidden_states.max_disk_gb: null)"
+    )
+# Where extraction writes: one folder per epoch under a cap (each epoch extracts anew)
+EPOCH_DIR = "epoch-{epoch}/" if WINDOW else ""
+STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
 
 
 wildcard_constraints:
     shard=r"\d{5}",
+    block=r"\d{5}",
     split="train|validation",
+    epoch=r"\d+",
+    window=r"\d+",
 
 
 def shard_files(*patterns):
@@ -43,18 +73,40 @@ def get_dataset_input():
 
 def get_selection_params():
     """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up),
-    and generation.history when own (its units are conversations; absent, older params still match)."""
+    and generation.history when own (its units are conversations; absent, older params still match).
+    """
     params = {key: config["dataset"][key] for key in ("path", "seed", "turns")}
     if config["generation"]["history"] == "own":
         params["history"] = "own"
     return params
 
 
+def get_selection_block_rows(wildcards):
+    """Questions [start, stop) of the selection order held by block b (independent of num_samples)."""
+    start, stop = selection_block_rows(
+        int(wildcards.block), config["dataset"]["shard_size"]
+    )
+    return {"start": start, "stop": stop}
+
+
+def get_selection_block(wildcards):
+    """The selection block that holds shard k."""
+    block = int(wildcards.shard) // SELECTION_BLOCK_SHARDS
+    return f"{RESULTS}/prompts/selection-{block:05d}.parquet"
+
+
 def get_prompt_shard_rows(wildcards):
-    """Shard k's rows of the selection: [k * shard_size, min((k + 1) * shard_size, num_samples))."""
+    """Shard k's rows of its selection block: questions [k * shard_size, min((k + 1) * shard_size,
+    num_samples)) of the order, less the block's first question."""
     size, total = config["dataset"]["shard_size"], config["dataset"]["num_samples"]
     start = int(wildcards.shard) * size
-    return {"start": start, "stop": min(start + size, total)}
+    block_start, _ = selection_block_rows(
+        int(wildcards.shard) // SELECTION_BLOCK_SHARDS, size
+    )
+    return {
+        "start": start - block_start,
+        "stop": min(start + size, total) - block_start,
+    }
 
 
 def get_target_config():
@@ -79,6 +131,54 @@ get_hidden_state_shards = shard_files(
         for split in SPLITS
     )
 )
+
+
+def window_state(epoch, window):
+    """The training state after window `window` of epoch `epoch` (a temp file: kept until used)."""
+    return f"{RESULTS}/draft/windows/epoch-{epoch}/window-{window}.pt"
+
+
+def previous_window_state(epoch, window):
+    """The state a window starts from: the previous window's, the last of the previous epoch, or none."""
+    if window > 0:
+        return [window_state(epoch, window - 1)]
+    if epoch > 0:
+        return [window_state(epoch - 1, len(WINDOWS) - 1)]
+    return []
+
+
+def get_extraction_gate(wildcards):
+    """Under a cap, shard k of epoch e is extracted only once the previous window is trained on (and
+    its states deleted): the disk never holds two windows."""
+    if not WINDOW:
+        return []
+    return previous_window_state(int(wildcards.epoch), int(wildcards.shard) // WINDOW)
+
+
+def get_previous_window_state(wildcards):
+    return previous_window_state(int(wildcards.epoch), int(wildcards.window))
+
+
+def get_window_states(wildcards):
+    """Epoch e's states of window w's shards, both splits, in shard order."""
+    return [
+        f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.safetensors"
+        for split in SPLITS
+        for k in WINDOWS[int(wildcards.window)]
+    ]
+
+
+def get_validation_states():
+    """What offline validation reads: every shard's validation states, or under a cap the last
+    window's of the last epoch (still on disk: validation is their last reader)."""
+    if not WINDOW:
+        return shard_files(
+            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
+        )
+    return [
+        f"{RESULTS}/hidden_states/epoch-{EPOCHS - 1}/validation/shard-{k}.safetensors"
+        for k in WINDOWS[-1]
+    ]
 
 
 def get_final_outputs():

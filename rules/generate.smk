@@ -9,7 +9,9 @@ from eagle3_pipeline.generate.payload import rule_params, sampling_params
 rule preflight_generation:
     input:
         identity=rules.snapshot_server.output.identity,
-        selection=rules.prepare_prompts.output.selection,
+        # the first block only: it never changes as num_samples grows, so adding shards does not rerun
+        # the preflight (and with it every generation shard); its prompts are the fit check's sample
+        selection=f"{RESULTS}/prompts/selection-00000.parquet",
     output:
         f"{RESULTS}/generations/preflight.json",
     log:

@@ -1,6 +1,7 @@
 # The target run over each full conversation (prompt + thinking + answer, the server's own token ids);
 # three auxiliary layers and the final one stored packed in bf16, one file per shard and split.
-# One job per shard writes every split's file: the target is loaded once, not once per split.
+# One job per shard writes every split's file: the target is loaded once, not once per split. Shard k
+# reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 import json
 import shlex
@@ -9,20 +10,24 @@ import sys
 
 rule extract_hidden_states:
     input:
-        traces=expand(f"{RESULTS}/traces/{{split}}.parquet", split=SPLITS),
-        target=get_target_config(),
-        budget=rules.check_disk_budget.output,
-    output:
-        # one per split, in the order of input.traces
-        states=expand(
-            f"{RESULTS}/hidden_states/{{split}}/shard-{{{{shard}}}}.safetensors",
+        traces=expand(
+            f"{RESULTS}/traces/shards/{{split}}/shard-{{{{shard}}}}.parquet",
             split=SPLITS,
         ),
-        metadata=expand(
-            f"{RESULTS}/hidden_states/{{split}}/shard-{{{{shard}}}}.json", split=SPLITS
+        target=get_target_config(),
+        budget=rules.check_disk_budget.output,
+        # ancient: wait for the server to stop (its GPUs), but never rerun a done shard when it stops
+        # again after new shards were generated (the stop report is not temp, so it exists)
+        server_stopped=ancient(rules.stop_server.output[0]),
+        after=get_extraction_gate,  # under a cap: the previous window trained on and deleted
+    output:
+        # one per split, in the order of input.traces; under a cap deleted once trained on
+        states=(temp if WINDOW else list)(
+            [f"{STATES}/{split}/shard-{{shard}}.safetensors" for split in SPLITS]
         ),
+        metadata=[f"{STATES}/{split}/shard-{{shard}}.json" for split in SPLITS],
     log:
-        f"{LOGS}/extract_hidden_states/{{shard}}.log",
+        f"{LOGS}/extract_hidden_states/{EPOCH_DIR}{{shard}}.log",
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
@@ -51,7 +56,7 @@ rule extract_hidden_states:
             if config["hidden_states"]["trust_remote_code"]
             else ""
         ),
-        work=f"{WORK}/hidden_states/{{shard}}",  # a folder per split inside
+        work=f"{WORK}/hidden_states/{EPOCH_DIR}{{shard}}",  # a folder per split inside
     shell:
         # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
         # when none); --mode device_map starts one process that spreads the target over all of them.

@@ -1,21 +1,24 @@
 # Every question of the dataset, with a stable id (a hash of its source row): prepare_prompts selects
-# them (one file, in selection order), write_prompt_shard cuts shard k out of the selection.
+# them in blocks of 64 shards (in selection order), write_prompt_shard cuts shard k out of its block.
 #
-# One job per shard, not one job with a file per shard: Snakemake walks all outputs of a dependency
-# for every dependent job, so N outputs on one job made a dry run of 10,000 shards quadratic.
+# A block's content does not depend on dataset.num_samples: raising it adds blocks and shards and
+# reruns none that is done, so nothing below a done shard (generation, traces, hidden states) is
+# planned again. One job per shard, not one job with a file per shard: Snakemake walks all outputs
+# of a dependency for every dependent job, so N outputs on one job made a dry run of 10,000 shards
+# quadratic.
 
 
 rule prepare_prompts:
     input:
         get_dataset_input(),
     output:
-        selection=f"{RESULTS}/prompts/selection.parquet",
-        skipped=f"{RESULTS}/prompts/skipped.parquet",
+        selection=f"{RESULTS}/prompts/selection-{{block}}.parquet",
+        skipped=f"{RESULTS}/prompts/skipped-{{block}}.parquet",
     log:
-        f"{LOGS}/prepare_prompts.log",
+        f"{LOGS}/prepare_prompts/{{block}}.log",
     params:
         selection=get_selection_params(),
-        num_samples=config["dataset"]["num_samples"],
+        rows=get_selection_block_rows,
     script:
         "../scripts/prepare_prompts.py"
 
@@ -28,7 +31,7 @@ rule write_prompt_shard:
     input:
         # not ancient(): with Snakemake 9, jobs below an ancient input of a job that reruns are not
         # checked at all, so new shards would never be planned (snakemake issue 4166)
-        selection=rules.prepare_prompts.output.selection,
+        selection=get_selection_block,
     output:
         f"{RESULTS}/prompts/shard-{{shard}}.parquet",
     log:

@@ -22,7 +22,7 @@ rule stop_server:
         server=rules.snapshot_server.output.server,
         generations=get_generation_shards,
     output:
-        temp(f"{RESULTS}/server/stopped.json"),
+        f"{RESULTS}/server/stopped.json",
     log:
         f"{LOGS}/stop_server.log",
     params:

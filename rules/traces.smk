@@ -1,7 +1,24 @@
-# Shards merged with polars, every prompt accounted for, filtered, then split by id for training and
-# validation. The prompt shards are inputs too: each generation shard must hold exactly its prompt
-# shard's ids. The split is a rule of its own, with one input: every hidden-state job depends on a
-# split, and Snakemake's cost of finding a dependency grows with the producer's input count.
+# Per shard (filter_traces): generation shard k checked against its prompt shard and the server
+# identity, filtered and split by id; hidden-state shard k reads these files only, so adding shards
+# re-extracts none that is done. Over the corpus (merge_traces, split_traces): the same rows merged with
+# polars, checked across shards (an id in two shards), counted, plotted and exported; nothing waits
+# for them but the report and the serve check.
+
+
+rule filter_traces:
+    input:
+        generation=f"{RESULTS}/generations/shard-{{shard}}.parquet",
+        prompts=f"{RESULTS}/prompts/shard-{{shard}}.parquet",
+        server=rules.snapshot_server.output.identity,
+    output:
+        train=f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet",
+        validation=f"{RESULTS}/traces/shards/validation/shard-{{shard}}.parquet",
+    log:
+        f"{LOGS}/filter_traces/{{shard}}.log",
+    params:
+        traces=config["traces"],
+    script:
+        "../scripts/filter_traces.py"
 
 
 rule merge_traces:

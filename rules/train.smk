@@ -1,11 +1,25 @@
 # The EAGLE-3 draft: a draft vocabulary from loss-masked token counts, training-time-test training
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
+# Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
+# one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 import sys
+
+LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
+TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 
 
 rule vocab_map:
     input:
-        metadata=shard_files(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"),
+        # under a cap no state exists before training starts: count from the traces instead
+        **(
+            {"traces": TRAIN_TRACES}
+            if WINDOW
+            else {
+                "metadata": shard_files(
+                    f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"
+                )
+            }
+        ),
         target=get_target_config(),
     output:
         f"{RESULTS}/draft/vocab_map.safetensors",
@@ -13,44 +27,120 @@ rule vocab_map:
         f"{LOGS}/vocab_map.log",
     params:
         draft_vocab_size=config["draft"]["draft_vocab_size"],
+        lengths=LENGTHS,
     script:
         "../scripts/vocab_map.py"
 
 
-rule train_draft:
-    input:
-        states=get_hidden_state_shards,
-        vocab_map=rules.vocab_map.output,
-        target=get_target_config(),
-    output:
-        weights=f"{RESULTS}/draft/trained/model.safetensors",
-        history=f"{RESULTS}/draft/trained/history.json",
-    log:
-        f"{LOGS}/train_draft.log",
-    threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
-    resources:
-        gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
-    params:
-        # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
-        python=sys.executable,
-        script=f"{workflow.basedir}/scripts/train_draft.py",
-        draft=config["draft"],
-        shape=get_draft_shape_args(),
-        train=config["train"],
-        work=f"{WORK}/train",
-    shell:
-        # eagle3_pipeline.launch: `accelerate launch` with DDP over the GPUs the job sees (CPU when
-        # none) and a main-process port per job (keyed on the work dir: baseline and main differ)
-        "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {params.work}"
-        " -- {params.script}"
-        " --states {input.states} --vocab-map {input.vocab_map} --target $(dirname {input.target})"
-        " --threads {threads} --work {params.work} --weights {output.weights} --history {output.history}"
-        " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
-        " {params.shape}"
-        " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
-        " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"
-        " --batch-tokens {params.train[batch_tokens]} --seed {params.train[seed]}"
-        " --save-every-steps {params.train[save_every_steps]} > {log} 2>&1"
+TRAIN_SHELL = (
+    # eagle3_pipeline.launch: `accelerate launch` with DDP over the GPUs the job sees (CPU when
+    # none) and a main-process port per job (keyed on the work dir: baseline and main differ)
+    "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {params.work}"
+    " -- {params.script}"
+    " --states {input.states} --vocab-map {input.vocab_map} --target $(dirname {input.target})"
+    " --threads {threads} --work {params.work}"
+    " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
+    " {params.shape}"
+    " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
+    " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"
+    " --batch-tokens {params.train[batch_tokens]} --seed {params.train[seed]}"
+    " --save-every-steps {params.train[save_every_steps]}"
+)
+
+
+if WINDOW:
+
+    rule plan_windows:
+        input:
+            traces=TRAIN_TRACES,
+        output:
+            f"{RESULTS}/draft/windows/plan.json",
+        log:
+            f"{LOGS}/plan_windows.log",
+        params:
+            windows=WINDOWS,
+            train=config["train"],
+            lengths=LENGTHS,
+        script:
+            "../scripts/plan_windows.py"
+
+    rule train_draft_window:
+        input:
+            states=get_window_states,
+            previous=get_previous_window_state,
+            plan=rules.plan_windows.output,
+            vocab_map=rules.vocab_map.output,
+            target=get_target_config(),
+            corpus=rules.merge_traces.output.stats,
+        output:
+            state=temp(window_state("{epoch}", "{window}")),
+        log:
+            f"{LOGS}/train_draft_window/epoch-{{epoch}}/{{window}}.log",
+        threads: 1  # as train_draft
+        resources:
+            gpu=1,  # as train_draft
+        params:
+            python=sys.executable,
+            script=f"{workflow.basedir}/scripts/train_draft.py",
+            draft=config["draft"],
+            shape=get_draft_shape_args(),
+            train=config["train"],
+            work=f"{WORK}/train",
+            windows=len(WINDOWS),
+        shell:
+            TRAIN_SHELL
+            + " --window {wildcards.epoch} {wildcards.window} {params.windows}"
+            " --window-plan {input.plan} --window-previous '{input.previous}'"
+            " --window-state {output.state} > {log} 2>&1"
+
+    localrules:
+        train_draft,  # a state file written out: no GPU, no cluster job
+
+    rule train_draft:
+        input:
+            state=window_state(EPOCHS - 1, len(WINDOWS) - 1),
+            vocab_map=rules.vocab_map.output,
+            target=get_target_config(),
+        output:
+            weights=f"{RESULTS}/draft/trained/model.safetensors",
+            history=f"{RESULTS}/draft/trained/history.json",
+        log:
+            f"{LOGS}/train_draft.log",
+        params:
+            target=config["target"]["model"],
+            draft=config["draft"],
+            train=config["train"],
+        script:
+            "../scripts/finish_draft_training.py"
+
+else:
+
+    rule train_draft:
+        input:
+            states=get_hidden_state_shards,
+            vocab_map=rules.vocab_map.output,
+            target=get_target_config(),
+            # the corpus-wide checks (an id in two shards) pass before training; extraction never waits
+            corpus=rules.merge_traces.output.stats,
+        output:
+            weights=f"{RESULTS}/draft/trained/model.safetensors",
+            history=f"{RESULTS}/draft/trained/history.json",
+        log:
+            f"{LOGS}/train_draft.log",
+        threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
+        resources:
+            gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
+        params:
+            # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
+            python=sys.executable,
+            script=f"{workflow.basedir}/scripts/train_draft.py",
+            draft=config["draft"],
+            shape=get_draft_shape_args(),
+            train=config["train"],
+            work=f"{WORK}/train",
+        shell:
+            TRAIN_SHELL
+            + " --weights {output.weights} --history {output.history} > {log} 2>&1"
 
 
 rule export_draft:
@@ -58,7 +148,7 @@ rule export_draft:
         weights=rules.train_draft.output.weights,
         vocab_map=rules.vocab_map.output,
         target=get_target_config(),
-        hidden_states_metadata=f"{RESULTS}/hidden_states/train/shard-{SHARDS[0]}.json",
+        hidden_states_metadata=f"{STATES.format(epoch=0)}/train/shard-{SHARDS[0]}.json",
     output:
         config=f"{RESULTS}/draft/checkpoint/config.json",
         weights=f"{RESULTS}/draft/checkpoint/model.safetensors",

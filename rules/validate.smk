@@ -5,9 +5,7 @@
 rule validate_offline:
     input:
         checkpoint=rules.export_draft.output.config,
-        states=shard_files(
-            f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
-        ),
+        states=get_validation_states(),
         target=get_target_config(),
     output:
         f"{RESULTS}/validation/offline.json",

@@ -1,4 +1,4 @@
-"""Rule check_disk_budget: the hidden states' disk need, from the traces, checked against free space."""
+"""Rule check_disk_budget: shard k's hidden states' disk need, from its traces, against free space and cap."""
 
 from eagle3_pipeline.budget import check_disk_budget
 from eagle3_pipeline.logs import setup_script_logging
@@ -14,4 +14,5 @@ check_disk_budget(
     max_seq_len=snakemake.params.max_seq_len,
     overlong=snakemake.params.overlong,
     dtype=snakemake.params.dtype,
+    max_disk_gb=snakemake.params.max_disk_gb,
 )

@@ -1,4 +1,4 @@
-"""Rule prepare_prompts: the dataset's questions, with stable ids, in selection order."""
+"""Rule prepare_prompts: block b of the dataset's questions, with stable ids, in selection order."""
 
 from eagle3_pipeline.logs import setup_script_logging
 from eagle3_pipeline.prompts import prepare_prompts
@@ -8,7 +8,8 @@ setup_script_logging(snakemake.log[0], "prepare_prompts")
 
 prepare_prompts(
     selection=snakemake.params.selection,
-    num_samples=snakemake.params.num_samples,
+    num_samples=snakemake.params.rows["stop"],
+    start=snakemake.params.rows["start"],
     selection_path=snakemake.output.selection,
     skipped_path=snakemake.output.skipped,
 )

@@ -1,15 +1,18 @@
-"""Rule vocab_map: d2t / t2d from the loss-masked token counts of the training hidden states."""
+"""Rule vocab_map: d2t / t2d from the loss-masked token counts of the training hidden states (or, for
+windowed training under hidden_states.max_disk_gb, of the training traces: no state exists yet)."""
 
 from eagle3_pipeline.draft.config import read_target_config
-from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.draft.vocab import build_vocab_map, count_trace_tokens
 from eagle3_pipeline.logs import setup_script_logging
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 setup_script_logging(snakemake.log[0], "vocab_map")
 
+traces = snakemake.input.get("traces")
 build_vocab_map(
-    metadata_paths=snakemake.input.metadata,
+    metadata_paths=snakemake.input.get("metadata", []),
     target_vocab_size=int(read_target_config(snakemake.input.target)["vocab_size"]),
     draft_vocab_size=snakemake.params.draft_vocab_size,
     output=snakemake.output[0],
+    counts=count_trace_tokens(traces, **snakemake.params.lengths) if traces else None,
 )

@@ -12,14 +12,21 @@ Two estimates:
 - from the config, before anything ran (`python -m eagle3_pipeline.budget CONFIG`): every sample as
   long as its prompt plus `generation.max_tokens`, capped at `hidden_states.max_seq_len` (an upper
   bound: most replies stop earlier);
-- from the traces, once generation is done (rule check_disk_budget): the real sequence lengths.
+- from the traces of one shard, once it is generated (rule check_disk_budget, per shard): the real
+  sequence lengths.
 
 `check_free_space` fails early, with the numbers, when the results filesystem cannot hold them.
+
+With `hidden_states.max_disk_gb` (a cap on the states held on disk at once) the shards are trained in
+windows of `window_shards` shards whose states are deleted once trained on: the disk holds at most one
+window, whatever the corpus size. A window is sized from the config alone (every sample of a shard as
+long as max_seq_len), so the cap is never exceeded; a cap smaller than one shard is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -36,6 +43,7 @@ TOKEN_OVERHEAD_BYTES = 9  # input id (int64) + loss mask (uint8)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROMPT_TOKENS = 512  # a typical open-perfectblend prompt once templated
 DEFAULT_HEADROOM = 0.05  # keep 5% of the estimate free on top, for metadata and partial shards
+GB = 1000**3  # hidden_states.max_disk_gb counts in powers of 1000, as disks are sold
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -97,6 +105,62 @@ def estimate_from_config(
         prompt_tokens + config["generation"]["max_tokens"], config["hidden_states"]["max_seq_len"]
     )
     return _budget("config", samples, samples * per_sample, hidden_size, config["hidden_states"]["dtype"])
+
+
+def shard_bound_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
+    """The most one shard's states can take: shard_size samples x max_seq_len tokens x bytes per token."""
+    hs = config["hidden_states"]
+    return config["dataset"]["shard_size"] * hs["max_seq_len"] * bytes_per_token(hidden_size, hs["dtype"])
+
+
+def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
+    """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
+
+    Decided from the config alone, at parse time: floor(cap / 2B), B one shard's upper bound. Twice:
+    an extraction job holds its per-batch parts and its packed file at once until it ends, and on a
+    cluster every shard of a window may be extracted at the same time.
+
+    Raises:
+        DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
+    """
+    cap_gb = config["hidden_states"].get("max_disk_gb")
+    if cap_gb is None:
+        return None
+    bound = shard_bound_bytes(config, hidden_size)
+    shards = int(cap_gb * GB // (2 * bound))
+    if shards < 1:
+        hs = config["hidden_states"]
+        raise DiskBudgetError(
+            f"hidden_states.max_disk_gb: {cap_gb} GB ({format_bytes(cap_gb * GB)}) cannot hold one shard's "
+            f"hidden states while it is extracted: one shard is at most dataset.shard_size "
+            f"{config['dataset']['shard_size']:,} samples x hidden_states.max_seq_len {hs['max_seq_len']:,} "
+            f"tokens x {bytes_per_token(hidden_size, hs['dtype']):,} B/token (4 states x hidden size "
+            f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, counted twice while it "
+            f"is extracted (its per-batch parts and packed file exist together until the job ends): "
+            f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least {2 * bound / GB:.3g}, or lower "
+            "dataset.shard_size or hidden_states.max_seq_len."
+        )
+    return shards
+
+
+def parse_time_hidden_size(config: Mapping[str, Any]) -> int:
+    """The target's hidden size when the workflow is parsed: from target.model's config.json, or, for
+    the embedded demo whose target a rule builds later, the demo's own size.
+
+    Raises:
+        DiskBudgetError: neither is available (the windows under a cap cannot be sized).
+    """
+    from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
+
+    path = Path(config["target"]["model"]) / "config.json"
+    if path.exists():
+        return hidden_size_of(json.loads(path.read_text()))
+    if config.get("demo", {}).get("enabled"):
+        return DEMO_HIDDEN_SIZE
+    raise DiskBudgetError(
+        f"hidden_states.max_disk_gb needs the target's hidden size when the workflow is parsed, but "
+        f"{path} does not exist: point target.model at the target's weights folder"
+    )
 
 
 def tokens_from_lengths(
@@ -178,7 +242,8 @@ def check_free_space(
             f"{budget.bytes_per_token:,} B/token for {budget.samples:,} samples, {format_bytes(already)} "
             f"already written, {headroom:.0%} headroom) but {Path(results_dir).absolute()} has "
             f"{format_bytes(free)} free. Free space there, point results/ at a larger filesystem (a "
-            "symlink), or lower dataset.num_samples / hidden_states.max_seq_len."
+            "symlink), or lower dataset.num_samples / hidden_states.max_seq_len, or cap the states held at "
+            "once (hidden_states.max_disk_gb)."
         )
     return figures
 
@@ -208,19 +273,63 @@ def check_disk_budget(
     overlong: str = "truncate",
     dtype: str = "bfloat16",
     headroom: float = DEFAULT_HEADROOM,
+    max_disk_gb: float | None = None,
 ) -> Budget:
-    """The guard before extraction: estimate from the traces, check free space, write the estimate.
+    """The guard before one shard's extraction: its estimate from its traces, checked against the free
+    space (and the cap); the estimate is written.
 
     The written JSON holds only the estimate (a function of the traces and settings), so re-checking
     unchanged traces rewrites an identical file and reruns nothing; free space goes to the log.
+
+    Raises:
+        DiskBudgetError: the shard's states do not fit the free space, or exceed hidden_states.max_disk_gb.
     """
     hidden_size = hidden_size_of(json.loads(Path(target_config).read_text()))
     budget = estimate_from_traces(traces, hidden_size, max_seq_len, overlong, dtype)
-    figures = check_free_space(budget, hidden_states_dir, existing_bytes(hidden_states_dir), headroom)
+    if max_disk_gb is not None and budget.total_bytes > max_disk_gb * GB:
+        raise DiskBudgetError(
+            f"{', '.join(map(str, traces))}: this shard's hidden states need "
+            f"{format_bytes(budget.total_bytes)} "
+            f"({budget.tokens:,} tokens x {budget.bytes_per_token:,} B/token), more than "
+            f"hidden_states.max_disk_gb = {max_disk_gb} GB: raise the cap or lower dataset.shard_size"
+        )
+    figures = check_free_space(budget, hidden_states_dir, 0, headroom)
     logger.info("%s", describe(budget, figures))
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(json.dumps(budget.to_json(), indent=2) + "\n")
     return budget
+
+
+def held_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[Budget, str]:
+    """`budget` reduced to what is on disk at once (on_disk_at_once), with why, for check_free_space."""
+    peak, why = on_disk_at_once(config, budget)
+    if peak == budget.total_bytes:
+        return budget, why
+    window = window_shards(config, budget.hidden_size) or 0
+    samples = min(budget.samples, window * config["dataset"]["shard_size"])
+    held = dataclasses.replace(
+        budget, samples=samples, tokens=peak // budget.bytes_per_token, total_bytes=peak
+    )
+    return held, why
+
+
+def on_disk_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[int, str]:
+    """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
+
+    Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
+    2 x window_shards x one shard's upper bound (and never more than the whole corpus).
+    """
+    window = window_shards(config, budget.hidden_size)
+    if window is None:
+        return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
+    bound = 2 * window * shard_bound_bytes(config, budget.hidden_size)
+    epochs = config["train"]["epochs"]
+    why = (
+        f"capped by hidden_states.max_disk_gb = {config['hidden_states']['max_disk_gb']} GB: windows of "
+        f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
+        f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted)"
+    )
+    return min(budget.total_bytes, bound), why
 
 
 def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
@@ -237,14 +346,20 @@ def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
             "check_disk_budget checks it before extraction"
         )
     budget = estimate_from_config(config, hidden_size)
+    held, why = held_at_once(config, budget)
+    peak = held.total_bytes
     try:
-        figures = check_free_space(budget, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
+        figures = check_free_space(held, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
     except DiskBudgetError as error:
         return (
-            f"{describe(budget)}\n  upper bound does not fit: {error}\n  check_disk_budget checks the real "
-            "lengths once generation is done, before any extraction job starts"
+            f"{describe(budget)}\n  on disk at once: {format_bytes(peak)}, {why}\n  upper bound does not "
+            f"fit: {error}\n  check_disk_budget checks each shard's real lengths before its extraction job"
         )
-    return describe(budget, figures) + "\n  (upper bound: every reply as long as generation.max_tokens)"
+    return (
+        describe(budget, figures)
+        + f"\n  on disk at once: {format_bytes(peak)}, {why}"
+        + "\n  (upper bound: every reply as long as generation.max_tokens)"
+    )
 
 
 def _target_hidden_size(target_dir: str, override: int | None) -> int:
@@ -277,25 +392,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: the config's upper bound, the traces' figure when generation already ran; 1 if it won't fit."""
     import yaml
 
-    from eagle3_pipeline.config import SPLITS, check_config
+    from eagle3_pipeline.config import SPLITS, check_config, shard_ids
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     config = check_config(yaml.safe_load(Path(args.config).read_text()), args.schema)
     hidden_size = _target_hidden_size(config["target"]["model"], args.hidden_size)
     run_dir = Path(args.results) / config["run"]
     budget = estimate_from_config(config, hidden_size, args.prompt_tokens)
-    traces = [run_dir / "traces" / f"{split}.parquet" for split in SPLITS]
-    if all(path.exists() for path in traces):
-        hs = config["hidden_states"]
+    hs = config["hidden_states"]
+    traces = sorted((run_dir / "traces" / "shards").glob("*/shard-*.parquet"))
+    if len(traces) == len(SPLITS) * len(
+        shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
+    ):
         budget = estimate_from_traces(traces, hidden_size, hs["max_seq_len"], hs["overlong"], hs["dtype"])
-    already = existing_bytes(run_dir / "hidden_states")
     try:
-        figures = check_free_space(budget, run_dir, already)
-    except DiskBudgetError as error:
-        sys.stdout.write(describe(budget) + f"\nDOES NOT FIT: {error}\n")
+        held, why = held_at_once(config, budget)
+    except DiskBudgetError as error:  # a cap below one shard
+        sys.stdout.write(describe(budget) + f"\nREFUSED: {error}\n")
         return 1
-    sys.stdout.write(describe(budget, figures) + "\nfits.\n")
-    sys.stdout.write(json.dumps({**budget.to_json(), **figures}) + "\n")
+    peak = held.total_bytes
+    already = 0 if hs["max_disk_gb"] is not None else existing_bytes(run_dir / "hidden_states")
+    try:
+        figures = check_free_space(held, run_dir, already)
+    except DiskBudgetError as error:
+        sys.stdout.write(
+            describe(budget) + f"\n  on disk at once: {format_bytes(peak)}, {why}\nDOES NOT FIT: {error}\n"
+        )
+        return 1
+    sys.stdout.write(describe(budget, figures) + f"\n  on disk at once: {format_bytes(peak)}, {why}\nfits.\n")
+    sys.stdout.write(json.dumps({**budget.to_json(), **figures, "on_disk_at_once": peak}) + "\n")
     return 0
 
 

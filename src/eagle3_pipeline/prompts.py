@@ -14,10 +14,12 @@ skipped.parquet with reason `duplicate` and the kept id. With generation.history
 conversation: its id hashes the system turn and every human turn, and each turn's id that and the
 turn's position, so that a conversation is generated once, in one shard, turn after turn.
 
-The selection orders the units by `hash(seed, id)` and takes a prefix (prompts/selection.parquet);
-shard k is rows [k * shard_size, (k + 1) * shard_size) of it (with history `own`, moved forward to the
-next conversation start, so that no conversation is cut). Raising num_samples appends to the
-selection, so every earlier full shard stays byte-identical.
+The selection orders the units by `hash(seed, id)` and takes a prefix, written in blocks of
+SELECTION_BLOCK_SHARDS shards (prompts/selection-{b:05d}.parquet holds questions [b * B, (b + 1) * B)
+of the order, B = 64 x shard_size, whatever num_samples is); shard k is rows [k * shard_size,
+(k + 1) * shard_size) of the order. With history `own` every edge (a block's, a shard's) moves
+forward to the next conversation start, so that no conversation is cut. Raising num_samples adds
+blocks and shards and leaves every done block and full shard alone.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ log = logging.getLogger(__name__)
 SELECTION_ROW_GROUP = 1024
 # The selection's parquet metadata key saying that its units are whole conversations (history own).
 UNITS_KEY = "eagle3_pipeline.units"
+# With history own: how many questions of the order a block's file starts after the block's first
+# (the end of a conversation that the previous block holds whole).
+OFFSET_KEY = "eagle3_pipeline.offset"
+# Shards per selection block. A block's content depends on the dataset, seed, turns and shard_size,
+# never on num_samples, so raising num_samples reruns no done block (and, below it, no done shard).
+# Each block streams the whole dataset once: 64 shards of work per scan.
+SELECTION_BLOCK_SHARDS = 64
 
 PROMPT_SCHEMA = {
     "id": pl.String,
@@ -371,17 +380,25 @@ def write_parquet(
     os.replace(tmp, path)
 
 
+def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
+    """Questions [start, stop) of the selection order held by selection block `block`."""
+    rows = SELECTION_BLOCK_SHARDS * shard_size
+    return block * rows, (block + 1) * rows
+
+
 def prepare_prompts(
-    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str
+    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str, start: int = 0
 ) -> dict[str, int]:
-    """Read the dataset, select num_samples questions and write them, in order, and the skipped rows.
+    """Read the dataset, select num_samples questions and write questions [start, num_samples) of the
+    order, and the skipped rows.
 
     Args:
         selection: what the order depends on: the dataset `path`, `seed` and `turns`, and `history`
             (generation.history; absent means none).
         num_samples: how many questions to take (fewer when the dataset has fewer).
-        selection_path: prompts/selection.parquet; write_prompt_shard cuts the shards out of it.
+        selection_path: prompts/selection-{b}.parquet; write_prompt_shard cuts the shards out of it.
         skipped_path: where the damaged and duplicate rows are listed with their reasons.
+        start: the first question written (a block's first; 0 writes the whole selection).
 
     Returns:
         Counts: usable, skipped, selected.
@@ -390,33 +407,29 @@ def prepare_prompts(
         DatasetError: the dataset cannot be read, or holds no usable question.
     """
     path = selection["path"]
-    found = select(
-        path,
-        selection.get("turns", "first"),
-        num_samples,
-        selection.get("seed", 0),
-        selection.get("history", "none"),
-    )
-    selected, skipped = found.selected, found.skipped
+    history = selection.get("history", "none")
+    found = select(path, selection.get("turns", "first"), num_samples, selection.get("seed", 0), history)
+    first = start
+    metadata = None  # write_prompt_shard reads the unit from here: its params stay as before history
+    if history == "own":
+        first = conversation_start(selection_frame(found.selected)["row"], start)
+        metadata = {UNITS_KEY: "conversations", OFFSET_KEY: str(first - start)}
+    selected, skipped = found.selected[first:], found.skipped
     reasons = Counter(re.sub(r"\d+", "N", entry["reason"]) for entry in skipped)
     if not found.usable:
         raise DatasetError(
             f"dataset.path {path!r} holds no usable question ({len(skipped)} rows skipped: "
             f"{dict(reasons.most_common(5))}); point dataset.path at a chat dataset"
         )
-    # write_prompt_shard reads the unit from here: the rule's params stay as they were before history
-    units = {UNITS_KEY: "conversations"} if selection.get("history") == "own" else None
-    write_parquet(selection_frame(selected), selection_path, SELECTION_ROW_GROUP, units)
+    write_parquet(selection_frame(selected), selection_path, SELECTION_ROW_GROUP, metadata)
     write_parquet(pl.DataFrame(skipped, schema=SKIPPED_SCHEMA), skipped_path)
     log.info("%d usable questions, %d rows skipped: %s", found.usable, len(skipped), dict(reasons))
-    if len(selected) < num_samples:
-        log.warning(
-            "dataset %s has %d usable questions, fewer than dataset.num_samples=%d: the shards past "
-            "question %d are short or empty",
+    if len(found.selected) < num_samples:
+        log.info(
+            "dataset %s has %d usable questions, fewer than the %d this selection could hold",
             path,
             found.usable,
             num_samples,
-            len(selected),
         )
     log.info("selected %d questions", len(selected))
     return {"usable": found.usable, "skipped": len(skipped), "selected": len(selected)}
@@ -440,9 +453,12 @@ def write_prompt_shard(selection_path: str, start: int, stop: int, output: str) 
     if not 0 <= start <= stop:
         raise ValueError(f"prompt shard rows [{start}, {stop}): start must be >= 0 and <= stop")
     try:
-        if pl.read_parquet_metadata(selection_path).get(UNITS_KEY) == "conversations":
+        metadata = pl.read_parquet_metadata(selection_path)
+        if metadata.get(UNITS_KEY) == "conversations":
             rows = pl.read_parquet(selection_path, columns=["row"])["row"]
-            start, stop = conversation_start(rows, start), conversation_start(rows, stop)
+            offset = int(metadata.get(OFFSET_KEY, 0))  # the block's file starts that far in
+            start = conversation_start(rows, max(start - offset, 0))
+            stop = conversation_start(rows, max(stop - offset, 0))
         frame = pl.scan_parquet(selection_path).slice(start, stop - start).collect()
     except (OSError, pl.exceptions.ComputeError) as error:
         raise DatasetError(
@@ -453,5 +469,13 @@ def write_prompt_shard(selection_path: str, start: int, stop: int, output: str) 
             f"{selection_path}: columns {dict(frame.schema)} are not the prompt schema; rerun prepare_prompts"
         )
     write_parquet(frame, output)
+    if frame.height < stop - start:
+        log.warning(
+            "prompt shard %s holds %d questions, not %d: the dataset has fewer usable questions than "
+            "dataset.num_samples",
+            output,
+            frame.height,
+            stop - start,
+        )
     log.info("prompt shard %s: rows %d-%d of the selection, %d questions", output, start, stop, frame.height)
     return frame.height

@@ -11,6 +11,7 @@ import yaml
 from safetensors.torch import save_file
 
 from eagle3_pipeline.budget import (
+    GB,
     Budget,
     DiskBudgetError,
     budget_at_start,
@@ -24,7 +25,11 @@ from eagle3_pipeline.budget import (
     free_bytes,
     hidden_size_of,
     main,
+    on_disk_at_once,
+    parse_time_hidden_size,
+    shard_bound_bytes,
     tokens_from_lengths,
+    window_shards,
 )
 from eagle3_pipeline.config import check_config
 
@@ -137,7 +142,9 @@ def test_cli_prints_the_kimi_budget_and_says_it_does_not_fit(tmp_path, capsys):
     code = main([KIMI_CONFIG, "--hidden-size", "7168", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert "174,080,000 tokens" in out and "57,353 B" in out and "9.98 TB" in out
-    assert code == (0 if free_bytes(tmp_path) > 10.5e12 else 1)
+    # the example caps the states on disk at 4,000 GB: windows of 17 shards, at most 3.99 TB (+5%)
+    assert "windows of 17 shards" in out and "10 extraction passes" in out
+    assert code == (0 if free_bytes(tmp_path) > 4.2e12 else 1)
 
 
 def test_cli_reads_hidden_size_from_the_target(tmp_path, capsys):
@@ -171,3 +178,60 @@ def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "free_bytes", lambda path: 3 * 10**12)
     short = budget_at_start(config, tmp_path / "results")  # a warning: the real check comes later
     assert "upper bound does not fit" in short and "3.00 TB free" in short and "check_disk_budget" in short
+
+
+def _capped(cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048) -> dict:
+    return {
+        "dataset": {"num_samples": 512, "shard_size": shard_size},
+        "generation": {"max_tokens": 2048},
+        "hidden_states": {"max_seq_len": max_seq_len, "dtype": "bfloat16", "max_disk_gb": cap_gb},
+        "train": {"epochs": 3},
+        "target": {"model": "/absent"},
+        "demo": {"enabled": True},
+    }
+
+
+def test_windows_are_sized_from_the_config_counting_each_shard_twice():
+    bound = shard_bound_bytes(_capped(None), 128)
+    assert bound == 64 * 2048 * (4 * 128 * 2 + 9) == 135_397_376  # the demo: one shard's upper bound
+    assert window_shards(_capped(None), 128) is None  # no cap: no windows
+    assert window_shards(_capped(2 * bound / GB), 128) == 1
+    assert window_shards(_capped(5 * bound / GB), 128) == 2  # floor(5B / 2B)
+    peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_config(_capped(None), 128))
+    assert peak == 4 * bound <= 5 * bound and "windows of 2 shards" in why and "3 extraction passes" in why
+
+
+def test_a_cap_below_one_shard_is_refused_with_the_numbers():
+    with pytest.raises(DiskBudgetError) as error:
+        window_shards(_capped(0.2), 128)
+    message = str(error.value)
+    assert "hidden_states.max_disk_gb: 0.2 GB (200.00 MB) cannot hold one shard's hidden states" in message
+    assert "64 samples x hidden_states.max_seq_len 2,048 tokens x 1,033 B/token" in message
+    assert "135.40 MB" in message and "270.79 MB" in message and "at least 0.271" in message
+
+
+def test_the_kimi_example_cap_holds_windows_of_17_shards():
+    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    assert config["hidden_states"]["max_disk_gb"] == 4000
+    assert window_shards(config, 7168) == 17  # 4,000 GB / (2 x 117.46 GB)
+    peak, _ = on_disk_at_once(config, estimate_from_config(config, 7168))
+    assert peak == 2 * 17 * 200 * 10240 * 57353 <= 4000 * GB
+
+
+def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
+    config = _capped(1.0)
+    assert parse_time_hidden_size(config) == 128  # the demo's target is built later by a rule
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 7168}))
+    assert parse_time_hidden_size(config | {"target": {"model": str(tmp_path)}}) == 7168
+    with pytest.raises(DiskBudgetError, match="point target.model at the target's weights folder"):
+        parse_time_hidden_size(config | {"demo": {"enabled": False}})
+
+
+def test_a_shard_beyond_the_cap_is_refused_by_its_check(tmp_path):
+    traces = [_traces(tmp_path / "t.parquet", {"prompt_token_ids": [[1, 2]], "completion_token_ids": [[3]]})]
+    target = tmp_path / "config.json"
+    target.write_text(json.dumps({"hidden_size": 128}))
+    out = tmp_path / "budget" / "shard-00000.json"
+    check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64, max_disk_gb=1e-5)  # 10 kB
+    with pytest.raises(DiskBudgetError, match="more than hidden_states.max_disk_gb = 1e-06 GB"):
+        check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64, max_disk_gb=1e-6)

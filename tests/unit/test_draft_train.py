@@ -14,10 +14,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_pipeline.draft.data import HiddenStateData
-from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, main, split_shards
+from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
+from eagle3_pipeline.draft.train import (
+    TrainJob,
+    WindowJob,
+    build_model,
+    build_optimizer,
+    finish,
+    main,
+    split_shards,
+)
 from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.draft.windows import order_key
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = {
@@ -201,3 +210,69 @@ def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hid
                       out / "config.json", out / "model.safetensors")  # fmt: skip
     config = json.loads((out / "config.json").read_text())
     assert (config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]) == (16, 4, 2)
+
+
+def _windowed(job: TrainJob, root: Path, epochs: int = 2) -> list[TrainJob]:
+    """The jobs of a windowed run (hidden_states.max_disk_gb): window 0 = train shard 0 and the
+    validation shard, window 1 = train shard 1; the plan counted as rule plan_windows counts it."""
+    windows = [([job.train_shards[0]], job.validation_shards), ([job.train_shards[1]], [])]
+    lengths = [[s.length for s in HiddenStateData(train, 256).samples] for train, _ in windows]
+    plan = root / "plan.json"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    batches = [
+        [len(plan_batches(lengths[w], 256, 0, order_key(e, w))) for w in range(2)] for e in range(epochs)
+    ]
+    plan.write_text(json.dumps({"batches": batches}))
+    jobs, previous = [], None
+    for e in range(epochs):
+        for w, (train, validation) in enumerate(windows):
+            state = str(root / f"epoch-{e}" / f"window-{w}.pt")
+            window = WindowJob(e, w, len(windows), str(plan), previous, state)
+            jobs.append(
+                replace(
+                    job,
+                    train_shards=train,
+                    validation_shards=validation,
+                    work=str(root / "work"),
+                    window=window,
+                )
+            )
+            previous = state
+    return jobs
+
+
+def test_windowed_training_carries_its_state_and_spans_one_schedule(job, tmp_path):
+    jobs = _windowed(replace(job, train=job.train | {"epochs": 2}), tmp_path / "a")
+    for window_job in jobs:
+        assert main(window_job)
+    last = torch.load(jobs[-1].window.state, weights_only=False)
+    steps = sum(sum(epoch) for epoch in json.loads(Path(jobs[0].window.plan).read_text())["batches"])
+    assert last["state"]["step"] == steps  # every window of every epoch, one schedule
+    assert last["scheduler"]["last_epoch"] == steps
+    finish(job, jobs[-1].window.state)
+    history = json.loads(Path(job.history).read_text())
+    assert [record["epoch"] for record in history] == [0, 1]
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"]
+    assert history[0]["validation"]["tokens"] > 0  # window 0's validation states, summed per epoch
+    assert set(load_file(job.weights)) >= {"fc.weight", "lm_head.weight"}
+
+
+def test_a_killed_window_resumes_to_the_same_state(job, tmp_path):
+    whole = _windowed(job, tmp_path / "a")
+    for window_job in whole:
+        assert main(window_job)
+    parts = _windowed(job, tmp_path / "b")
+    assert main(parts[0])
+    assert not main(replace(parts[1], stop_after_steps=_steps_after(parts[0]) + 1))  # mid window 1
+    assert not Path(parts[1].window.state).exists()  # killed mid-window: no state file yet
+    for window_job in parts[1:]:
+        assert main(window_job)
+    a = torch.load(whole[-1].window.state, weights_only=False)
+    b = torch.load(parts[-1].window.state, weights_only=False)
+    assert a["state"]["history"] == b["state"]["history"]
+    for name in a["model"]:
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def _steps_after(window_job: TrainJob) -> int:
+    return torch.load(window_job.window.state, weights_only=False)["state"]["step"]

@@ -136,7 +136,9 @@ def test_damaged_rows_are_counted_with_reasons(tmp_path, caplog):
     assert skipped.filter(pl.col("row") == 11)["id"][0] is not None
     # fewer usable rows than num_samples: trailing shard empty, a warning with the numbers
     assert pl.read_parquet(paths[1]).height == 0
-    assert "3 usable questions, fewer than dataset.num_samples=8" in caplog.text
+    assert "holds 3 questions, not 4: the dataset has fewer usable questions than dataset.num_samples" in (
+        caplog.text
+    )
 
 
 def test_ids_are_stable_and_independent_of_shard_size_and_num_samples(tmp_path):

@@ -18,6 +18,7 @@ from eagle3_pipeline.traces import (
     TraceError,
     TraceFilters,
     TraceOutputs,
+    filter_shard_traces,
     merge_traces,
     split_of,
     split_traces,
@@ -254,27 +255,75 @@ def test_empty_replies_and_rows_without_token_ids(tmp_path):
     assert kept["dropped"]["empty"] == 0 and kept["kept"] == 49
 
 
-def test_exact_duplicates_keep_the_first(tmp_path):
+def test_exact_duplicates_within_a_shard_keep_the_first_and_across_shards_are_counted(tmp_path):
     first = generation_rows(0, 20, failed=0, skipped=0)
     later = generation_rows(1, 20, failed=0, skipped=0)
     copy_columns = ["system", "question", "reasoning", "content"]
-    # rows 0-2 of shard 1 repeat rows 0-2 of shard 0 (other ids: the same question asked twice)
-    later = pl.concat(
-        [
-            first.head(3).select(copy_columns).hstack(later.head(3).drop(copy_columns)).select(later.columns),
-            later.slice(3),
-        ]
+
+    def repeat(target: pl.DataFrame, source: pl.DataFrame) -> pl.DataFrame:
+        """target with its first 3 rows' texts replaced by source's first 3 (other ids)."""
+        head = source.head(3).select(copy_columns).hstack(target.head(3).drop(copy_columns))
+        return pl.concat([head.select(target.columns), target.slice(3)])
+
+    # shard 1's rows 3-5 repeat its rows 0-2 (within); shard 0's rows 0-2 repeat shard 1's rows 10-12
+    later = repeat(later, later.slice(3))
+    first = repeat(first, later.slice(10))
+    first_rows = pl.int_range(pl.len()) < 3
+    near = later.with_columns(  # not exact: kept
+        reasoning=pl.when(first_rows).then(pl.col("reasoning") + "!").otherwise(pl.col("reasoning"))
     )
-    near = later.with_columns(reasoning=pl.col("reasoning") + "!")  # not exact: kept
     shards = [_write(_shard_path(tmp_path, 0), first), _write(_shard_path(tmp_path, 1), later)]
     stats = _merge(tmp_path / "a", shards)
     assert stats["dropped"]["duplicate"] == 3
     assert {s["shard"]: s["dropped"]["duplicate"] for s in stats["shards"]} == {0: 0, 1: 3}
+    # a repeat across shards is kept (each shard's traces depend on that shard alone) and counted
+    assert stats["cross_shard_repeats"] == 2 * 3
     traces = pl.read_parquet(TraceOutputs.in_dir(tmp_path / "a" / "traces").traces)
-    assert set(first.head(3)["id"]) <= set(traces["id"]) and not set(later.head(3)["id"]) & set(traces["id"])
+    kept = set(traces["id"])
+    assert set(later.head(3)["id"]) <= kept and not set(later.slice(3, 3)["id"]) & kept  # first kept
+    assert set(first.head(3)["id"]) <= set(traces["id"])
     assert _merge(tmp_path / "b", shards, TraceFilters(drop_duplicates=False))["dropped"]["duplicate"] == 0
     _write(shards[1], near)
     assert _merge(tmp_path / "c", shards)["dropped"]["duplicate"] == 0
+
+
+def _shard_outputs(directory: Path, k: int) -> dict[str, Path]:
+    return {split: directory / split / f"shard-{k:05d}.parquet" for split in ("train", "validation")}
+
+
+def test_per_shard_traces_are_the_merged_traces_shard_by_shard(tmp_path, generation_shards):
+    server = write_identity(tmp_path / "server" / "identity.json")
+    prompts = [
+        _write(tmp_path / "prompts" / f"shard-{k:05d}.parquet", pl.read_parquet(p, columns=["id"]))
+        for k, p in enumerate(generation_shards)
+    ]
+    filters = TraceFilters(validation_fraction=0.2)
+    merge_traces(generation_shards, server, TraceOutputs.in_dir(tmp_path / "traces"), filters, prompts)
+    merged = pl.read_parquet(tmp_path / "traces" / "traces.parquet")
+    for k, (generation, prompt) in enumerate(zip(generation_shards, prompts, strict=True)):
+        outputs = _shard_outputs(tmp_path / "shards", k)
+        counts = filter_shard_traces(generation, prompt, server, filters, outputs)
+        for split, path in outputs.items():
+            expected = merged.filter((pl.col("shard") == k) & (pl.col("split") == split))
+            assert pl.read_parquet(path).equals(expected), (k, split)
+            assert counts[split] == expected.height
+    assert sum(pl.read_parquet(p).height for p in (tmp_path / "shards").rglob("*.parquet")) == merged.height
+
+
+def test_per_shard_traces_check_their_prompts_and_server(tmp_path, generation_shards):
+    server = write_identity(tmp_path / "server" / "identity.json")
+    ids = pl.read_parquet(generation_shards[1], columns=["id"])
+    prompt = _write(
+        tmp_path / "prompts" / "shard-00001.parquet", pl.concat([ids, pl.DataFrame({"id": ["x"]})])
+    )
+    outputs = _shard_outputs(tmp_path / "shards", 1)
+    with pytest.raises(TraceError, match=r"00001.*51 prompts, 50 rows"):
+        filter_shard_traces(generation_shards[1], prompt, server, TraceFilters(), outputs)
+    other = write_identity(tmp_path / "other" / "identity.json", identity="another-server")
+    _write(prompt, ids)
+    with pytest.raises(TraceError, match="mixed servers|another|server"):
+        filter_shard_traces(generation_shards[1], prompt, other, TraceFilters(), outputs)
+    assert not any(path.exists() for path in outputs.values())
 
 
 def test_split_is_stable_as_the_corpus_grows(tmp_path):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 from support.hidden_states import trace_rows, write_traces
@@ -33,12 +34,17 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_rule_runs_the_launcher_and_is_idempotent(hs_target, hs_tokenizer, tmp_path):
-    traces = tmp_path / "results" / "t" / "traces"
-    traces.mkdir(parents=True)
-    write_traces(traces / "train.parquet", trace_rows(hs_tokenizer, 4, shard=0))
-    write_traces(
-        traces / "validation.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=4)
-    )  # shard 1: none
+    traces = tmp_path / "results" / "t" / "traces" / "shards"
+    for split in ("train", "validation"):
+        (traces / split).mkdir(parents=True)
+    write_traces(traces / "train" / "shard-00000.parquet", trace_rows(hs_tokenizer, 4, shard=0))
+    write_traces(traces / "validation" / "shard-00000.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=4))
+    for split in ("train", "validation"):  # shard 1: none (the schema, no row)
+        empty = write_traces(traces / split / "shard-00001.parquet", trace_rows(hs_tokenizer, 1, shard=1))
+        pl.read_parquet(empty).head(0).write_parquet(empty)
+    # the server-stopped report the extraction waits for (ancient: its age never reruns a shard)
+    (tmp_path / "results" / "t" / "server").mkdir(parents=True)
+    (tmp_path / "results" / "t" / "server" / "stopped.json").write_text("{}\n")
     (tmp_path / "config").symlink_to(REPO / "config")
     config = {"run": "t", "demo": {"enabled": False}, "target": {"model": str(hs_target)},
               "hidden_states": {"batch_tokens": 256, "backend": "transformers"}}  # fmt: skip

@@ -21,7 +21,8 @@ from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, planned_jobs, write_config
 
-GPU_RULES = ("extract_hidden_states", "train_draft")
+# The Kimi example caps the states on disk (hidden_states.max_disk_gb): training runs window by window
+GPU_RULES = ("extract_hidden_states", "train_draft_window")
 
 
 def render_sbatch(job, settings) -> str:
@@ -73,9 +74,9 @@ def test_gpu_rules_ask_slurm_for_8_gpus_by_the_gpu_resource(slurm_plan, rule):
 def test_extraction_and_training_sizes_come_from_the_profile(slurm_plan):
     settings = slurm_plan["settings"]
     extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
-    train = render_sbatch(slurm_plan["jobs"]["train_draft"][0], settings)
+    train = render_sbatch(slurm_plan["jobs"]["train_draft_window"][0], settings)
     assert " -t 240 " in extract and " --mem 1000000 " in extract
-    assert " -t 1440 " in train and " --mem 256000 " in train
+    assert " -t 240 " in train and " --mem 256000 " in train  # one window of one epoch
 
 
 def test_cpu_rules_get_no_gpu_and_the_default_partition(slurm_plan):
@@ -92,7 +93,8 @@ def test_small_bookkeeping_jobs_run_on_the_submit_host(slurm_plan):
     """One sbatch per prompt shard would cost more than the slice it writes."""
     # job.is_local is always true in a dry run (local execution): read the workflow's localrules
     localrules = slurm_plan["jobs"]["write_prompt_shard"][0].dag.workflow._localrules
-    assert {"write_prompt_shard", "check_disk_budget"} <= localrules
+    assert {"write_prompt_shard", "check_disk_budget", "train_draft"} <= localrules  # train_draft: the
+    # last window's state written out
     assert not localrules & {"prepare_prompts", "generate_shard", "split_traces", *GPU_RULES}
 
 
@@ -107,7 +109,10 @@ def test_no_job_carries_forbidden_flags_in_slurm_extra(slurm_plan):
 def test_the_gpu_rules_plan_every_shard(slurm_plan):
     config = yaml.safe_load(KIMI_CONFIG.read_text())
     shards = -(-config["dataset"]["num_samples"] // config["dataset"]["shard_size"])
-    assert len(slurm_plan["jobs"]["extract_hidden_states"]) == shards  # both splits of a shard per job
+    epochs, windows = config["train"]["epochs"], -(-shards // 17)  # windows of 17 shards under the cap
+    # both splits of a shard per job, once per epoch (the states are deleted once trained on)
+    assert len(slurm_plan["jobs"]["extract_hidden_states"]) == shards * epochs
+    assert len(slurm_plan["jobs"]["train_draft_window"]) == epochs * windows
     assert len(slurm_plan["jobs"]["train_draft"]) == 1
 
 
@@ -125,12 +130,12 @@ def test_forbidden_slurm_extra_is_refused_by_the_plugin(tmp_path):
     from snakemake_interface_common.exceptions import WorkflowError
 
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["set-resources"]["train_draft"]["slurm_extra"] = "'--gres=gpu:8'"
+    profile["set-resources"]["train_draft_window"]["slurm_extra"] = "'--gres=gpu:8'"
     (tmp_path / "profile").mkdir()
     (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
     plan = _plan(tmp_path, tmp_path / "profile")
     with pytest.raises(WorkflowError, match="generic resources"):
-        render_sbatch(plan["jobs"]["train_draft"][0], plan["settings"])
+        render_sbatch(plan["jobs"]["train_draft_window"][0], plan["settings"])
 
 
 def test_default_profile_caps_gpu_requests_to_what_the_machine_has(tmp_path):
@@ -140,7 +145,7 @@ def test_default_profile_caps_gpu_requests_to_what_the_machine_has(tmp_path):
         ["--configfile", str(config), "--set-resources", "extract_hidden_states:gpu=8", "train_draft:gpu=8"],
         "local",
     )
-    gpu_jobs = [job for job in jobs if job.rule.name in GPU_RULES]
+    gpu_jobs = [job for job in jobs if job.rule.name in ("extract_hidden_states", "train_draft")]
     assert gpu_jobs and all(job.resources.gpu == 1 for job in gpu_jobs)
     extract = next(job for job in gpu_jobs if job.rule.name == "extract_hidden_states")
     assert "python -m eagle3_pipeline.launch --gpus 1 " in extract.shellcmd  # then clamped to what is visible

@@ -1,6 +1,6 @@
 """Rules prepare_prompts and write_prompt_shard through Snakemake itself: one job per shard, the done
-shards byte-identical after dataset.num_samples is raised (so each generation shard's journal answers
-every request it already made), a changed seed or shard size reselects, a second run does nothing."""
+shards neither planned nor rewritten after dataset.num_samples is raised (the selection block does not
+depend on it), a changed seed or shard size reselects, a second run does nothing."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def test_shards_grow_by_appending_and_reselect_on_seed_or_size(tmp_path):
     assert "Nothing to be done" in snakemake(tmp_path, dataset, "-n").stdout
 
     raised = dataset | {"num_samples": 160}  # shard 2 was 16 questions short; 3 and 4 are new
+    # the selection block does not depend on num_samples: nothing done is planned again
+    assert planned(tmp_path, raised) == {"write_prompt_shard": 3}
     snakemake(tmp_path, raised)
     after = shard_bytes(tmp_path)
     assert len(after) == 5
@@ -56,4 +58,4 @@ def test_shards_grow_by_appending_and_reselect_on_seed_or_size(tmp_path):
     assert "Nothing to be done" in snakemake(tmp_path, raised, "-n").stdout
 
     assert planned(tmp_path, raised | {"seed": 1}) == {"prepare_prompts": 1, "write_prompt_shard": 5}
-    assert planned(tmp_path, raised | {"shard_size": 40}) == {"write_prompt_shard": 4}
+    assert planned(tmp_path, raised | {"shard_size": 40}) == {"prepare_prompts": 1, "write_prompt_shard": 4}

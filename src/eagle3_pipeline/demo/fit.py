@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
+
 logger = logging.getLogger(__name__)
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
@@ -43,7 +45,7 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     """The tiny Llama: 8 layers (EAGLE-3 needs >= 8 for its aux layers in vLLM), head_dim 64 (vLLM CPU)."""
     return LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=128,
+        hidden_size=DEMO_HIDDEN_SIZE,
         intermediate_size=384,
         num_hidden_layers=8,
         num_attention_heads=2,

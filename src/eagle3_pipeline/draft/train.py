@@ -8,6 +8,12 @@ Each process reads its own share of the batches (data.rank_batches) and DDP aver
 training state (weights, optimiser, schedule, position in the epoch, history) is saved atomically under
 the work folder every train.save_every_steps steps and at each epoch's end; a run started again with
 the same inputs and settings resumes from it, and one with different ones starts afresh.
+
+Under a disk cap (hidden_states.max_disk_gb) one job trains one window of shards of one epoch
+(`main_window`): it starts from the previous window's state file, trains over the window's batches,
+evaluates on the window's validation states (summed over the epoch's windows), and writes its state
+file; the learning-rate schedule spans every window of every epoch (draft/windows.py). `finish`
+turns the last state into the trained weights and history.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, summarize, target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
+from eagle3_pipeline.draft.windows import order_key, total_steps
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,19 @@ class TrainJob:
     history: str  # output: per-epoch metrics
     stop_after_steps: int | None = None  # stop (state saved) after this many steps: an interruption
     cpu_threads: int = 0  # torch threads on CPU (0: torch's default); see docs/training.md
+    window: WindowJob | None = None  # one window of one epoch (hidden_states.max_disk_gb), else all
+
+
+@dataclass
+class WindowJob:
+    """Which window of which epoch a windowed job trains, and the state files around it."""
+
+    epoch: int
+    window: int
+    windows: int  # windows per epoch
+    plan: str  # draft/windows/plan.json: batches per (epoch, window), for the schedule's length
+    previous: str | None  # the previous (epoch, window)'s state file; None for the first
+    state: str  # output: this (epoch, window)'s state file
 
 
 @dataclass
@@ -65,6 +85,8 @@ class TrainState:
     step: int = 0
     epoch_stats: list[list[float]] | None = None  # running training sums of the epoch under way
     history: list[dict[str, Any]] = field(default_factory=list)
+    validation_stats: list[list[float]] | None = None  # windowed: validation sums of the epoch's windows
+    carried_stats: list[list[float]] | None = None  # windowed: training sums of the epoch's earlier windows
 
 
 @dataclass
@@ -132,10 +154,12 @@ def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.
     return ttt_loss(logits, batch, probs, in_draft, float(ctx.job.draft["step_weight_decay"]))
 
 
-def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState) -> bool:
-    """Train from state.batch_in_epoch to the epoch's end; False when stopped early (state saved)."""
+def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: int | None = None) -> bool:
+    """Train from state.batch_in_epoch to the end of `data`'s batches (in the order of `order`, default
+    the epoch); False when stopped early (state saved)."""
     acc, train = ctx.accelerator, ctx.job.train
-    batches = data.batches(int(train["seed"]), state.epoch, acc.process_index, acc.num_processes)
+    key = state.epoch if order is None else order
+    batches = data.batches(int(train["seed"]), key, acc.process_index, acc.num_processes)
     stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
     ctx.model.train()
     for b in range(state.batch_in_epoch, len(batches)):
@@ -163,8 +187,8 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState) -> bool:
 
 
 @torch.no_grad()
-def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
-    """Validation loss, per-step and conditional accuracy over every process's share, summed.
+def validation_sums(ctx: Context, data: HiddenStateData) -> torch.Tensor | None:
+    """Validation statistics summed over every process's share (None without validation samples).
 
     Runs the unwrapped model (no DDP collective in the forward), so processes may hold unequal shares.
     """
@@ -176,19 +200,24 @@ def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
     plan = plan_batches([s.length for s in data.samples], data.batch_tokens, seed=0, epoch=0)
     for batch in plan[acc.process_index :: acc.num_processes]:
         stats += _forward(ctx, model, data.collate(batch))[1]
-    stats = acc.reduce(stats, reduction="sum")
-    return summarize(stats, float(ctx.job.draft["step_weight_decay"]))
+    return acc.reduce(stats, reduction="sum")
+
+
+def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
+    """Validation loss, per-step and conditional accuracy over every process's share, summed."""
+    stats = validation_sums(ctx, data)
+    return None if stats is None else summarize(stats, float(ctx.job.draft["step_weight_decay"]))
 
 
 def _state_path(job: TrainJob) -> Path:
     return Path(job.work) / "state.pt"
 
 
-def save_state(ctx: Context, state: TrainState) -> None:
-    """Atomically write the training state (main process only)."""
+def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> None:
+    """Atomically write the training state (main process only), to the work folder by default."""
     if not ctx.accelerator.is_main_process:
         return
-    path = _state_path(ctx.job)
+    path = _state_path(ctx.job) if path is None else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "state": asdict(state),
@@ -201,6 +230,13 @@ def save_state(ctx: Context, state: TrainState) -> None:
     log.info("training state saved at step %d (%s)", state.step, path)
 
 
+def _restore(ctx: Context, blob: dict[str, Any]) -> TrainState:
+    ctx.accelerator.unwrap_model(ctx.model).load_state_dict(blob["model"])
+    ctx.optimizer.load_state_dict(blob["optimizer"])
+    ctx.scheduler.load_state_dict(blob["scheduler"])
+    return TrainState(**blob["state"])
+
+
 def load_state(ctx: Context, fingerprint: str) -> TrainState:
     """The saved state when it belongs to this run's inputs and settings, else a fresh one."""
     path = _state_path(ctx.job)
@@ -210,10 +246,7 @@ def load_state(ctx: Context, fingerprint: str) -> TrainState:
     if blob["state"]["fingerprint"] != fingerprint:
         log.warning("%s was saved for other inputs or settings: starting afresh", path)
         return TrainState(fingerprint)
-    ctx.accelerator.unwrap_model(ctx.model).load_state_dict(blob["model"])
-    ctx.optimizer.load_state_dict(blob["optimizer"])
-    ctx.scheduler.load_state_dict(blob["scheduler"])
-    state = TrainState(**blob["state"])
+    state = _restore(ctx, blob)
     log.info("resuming at epoch %d, step %d from %s", state.epoch, state.step, path)
     return state
 
@@ -221,7 +254,11 @@ def load_state(ctx: Context, fingerprint: str) -> TrainState:
 def fingerprint(job: TrainJob) -> str:
     """Identity of what the training result depends on: settings and input files (name, size, mtime)."""
     files = [*job.train_shards, *job.validation_shards, job.vocab_map]
+    if job.window is not None:  # the window's place and the state it starts from
+        files += [f for f in (job.window.plan, job.window.previous) if f]
     stamp = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    if job.window is not None:
+        stamp.append(("window", job.window.epoch, job.window.window, job.window.windows))
     settings = {k: v for k, v in job.train.items() if k != "save_every_steps"}
     text = json.dumps([stamp, job.draft, settings, job.target], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -229,8 +266,14 @@ def fingerprint(job: TrainJob) -> str:
 
 def save_outputs(ctx: Context, config: DraftConfig, history: list[dict[str, Any]]) -> None:
     """Trained tensors (checkpoint names, fp32) and history.json, written atomically."""
-    model = ctx.accelerator.unwrap_model(ctx.model)
-    weights, history_path = Path(ctx.job.weights), Path(ctx.job.history)
+    write_outputs(ctx.accelerator.unwrap_model(ctx.model), ctx.job, config, history)
+
+
+def write_outputs(
+    model: Eagle3Draft, job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
+) -> None:
+    """The trained tensors (checkpoint names, fp32) and history.json of `job`, written atomically."""
+    weights, history_path = Path(job.weights), Path(job.history)
     weights.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.exported_state_dict().items()}
     save_file(tensors, str(weights) + ".tmp", metadata={"draft_config": json.dumps(config.to_dict())})
@@ -238,15 +281,21 @@ def save_outputs(ctx: Context, config: DraftConfig, history: list[dict[str, Any]
     history_path.write_text(json.dumps(history, indent=1) + "\n")
 
 
-def main(job: TrainJob) -> bool:
-    """Train (or resume) to the end; True when finished and the outputs are written."""
+def _accelerator(job: TrainJob) -> Accelerator:
     use_gpu = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in (
         "1",
         "true",
     )
-    accelerator = Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no")
     if not use_gpu and job.cpu_threads > 0:
         torch.set_num_threads(job.cpu_threads)  # more threads than free cores slows OpenMP ops many-fold
+    return Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no")
+
+
+def main(job: TrainJob) -> bool:
+    """Train (or resume) to the end; True when finished and the outputs are written."""
+    if job.window is not None:
+        return main_window(job)
+    accelerator = _accelerator(job)
     model, head = build_model(job)
     train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
     validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
@@ -284,3 +333,103 @@ def main(job: TrainJob) -> bool:
         save_outputs(ctx, accelerator.unwrap_model(model).config, state.history)
     accelerator.wait_for_everyone()
     return True
+
+
+def _start_window(ctx: Context, job: TrainJob, fingerprint_: str) -> TrainState:
+    """Resume this window from the work folder when it was interrupted, else start from the previous
+    window's state file (or afresh for the first window of the first epoch)."""
+    state = load_state(ctx, fingerprint_)
+    if state.step or state.batch_in_epoch or job.window is None or not job.window.previous:
+        return state
+    blob = torch.load(job.window.previous, map_location="cpu", weights_only=False)
+    state = _restore(ctx, blob)
+    state.fingerprint = fingerprint_
+    # the earlier windows' training sums are all processes' (reduced): carried apart from this window's
+    state.carried_stats, state.epoch_stats = state.epoch_stats, None
+    log.info("window starts from %s (epoch %d, step %d)", job.window.previous, state.epoch, state.step)
+    return state
+
+
+def main_window(job: TrainJob) -> bool:
+    """Train one window of one epoch, from the previous window's state; write this window's state.
+
+    The window's batches are those of its shards alone, in an order seeded by (epoch, window). After
+    them the window's validation samples are evaluated and summed into the epoch's validation figures;
+    the epoch's history record is written by its last window. True when the state file is written.
+    """
+    window = job.window
+    if window is None:
+        raise ValueError("main_window needs job.window")
+    accelerator = _accelerator(job)
+    model, head = build_model(job)
+    train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
+    validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
+    optimizer, scheduler = build_optimizer(
+        model, job.train, total_steps(window.plan, accelerator.num_processes)
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays unprepared (see main)
+    head = {k: v.to(accelerator.device) for k, v in head.items()}
+    ctx = Context(accelerator, model, optimizer, scheduler, head, job)
+    state = _start_window(ctx, job, fingerprint(job))
+    if state.epoch != window.epoch:
+        raise ValueError(
+            f"{window.previous} ends in epoch {state.epoch}, not {window.epoch}: delete the draft/windows "
+            "state files and rerun snakemake"
+        )
+    order = order_key(window.epoch, window.window)
+    log.info(
+        "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
+        window.epoch,
+        window.window + 1,
+        window.windows,
+        len(train_data),
+        len(
+            train_data.batches(
+                int(job.train["seed"]), order, accelerator.process_index, accelerator.num_processes
+            )
+        ),
+        len(validation_data),
+    )
+    if len(train_data) and not train_epoch(ctx, train_data, state, order):
+        return False
+    validation = validation_sums(ctx, validation_data)
+    if validation is not None:
+        summed = (
+            validation
+            if state.validation_stats is None
+            else validation.cpu() + torch.tensor(state.validation_stats)
+        )
+        state.validation_stats = summed.cpu().tolist()
+    if state.epoch_stats:  # this window's sums, all processes, added to the earlier windows'
+        window_stats = accelerator.reduce(torch.tensor(state.epoch_stats, device=accelerator.device), "sum")
+        carried = torch.tensor(state.carried_stats) if state.carried_stats else 0
+        state.epoch_stats = (window_stats.cpu() + carried).tolist()
+    else:
+        state.epoch_stats = state.carried_stats
+    state.carried_stats = None
+    if window.window == window.windows - 1:
+        decay = float(job.draft["step_weight_decay"])
+        train_stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
+        record = {"epoch": state.epoch, "step": state.step, "lr": scheduler.get_last_lr()[0]}
+        record |= {
+            "train": None if train_stats is None else summarize(train_stats, decay),
+            "validation": None
+            if state.validation_stats is None
+            else summarize(torch.tensor(state.validation_stats), decay),
+        }
+        log.info("epoch %d: %s", state.epoch, json.dumps(record))
+        state.history.append(record)
+        state.epoch, state.epoch_stats, state.validation_stats = state.epoch + 1, None, None
+    state.batch_in_epoch = 0
+    save_state(ctx, state, Path(window.state))
+    accelerator.wait_for_everyone()
+    return True
+
+
+def finish(job: TrainJob, state_path: str | Path) -> None:
+    """The trained weights and history.json from the last window's state file (no training)."""
+    model, _ = build_model(job)
+    blob = torch.load(state_path, map_location="cpu", weights_only=False)
+    model.load_state_dict(blob["model"])
+    write_outputs(model, job, model.config, blob["state"]["history"])
+    log.info("trained draft written from %s (%d epochs)", state_path, len(blob["state"]["history"]))

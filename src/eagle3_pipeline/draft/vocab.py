@@ -29,6 +29,27 @@ def count_loss_tokens(metadata_paths: Iterable[str | Path]) -> Counter[int]:
     return counts
 
 
+def count_trace_tokens(trace_paths: Iterable[str | Path], max_seq_len: int, overlong: str) -> Counter[int]:
+    """Loss-masked token counts straight from per-shard trace files, as extraction would store them.
+
+    For windowed training (hidden_states.max_disk_gb), where the vocabulary must be known before the
+    first window's states exist. Same sequences as extraction (hidden_states.sequences): prompt ids
+    masked out, completion ids counted, the same length policy; rows need the server's token ids.
+    """
+    from eagle3_pipeline.hidden_states.sequences import SequenceError, build_sequences, load_trace_rows
+    from eagle3_pipeline.traces.schema import shard_number
+
+    def no_tokenizer() -> None:
+        raise SequenceError("a trace without token ids: windowed training needs the server's token ids")
+
+    counts: Counter[int] = Counter()
+    for path in trace_paths:
+        rows = load_trace_rows(path, shard_number(path))
+        seqs, _ = build_sequences(rows, max_seq_len, overlong, no_tokenizer)
+        counts.update(t for seq in seqs for t, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m)
+    return counts
+
+
 def select_draft_ids(counts: Counter[int], target_vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
     """The draft's target ids, ascending: the `draft_vocab_size` most frequent (ties: lower id first).
 
@@ -63,10 +84,14 @@ def draft_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 
 def build_vocab_map(
-    metadata_paths: Iterable[str | Path], target_vocab_size: int, draft_vocab_size: int, output: str | Path
+    metadata_paths: Iterable[str | Path],
+    target_vocab_size: int,
+    draft_vocab_size: int,
+    output: str | Path,
+    counts: Counter[int] | None = None,
 ) -> None:
-    """Count, select and write d2t / t2d to `output` (safetensors)."""
-    counts = count_loss_tokens(metadata_paths)
+    """Count (from the metadata, unless `counts` are given), select and write d2t / t2d to `output`."""
+    counts = count_loss_tokens(metadata_paths) if counts is None else counts
     if not counts:
         raise ValueError("no loss-masked tokens in the hidden-state shards: the traces have no completions")
     used = select_draft_ids(counts, target_vocab_size, draft_vocab_size)

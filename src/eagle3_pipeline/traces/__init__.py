@@ -3,6 +3,7 @@
 from eagle3_pipeline.traces.filters import TraceFilters, split_of
 from eagle3_pipeline.traces.merge import TraceOutputs, merge_traces
 from eagle3_pipeline.traces.schema import GENERATION_SCHEMA, TraceError
+from eagle3_pipeline.traces.shard import filter_shard_traces
 from eagle3_pipeline.traces.split import split_traces
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "TraceError",
     "TraceFilters",
     "TraceOutputs",
+    "filter_shard_traces",
     "merge_traces",
     "split_of",
     "split_traces",

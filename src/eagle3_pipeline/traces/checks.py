@@ -181,26 +181,40 @@ def check_shards(
 
 def duplicate_rows(frame: pl.LazyFrame, filters: TraceFilters) -> pl.DataFrame:
     """`_index` and `file_shard` of every row that repeats an earlier kept row's
-    (system, question, reasoning, content); empty when traces.drop_duplicates is off."""
+    (system, question, reasoning, content) in the same shard; empty when traces.drop_duplicates is off.
+
+    Within a shard only: whether a row is kept must not depend on other shards, so that shard k's
+    traces (rule filter_traces) and hidden states depend on generation shard k alone (docs/traces.md).
+    """
     empty = pl.DataFrame(schema={"_index": pl.get_index_type(), "file_shard": pl.Int32})
     if not filters.drop_duplicates:
         return empty
     candidates = frame.with_columns(row_reason(filters), *dedup_key()).filter(pl.col("drop_reason").is_null())
+    key = ["file_shard", "_key0", "_key1"]
     groups = (
-        candidates.group_by("_key0", "_key1")
+        candidates.group_by(key)
         .agg(first=pl.col("_index").min(), n=pl.len())
         .filter(pl.col("n") > 1)
-        .select("_key0", "_key1", "first")
+        .select(*key, "first")
         .collect(engine="streaming")
     )
     if not groups.height:
         return empty
     log.info("%d groups of duplicate traces", groups.height)
     return (
-        candidates.select("_key0", "_key1", "_index", "file_shard")
-        .join(groups.lazy(), on=["_key0", "_key1"], how="inner")
+        candidates.select(*key, "_index")
+        .join(groups.lazy(), on=key, how="inner")
         .filter(pl.col("_index") != pl.col("first"))
         .select("_index", "file_shard")
         .sort("_index")
         .collect(engine="streaming")
     )
+
+
+def cross_shard_repeats(frame: pl.LazyFrame, filters: TraceFilters) -> int:
+    """Kept rows whose (system, question, reasoning, content) also occur in another shard (counted,
+    not dropped: each shard's traces are decided by that shard alone)."""
+    candidates = frame.with_columns(row_reason(filters), *dedup_key()).filter(pl.col("drop_reason").is_null())
+    per_shard = candidates.select("file_shard", "_key0", "_key1").unique()
+    counts = per_shard.group_by("_key0", "_key1").agg(shards=pl.len()).filter(pl.col("shards") > 1)
+    return int(counts.select(pl.col("shards").sum()).collect(engine="streaming").item() or 0)

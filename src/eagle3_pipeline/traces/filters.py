@@ -4,8 +4,9 @@ Every row that is not kept gets exactly one reason, the first that applies, in t
 failed, skipped (the request's status), truncated (finish_reason length; only with
 traces.drop_truncated), no_token_ids (the server returned no prompt or completion token ids: nothing
 to extract hidden states from), empty (no thinking and no answer; only with traces.drop_empty),
-duplicate (same system, question, thinking and answer as an earlier row; only with
-traces.drop_duplicates). "Earlier" is the order of the shards, then of rows within a shard.
+duplicate (same system, question, thinking and answer as an earlier row of the same shard; only with
+traces.drop_duplicates). Every reason is decided within one shard, so shard k's traces depend on
+generation shard k alone (rule filter_traces); repeats across shards are counted, not dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import polars as pl
 
 REASONS = ("failed", "skipped", "truncated", "no_token_ids", "empty", "duplicate")
-ROW_REASONS = REASONS[:-1]  # decided by the row alone; duplicate needs the whole corpus
+ROW_REASONS = REASONS[:-1]  # decided by the row alone; duplicate needs the whole shard
 DEDUP_KEY = ("system", "question", "reasoning", "content")
 _BUCKETS = 1 << 64
 

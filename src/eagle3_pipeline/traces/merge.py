@@ -5,7 +5,7 @@ rows, not by the corpus):
   1. accounting: counts per shard by status and by drop reason, repeated ids, server identity, and
      (when given) the prompt shards: any mismatch fails before anything is written, and so does a
      share of `failed` rows above traces.max_failed_fraction;
-  2. duplicates: the (system, question, thinking, answer) groups that occur more than once;
+  2. duplicates: the (system, question, thinking, answer) groups that occur more than once in a shard;
   3. traces.parquet: the kept rows, in shard order, with `split`;
 then conversations.jsonl and the statistics. Every output is written under a temporary name and
 renamed when complete. train.parquet and validation.parquet are cut from traces.parquet by the
@@ -30,6 +30,7 @@ import polars as pl
 
 from eagle3_pipeline.traces.checks import (
     check_shards,
+    cross_shard_repeats,
     duplicate_rows,
     prompt_table,
     repeated_ids,
@@ -246,6 +247,7 @@ def _build_stats(
         "train": kept_stats["splits"].get("train", 0),
         "validation": kept_stats["splits"].get("validation", 0),
         "dropped": dropped,
+        "cross_shard_repeats": cross_shard_repeats(frame, filters) if filters.drop_duplicates else 0,
         "filters": vars(filters),
         "server_identity": identity,
         "versions": {"polars": pl.__version__, "eagle3_pipeline": _package_version()},

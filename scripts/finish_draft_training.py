@@ -1,0 +1,20 @@
+"""Rule train_draft under a disk cap: the trained weights and history from the last window's state."""
+
+from eagle3_pipeline.draft.train import TrainJob, finish
+from eagle3_pipeline.logs import setup_script_logging
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "train_draft")
+
+job = TrainJob(
+    train_shards=[],
+    validation_shards=[],
+    vocab_map=snakemake.input.vocab_map,
+    target=snakemake.params.target,
+    draft=snakemake.params.draft,
+    train=snakemake.params.train,
+    work="",
+    weights=snakemake.output.weights,
+    history=snakemake.output.history,
+)
+finish(job, snakemake.input.state)

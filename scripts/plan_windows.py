@@ -1,0 +1,20 @@
+"""Rule plan_windows: batches per (epoch, window) under a disk cap, for the learning-rate schedule."""
+
+from eagle3_pipeline.draft.windows import plan_windows, write_plan
+from eagle3_pipeline.logs import setup_script_logging
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+setup_script_logging(snakemake.log[0], "plan_windows")
+
+by_shard = {path.rsplit("shard-", 1)[1].split(".")[0]: path for path in snakemake.input.traces}
+write_plan(
+    plan_windows(
+        windows=[[by_shard[k] for k in window] for window in snakemake.params.windows],
+        epochs=snakemake.params.train["epochs"],
+        max_seq_len=snakemake.params.lengths["max_seq_len"],
+        overlong=snakemake.params.lengths["overlong"],
+        batch_tokens=snakemake.params.train["batch_tokens"],
+        seed=snakemake.params.train["seed"],
+    ),
+    snakemake.output[0],
+)

@@ -1,0 +1,109 @@
+"""Bounded disk, through Snakemake itself on the real demo pieces (a tiny target built by the rule, the
+real vLLM CPU server): with hidden_states.max_disk_gb below the corpus's states, a whole run (windows
+extracted, trained on and deleted, per epoch) never holds more than the cap, measured by a thread that
+polls the bytes under hidden_states/ and the extraction's work folders; the run ends in an exported,
+validated draft, and a second run does nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from support.vllm_server import free_port
+
+from eagle3_pipeline.budget import GB, bytes_per_token
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SHARD_SIZE, SAMPLES, MAX_SEQ_LEN, EPOCHS = 4, 24, 96, 2
+# one shard's bound B = 4 x 96 x 1,033 B; windows of floor(cap / 2B) = 2 shards
+CAP_GB = 4 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) / GB
+
+
+class HighWater(threading.Thread):
+    """The most bytes seen at once in some folders, polled every few milliseconds."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        super().__init__(daemon=True)
+        self.folders, self.peak, self.polls, self._done = folders, 0, 0, threading.Event()
+
+    def _size(self) -> int:
+        total = 0
+        for folder in self.folders:
+            for root, _, files in os.walk(folder):  # errors (a folder deleted while walked) are skipped
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):  # deleted while walking
+                        total += os.stat(os.path.join(root, name)).st_size
+        return total
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, self._size())
+            self.polls += 1
+            time.sleep(0.005)
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "2", *args]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=3600)
+
+
+def test_a_capped_run_never_holds_more_than_the_cap(tmp_path):
+    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
+        pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
+    (tmp_path / "config").symlink_to(REPO / "config")
+    config = {
+        "run": "cap",
+        "demo": {"port": free_port(), "fit_seconds": 20},
+        "dataset": {"num_samples": SAMPLES, "shard_size": SHARD_SIZE},
+        "generation": {"max_tokens": 64},
+        "hidden_states": {"max_seq_len": MAX_SEQ_LEN, "batch_tokens": 1024, "max_disk_gb": CAP_GB},
+        "train": {"epochs": EPOCHS, "batch_tokens": 256},
+        # offline validation reads the last window's validation states: give it some in 8 questions
+        "traces": {"validation_fraction": 0.5},
+        "validate": {"serve_check": False, "baseline": False},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    results = tmp_path / "results" / "cap"
+    watch = HighWater([results / "hidden_states", results / "work" / "hidden_states"])
+    watch.start()
+    run = _snakemake(tmp_path)
+    peak = watch.stop()
+    sys.stderr.write(f"high-water {peak:,} B ({watch.polls} polls), cap {CAP_GB * GB:,.0f} B\n")
+    if run.returncode != 0:
+        logs = sorted((results / "logs").rglob("*.log"))
+        tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs)
+        pytest.fail(f"capped run failed (high-water {peak:,} B):\n{run.stderr[-5000:]}\n{tails}")
+
+    # what the corpus's states take: every shard's metadata of the first epoch (the files are gone)
+    metadata = sorted((results / "hidden_states" / "epoch-0").rglob("shard-*.json"))
+    assert len(metadata) == 2 * SAMPLES // SHARD_SIZE
+    corpus = sum(json.loads(p.read_text())["num_tokens"] * bytes_per_token(128) for p in metadata)
+    cap = CAP_GB * GB
+    sys.stderr.write(
+        f"cap {cap:,.0f} B, corpus states {corpus:,} B, high-water {peak:,} B ({watch.polls} polls)\n"
+    )
+    assert corpus > cap, "the test needs a corpus larger than the cap"
+    assert 0 < peak <= cap
+    assert not list((results / "hidden_states").rglob("*.safetensors"))  # every window deleted
+    history = json.loads((results / "draft" / "trained" / "history.json").read_text())
+    assert [record["epoch"] for record in history] == list(range(EPOCHS))
+    assert (results / "draft" / "checkpoint" / "config.json").exists()
+    assert json.loads((results / "validation" / "offline.json").read_text())
+    again = _snakemake(tmp_path, "-n")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]

@@ -1,0 +1,78 @@
+"""Only stale work rebuilt, through Snakemake itself on the real demo pieces (a tiny target built by the
+rule, the real vLLM CPU server): after `dataset.num_samples` is raised, the plan holds the new shards'
+prompt, generation, trace, budget and extraction jobs and nothing of the done shards (counted), and a
+run of it leaves the done shards' hidden states untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.vllm_server import free_port
+from support.workflow import job_counts
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SHARD_SIZE = 4
+
+
+def _config(workdir: Path, num_samples: int, port: int) -> None:
+    config = {
+        "run": "inc",
+        "demo": {"port": port, "fit_seconds": 20},  # a rough target: enough to generate and extract
+        "dataset": {"num_samples": num_samples, "shard_size": SHARD_SIZE},
+        "generation": {"max_tokens": 32},
+        "hidden_states": {"max_seq_len": 256, "batch_tokens": 1024},
+    }
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config))
+
+
+def _snakemake(workdir: Path, num_samples: int, *args: str) -> subprocess.CompletedProcess:
+    shards = -(-num_samples // SHARD_SIZE)
+    targets = [f"results/inc/hidden_states/train/shard-{k:05d}.safetensors" for k in range(shards)]
+    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "2", *args]
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        logs = sorted((workdir / "results" / "inc" / "logs").rglob("*.log"))
+        tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs)
+        pytest.fail(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}\n{tails}")
+    return result
+
+
+def _states(workdir: Path) -> dict[str, int]:
+    root = workdir / "results" / "inc" / "hidden_states"
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*.safetensors"))}
+
+
+def test_raising_num_samples_extracts_only_the_new_shards(tmp_path):
+    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
+        pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
+    (tmp_path / "config").symlink_to(REPO / "config")
+    port = free_port()
+    _config(tmp_path, 8, port)
+    _snakemake(tmp_path, 8)
+    before = _states(tmp_path)
+    assert len(before) == 2 * 2  # 2 shards x 2 splits
+
+    _config(tmp_path, 16, port)
+    planned = dict(job_counts(_snakemake(tmp_path, 16, "-n", "--quiet", "rules").stdout))
+    new = 16 // SHARD_SIZE - 2
+    assert planned == {
+        "write_prompt_shard": new,
+        "generate_shard": new,
+        "stop_server": 1,  # the new shards were generated: stop the server again
+        "filter_traces": new,
+        "check_disk_budget": new,
+        "extract_hidden_states": new,
+    }, planned
+
+    _snakemake(tmp_path, 16)
+    after = _states(tmp_path)
+    assert len(after) == 4 * 2
+    assert {name: after[name] for name in before} == before  # the done shards' states were not rewritten
+    assert "Nothing to be done" in _snakemake(tmp_path, 16, "-n").stdout
