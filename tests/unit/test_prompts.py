@@ -272,3 +272,34 @@ def test_history_own_keeps_each_conversation_whole_in_one_shard(tmp_path):
             assert turns["turn"].to_list() == list(range(0, 2 * (1 + row % 3), 2))
     assert whole["id"].n_unique() == whole.height
     assert pl.read_parquet(out / "skipped.parquet")["reason"].to_list() == ["duplicate"]
+
+
+def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch):
+    """With blocks of 2 shards of 3 questions, block and shard edges fall inside conversations: each
+    block's file starts at the next conversation start (the previous block holds that conversation
+    whole), and its shards, cut by the rules' block-relative rows, cover the whole order exactly once."""
+    monkeypatch.setattr(P, "SELECTION_BLOCK_SHARDS", 2)
+    talks = [
+        conv(*[(role, f"{role} {i}.{t}") for t in range(1 + i % 3) for role in ("human", "gpt")])
+        for i in range(20)
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", talks)
+    selection = {"path": path, "seed": 0, "turns": "all", "history": "own"}
+    size, total = 3, 30
+    whole = tmp_path / "whole.parquet"
+    P.prepare_prompts(selection, total, str(whole), str(tmp_path / "skipped.parquet"))
+    frames = []
+    for block in range(-(-total // (2 * size))):  # as rules/prompts.smk: rows [b * 6, (b + 1) * 6)
+        start, stop = P.selection_block_rows(block, size)
+        block_path = tmp_path / f"selection-{block}.parquet"
+        P.prepare_prompts(selection, stop, str(block_path), str(tmp_path / f"skipped-{block}.parquet"), start)
+        for k in range(2 * block, 2 * block + 2):  # as get_prompt_shard_rows: relative to the block
+            shard = tmp_path / f"shard-{k}.parquet"
+            P.write_prompt_shard(
+                str(block_path), k * size - start, min(k * size + size, total) - start, str(shard)
+            )
+            frames.append(pl.read_parquet(shard))
+    assert pl.concat(frames).equals(pl.read_parquet(whole))  # no gap, no overlap, same order
+    for frame in frames:
+        for (row,), turns in frame.group_by(["row"]):
+            assert turns["turn"].to_list() == list(range(0, 2 * (1 + row % 3), 2))
