@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.sshd import kill_stand_in_unit
 
 from eagle3_pipeline.server.lifecycle import check_model, wait_healthy
 from eagle3_pipeline.server.remote import RemoteHost
@@ -98,8 +99,7 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(dropin, "RESTORE_RETRY_S", 0.1)
     fake = Unit(state, units, legacy, port)
     yield fake
-    if fake.active():
-        os.kill(int((state / "mainpid").read_text()), signal.SIGKILL)
+    kill_stand_in_unit(state)
     for name in ("systemctl", "journalctl"):
         (sshd_server.bin_dir / name).unlink()
 

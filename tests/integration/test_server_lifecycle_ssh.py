@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.sshd import kill_stand_in_unit
 
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.lifecycle import ServerError, ensure_running, read_ownership, stop
@@ -76,8 +76,7 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HOME", str(home))
     fake = FakeUnit(state, free_port(), served)
     yield fake
-    if fake.mainpid_alive():
-        os.kill(int((state / "mainpid").read_text()), signal.SIGKILL)
+    kill_stand_in_unit(state)
     for name in ("systemctl", "journalctl"):
         (sshd_server.bin_dir / name).unlink()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -132,3 +133,16 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def kill_stand_in_unit(state: Path) -> None:
+    """Kill what the systemctl stand-in (tests/data/remote/systemctl-unit) started for a unit: its
+    main process and that process's children (an `exec` script's HTTP server), which share the process
+    group the stand-in's `setsid` made, so that no test leaves a server behind."""
+    try:
+        pid = int((state / "mainpid").read_text())
+        group = os.getpgid(pid)
+    except (OSError, ValueError):
+        return  # never started, or already gone
+    if group != os.getpgid(0):  # the stand-in's own session, never the test's
+        os.killpg(group, signal.SIGKILL)
