@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -137,7 +138,8 @@ def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
             f"tokens x {bytes_per_token(hidden_size, hs['dtype']):,} B/token (4 states x hidden size "
             f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, counted twice while it "
             f"is extracted (its per-batch parts and packed file exist together until the job ends): "
-            f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least {2 * bound / GB:.3g}, or lower "
+            f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least "
+            f"{math.ceil(2 * bound / GB * 1000) / 1000:g} (rounded up), or lower "
             "dataset.shard_size or hidden_states.max_seq_len."
         )
     return shards

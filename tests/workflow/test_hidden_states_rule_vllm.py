@@ -35,10 +35,13 @@ def test_rule_runs_the_vllm_backend_with_the_snapshots_settings(hs_target, hs_to
     if not VLLM_PYTHON.exists():
         pytest.skip("needs vLLM CPU in .venv-vllm (make install-vllm)")
     results = tmp_path / "results" / "t"
-    (results / "traces").mkdir(parents=True)
-    write_traces(results / "traces" / "train.parquet", trace_rows(hs_tokenizer, 3, shard=0))
-    write_traces(results / "traces" / "validation.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=3))
+    traces = results / "traces" / "shards"  # shard 0's traces, as rule filter_traces writes them
+    for split in ("train", "validation"):
+        (traces / split).mkdir(parents=True)
+    write_traces(traces / "train" / "shard-00000.parquet", trace_rows(hs_tokenizer, 3, shard=0))
+    write_traces(traces / "validation" / "shard-00000.parquet", trace_rows(hs_tokenizer, 1, shard=0, start=3))
     (results / "server").mkdir()
+    (results / "server" / "stopped.json").write_text("{}\n")  # the stop report extraction waits for
     snapshot = {  # what snapshot_server writes for the demo unit (the fields the backend reads)
         "python": str(VLLM_PYTHON),
         "tensor_parallel_size": 1,

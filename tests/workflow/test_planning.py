@@ -71,11 +71,11 @@ def test_kimi_example_plans_on_the_slurm_profile(tmp_path, kimi_target):
 
 
 def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
-    # the demo's shard bound B = 64 x 2048 x 1,033 B = 135.4 MB; 0.6 GB = 4.4 B: windows of 2 shards
+    # the demo's shard bound B = 64 x 1024 x 1,033 B = 67.7 MB; 0.3 GB = 4.4 B: windows of 2 shards
     config = write_config(
         tmp_path / "capped.yaml",
         run=f"test-{tmp_path.name}",
-        hidden_states={"max_disk_gb": 0.6},
+        hidden_states={"max_disk_gb": 0.3},
         train={"epochs": 3},
         validate={"baseline": False},
     )
@@ -86,12 +86,12 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
-    config = write_config(tmp_path / "tiny.yaml", run="t", hidden_states={"max_disk_gb": 0.2})
+    config = write_config(tmp_path / "tiny.yaml", run="t", hidden_states={"max_disk_gb": 0.1})
     result = snakemake("-n", "--configfile", str(config))
     output = result.stdout + result.stderr  # Snakemake prints the parse error on stdout
     assert result.returncode != 0
-    assert "max_disk_gb: 0.2 GB (200.00 MB) cannot hold one shard's hidden states" in output
-    assert "135.40 MB" in output and "at least 0.271" in output
+    assert "max_disk_gb: 0.1 GB (100.00 MB) cannot hold one shard's hidden states" in output
+    assert "67.70 MB" in output and "at least 0.136" in output
     baseline = write_config(tmp_path / "b.yaml", run="t", hidden_states={"max_disk_gb": 1.0})
     refused = snakemake("-n", "--configfile", str(baseline))
     assert refused.returncode != 0 and "set validate.baseline: false" in refused.stdout + refused.stderr
