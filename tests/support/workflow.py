@@ -7,6 +7,7 @@ dataset file and the repository, no server, no SSH and no model weights.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -134,3 +135,14 @@ def planned_jobs(args: list[str], executor: str, repo: Path = REPO) -> tuple[lis
     finally:
         os.chdir(cwd)
     return jobs, settings
+
+
+def run_extraction_rule(workdir: Path, targets: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Rule extract_hidden_states (and its per-shard disk check) for `targets`, run from another
+    directory with a PATH without the venv and no GPU, on the traces the test wrote itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
+    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
+    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)

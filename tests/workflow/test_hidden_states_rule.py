@@ -5,15 +5,14 @@ empty shards are written, and a second run does nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
 from support.hidden_states import trace_rows, write_traces
+from support.workflow import run_extraction_rule
 
 from eagle3_pipeline.hidden_states import HiddenStateShard
 
@@ -22,15 +21,14 @@ pytestmark = pytest.mark.slow
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    targets = [
-        f"results/t/hidden_states/{s}/shard-{k:05d}.safetensors" for s, k in (("train", 0), ("validation", 1))
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
-    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
-    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+    return run_extraction_rule(
+        workdir,
+        [
+            f"results/t/hidden_states/{s}/shard-{k:05d}.safetensors"
+            for s, k in (("train", 0), ("validation", 1))
+        ],
+        *args,
+    )
 
 
 def test_rule_runs_the_launcher_and_is_idempotent(hs_target, hs_tokenizer, tmp_path):
