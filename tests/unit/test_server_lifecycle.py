@@ -91,3 +91,28 @@ def test_local_command_teaches_the_redactor(tmp_path: Path) -> None:
     assert cwd == str(tmp_path)
     scrubbed = REDACTOR.scrub(" ".join(argv) + " " + env["HF_TOKEN"])  # what a log line would show
     assert "sk-local-command-key-55" not in scrubbed and "hf_lifecycleSecret99" not in scrubbed
+
+
+def test_health_and_model_checks_verify_https_with_the_ca_bundle(tmp_path: Path) -> None:
+    """A server behind https signed by a private CA: with server.ca_bundle the health wait and the
+    model check pass; without it, the server is not seen as healthy (the certificate is untrusted)."""
+    from support.http_endpoint import ScriptedEndpoint
+    from support.tls import self_signed, tls_context
+
+    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+
+    cert, key = self_signed(tmp_path)
+    endpoint = ScriptedEndpoint(tls=tls_context(cert, key)).start()
+    try:
+        url = endpoint.base_url
+        assert url.startswith("https://")
+        cfg = {"host": "local", "unit": "gw.service", "manage": False, "base_url": url,
+               "api_key_env": "E3_NO_KEY", "ca_bundle": str(cert)}  # fmt: skip
+        wait_healthy(url, 10, verify=str(cert))
+        served = {**SERVER_JSON, "base_url": url, "served_model_name": endpoint.model}
+        assert ensure_running(served, cfg, tmp_path / "state") == url
+        assert not check_health(url)  # the system's trust store does not know the test CA
+        with pytest.raises(ServerError, match="does not answer and server.manage is false"):
+            ensure_running(served, {**cfg, "ca_bundle": None}, tmp_path / "state2")
+    finally:
+        endpoint.stop()

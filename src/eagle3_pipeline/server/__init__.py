@@ -24,3 +24,9 @@ def auth_headers(server_cfg: dict[str, Any]) -> dict[str, str]:
     """`Authorization: Bearer KEY` when an API key is configured, else no header."""
     key = api_key(server_cfg)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def tls_verify(server_cfg: dict[str, Any]) -> bool | str:
+    """What `requests` verifies an https server with: `server.ca_bundle` (a PEM file) when set, else
+    the system's trust store (True)."""
+    return server_cfg.get("ca_bundle") or True

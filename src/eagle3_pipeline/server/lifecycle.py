@@ -31,7 +31,7 @@ from typing import Any
 
 import requests
 
-from eagle3_pipeline.server import auth_headers, secrets
+from eagle3_pipeline.server import auth_headers, secrets, tls_verify
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 
@@ -145,12 +145,15 @@ def find_local(state_dir: Path, name: str) -> LocalProcess | None:
     return proc if proc.alive() else None
 
 
-def check_health(base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5) -> bool:
-    """True when GET /health answers 200."""
+def check_health(
+    base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5, verify: bool | str = True
+) -> bool:
+    """True when GET /health answers 200 (`verify`: server.ca_bundle for https, see `tls_verify`)."""
     try:
-        return requests.get(f"{base_url}/health", headers=headers or {}, timeout=timeout_s).status_code == 200
+        response = requests.get(f"{base_url}/health", headers=headers or {}, timeout=timeout_s, verify=verify)
     except requests.RequestException:
         return False
+    return response.status_code == 200
 
 
 def wait_healthy(
@@ -160,12 +163,14 @@ def wait_healthy(
     alive: Callable[[], bool] | None = None,
     headers: dict[str, str] | None = None,
     exited_why: Callable[[], str] | None = None,
+    verify: bool | str = True,
 ) -> None:
     """Poll /health until it answers 200; raise ServerError with the log tail on timeout or as soon as
-    `alive` (the local process, or the unit's state polled beside /health) says it is gone."""
+    `alive` (the local process, or the unit's state polled beside /health) says it is gone. `verify`:
+    what an https server is verified with (server.ca_bundle, see `tls_verify`)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if check_health(base_url, headers):
+        if check_health(base_url, headers, verify=verify):
             return
         exited = alive is not None and not alive()
         if exited or time.monotonic() >= deadline:
@@ -178,10 +183,12 @@ def wait_healthy(
         time.sleep(1)
 
 
-def check_model(base_url: str, served_model_name: str, headers: dict[str, str] | None = None) -> None:
+def check_model(
+    base_url: str, served_model_name: str, headers: dict[str, str] | None = None, verify: bool | str = True
+) -> None:
     """Raise ServerError unless /v1/models lists served_model_name."""
     try:
-        resp = requests.get(f"{base_url}/v1/models", headers=headers or {}, timeout=30)
+        resp = requests.get(f"{base_url}/v1/models", headers=headers or {}, timeout=30, verify=verify)
         resp.raise_for_status()
         ids = [m.get("id") for m in resp.json().get("data", [])]
     except (requests.RequestException, ValueError) as err:
@@ -354,7 +361,7 @@ def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: 
             argv, env, cwd = local_command(server_cfg)
             proc = launch_local(argv, env, cwd, state_dir, name)
         record_ownership(state_dir, True, server_cfg, pid=proc.pid)
-        wait_healthy(base_url, timeout, proc.log_tail, proc.alive, headers)
+        wait_healthy(base_url, timeout, proc.log_tail, proc.alive, headers, verify=tls_verify(server_cfg))
         return
     log.info("starting %s on %s with systemctl", server_cfg["unit"], server_cfg.get("host"))
     watch = UnitWatch(server_cfg)
@@ -364,6 +371,7 @@ def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: 
         wait_healthy(
             base_url, timeout, watch.journal, watch.alive, headers,
             exited_why=lambda: f"{server_cfg['unit']} stopped running (systemd state {watch.state})",
+            verify=tls_verify(server_cfg),
         )  # fmt: skip
     finally:
         watch.close()
@@ -393,9 +401,9 @@ def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], stat
     is recorded in state_dir/ownership.json for `stop`.
     """
     secrets.learn(server_json)  # log tails and errors of this job hide the unit's secrets
-    headers = auth_headers(server_cfg)
+    headers, verify = auth_headers(server_cfg), tls_verify(server_cfg)
     base_url = server_url(server_json, server_cfg, state_dir)
-    if check_health(base_url, headers):
+    if check_health(base_url, headers, verify=verify):
         with state_lock(state_dir):
             _record_foreign(server_cfg, Path(state_dir))
     elif not server_cfg.get("manage", True):
@@ -405,11 +413,11 @@ def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], stat
         )
     else:
         with state_lock(state_dir):
-            if check_health(base_url, headers):  # another job may have started it meanwhile
+            if check_health(base_url, headers, verify=verify):  # another job may have started it meanwhile
                 _record_foreign(server_cfg, Path(state_dir))
             else:
                 _start(server_cfg, Path(state_dir), base_url, headers)
-    check_model(base_url, server_json["served_model_name"], headers)
+    check_model(base_url, server_json["served_model_name"], headers, verify)
     log.info("server %s is up and serves %s", base_url, server_json["served_model_name"])
     return base_url
 

@@ -155,11 +155,11 @@ class Tunnel:
                     self.host.close()
                 self.host = None
 
-    def alive(self, headers: dict[str, str] | None = None) -> bool:
-        """The SSH transport is up and /health answers through the tunnel."""
+    def alive(self, headers: dict[str, str] | None = None, verify: bool | str = True) -> bool:
+        """The SSH transport is up and /health answers through the tunnel (`verify`: server.ca_bundle)."""
         transport = self.host.connection.transport if self.host else None
         up = transport is not None and transport.is_active()
-        return up and check_health(self.base_url, headers)
+        return up and check_health(self.base_url, headers, verify=verify)
 
     def url(self, headers: dict[str, str] | None = None) -> str:
         """The local URL; the listener is opened on first use and the SSH transport reconnected when

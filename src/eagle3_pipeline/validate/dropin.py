@@ -306,14 +306,15 @@ def _production_check(
     server_cfg: dict[str, Any], server_json: dict[str, Any], state_dir: Path
 ) -> Callable[[], None]:
     """/health through the configured URL (tunnel included), then /v1/models lists the snapshot's model."""
-    from eagle3_pipeline.server import auth_headers
+    from eagle3_pipeline.server import auth_headers, tls_verify
     from eagle3_pipeline.server.lifecycle import check_model, server_url, wait_healthy
 
     def check() -> None:
-        headers = auth_headers(server_cfg)
+        headers, verify = auth_headers(server_cfg), tls_verify(server_cfg)
         base_url = server_url(server_json, server_cfg, state_dir)
-        wait_healthy(base_url, float(server_cfg.get("start_timeout_s", 1800)), None, None, headers)
-        check_model(base_url, server_json["served_model_name"], headers)
+        timeout_s = float(server_cfg.get("start_timeout_s", 1800))
+        wait_healthy(base_url, timeout_s, None, None, headers, verify=verify)
+        check_model(base_url, server_json["served_model_name"], headers, verify)
 
     return check
 
@@ -332,7 +333,7 @@ def run_remote_serve_check(
     request_timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     """The serve check through systemd (an SSH host, or this machine when it runs systemd)."""
-    from eagle3_pipeline.server import api_key, auth_headers
+    from eagle3_pipeline.server import api_key, auth_headers, tls_verify
     from eagle3_pipeline.server.lifecycle import UnitWatch, server_url, wait_healthy
     from eagle3_pipeline.server.remote import open_host
     from eagle3_pipeline.server.snapshot import read_unit_text
@@ -367,12 +368,14 @@ def run_remote_serve_check(
                     wait_healthy(
                         base_url, float(server_cfg.get("start_timeout_s", 1800)), watch.journal, watch.alive,
                         auth_headers(server_cfg), lambda: f"{unit} with the draft stopped ({watch.state})",
+                        tls_verify(server_cfg),
                     )  # fmt: skip
                 finally:
                     watch.close()
                 result = measure(
-                    base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s
-                )
+                    base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s,
+                    ca_bundle=server_cfg.get("ca_bundle"),
+                )  # fmt: skip
         finally:
             if folder is not None:
                 remote_checkpoint.remove(host, folder)

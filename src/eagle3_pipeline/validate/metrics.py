@@ -124,8 +124,12 @@ def spec_decode_counters(samples: list[Sample], model_name: str | None = None) -
     )
 
 
-def read_counters(base_url: str, timeout_s: float = 30.0, headers: dict | None = None) -> SpecDecodeCounters:
-    """GET {base_url}/metrics and read its spec-decode counters."""
-    response = requests.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, headers=headers)
+def read_counters(
+    base_url: str, timeout_s: float = 30.0, headers: dict | None = None, verify: bool | str = True
+) -> SpecDecodeCounters:
+    """GET {base_url}/metrics and read its spec-decode counters (`verify`: server.ca_bundle for https)."""
+    response = requests.get(
+        f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, headers=headers, verify=verify
+    )
     response.raise_for_status()
     return spec_decode_counters(parse_prometheus(response.text))

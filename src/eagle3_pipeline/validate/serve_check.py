@@ -128,6 +128,7 @@ def ask(
     concurrency: int,
     request_timeout_s: float,
     retries: int,
+    ca_bundle: str | None = None,
 ) -> list[dict[str, Any]]:
     """Send every question (at most `concurrency` in flight); one outcome dict per question, in order."""
     client = ChatClient(
@@ -137,6 +138,7 @@ def ask(
         retries=retries,
         request_timeout_s=request_timeout_s,
         health_timeout_s=request_timeout_s,
+        ca_bundle=ca_bundle,
     )
 
     async def run() -> list[dict[str, Any]]:
@@ -176,18 +178,23 @@ def measure(
     concurrency: int = 8,
     request_timeout_s: float = 600.0,
     retries: int = 2,
+    ca_bundle: str | None = None,
 ) -> dict[str, Any]:
-    """Counters before, the questions, counters after: the serve check's figures.
+    """Counters before, the questions, counters after: the serve check's figures (`ca_bundle`: the
+    PEM file an https server is verified with, server.ca_bundle).
 
     Raises:
         ServeCheckError: no question was answered, or the server drafted nothing.
     """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    before = settled_counters(lambda: read_counters(base_url, headers=headers))
+    verify = ca_bundle or True
+    before = settled_counters(lambda: read_counters(base_url, headers=headers, verify=verify))
     start = time.perf_counter()
-    outcomes = ask(base_url, questions, sampling, api_key, concurrency, request_timeout_s, retries)
+    outcomes = ask(
+        base_url, questions, sampling, api_key, concurrency, request_timeout_s, retries, ca_bundle
+    )
     seconds = time.perf_counter() - start
-    after = settled_counters(lambda: read_counters(base_url, headers=headers))
+    after = settled_counters(lambda: read_counters(base_url, headers=headers, verify=verify))
     ok = [o for o in outcomes if o["status"] == "ok"]
     if not ok:
         reasons = sorted({str(o["reason"]) for o in outcomes})[:3]
@@ -413,14 +420,14 @@ def production_speedup(
     """validate.speedup for a systemd unit: after the restore (health and model verified), production
     serves the target alone, so the same questions, sampling and concurrency are timed against it.
     Production may be serving users meanwhile; their load slows both runs alike only if it is steady."""
-    from eagle3_pipeline.server import auth_headers
+    from eagle3_pipeline.server import auth_headers, tls_verify
     from eagle3_pipeline.server.lifecycle import check_health, server_url
     from eagle3_pipeline.validate.served import speedup, time_by_source
 
     if not validate.get("speedup", True):
         return {"speedup": None, "reason": "validate.speedup is false"}
     base_url = server_url(server_json, server_cfg, Path(common["state_dir"]))
-    if not check_health(base_url, auth_headers(server_cfg)):
+    if not check_health(base_url, auth_headers(server_cfg), verify=tls_verify(server_cfg)):
         return {
             "speedup": None,
             "reason": f"{server_cfg['unit']} is not serving after the restore (it was not running before)",
@@ -443,8 +450,9 @@ def _group_asker(
 
     def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
         return ask(
-            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2
-        )
+            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2,
+            server_cfg.get("ca_bundle"),
+        )  # fmt: skip
 
     return ask_group
 
