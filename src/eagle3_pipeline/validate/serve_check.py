@@ -190,9 +190,7 @@ def measure(
     verify = ca_bundle or True
     before = settled_counters(lambda: read_counters(base_url, headers=headers, verify=verify))
     start = time.perf_counter()
-    outcomes = ask(
-        base_url, questions, sampling, api_key, concurrency, request_timeout_s, retries, ca_bundle
-    )
+    outcomes = ask(base_url, questions, sampling, api_key, concurrency, request_timeout_s, retries, ca_bundle)
     seconds = time.perf_counter() - start
     after = settled_counters(lambda: read_counters(base_url, headers=headers, verify=verify))
     ok = [o for o in outcomes if o["status"] == "ok"]
