@@ -3,6 +3,8 @@
 # once before the first shard: one short request and the prompts' token counts refuse in seconds a
 # server that could not produce usable traces. Its output is small and holds only its findings, so a
 # rerun that finds the same writes the same bytes and triggers nothing.
+# With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs)
+# and each replica has its own preflight, which the primary's waits for.
 from eagle3_pipeline.generate.payload import rule_params, sampling_params
 
 
@@ -12,15 +14,35 @@ rule preflight_generation:
         # the first block only: it never changes as num_samples grows, so adding shards does not rerun
         # the preflight (and with it every generation shard); its prompts are the fit check's sample
         selection=f"{RESULTS}/prompts/selection-00000.parquet",
+        replicas=get_replica_files(
+            f"{RESULTS}/generations/replicas/{{replica}}/preflight.json"
+        ),
     output:
         f"{RESULTS}/generations/preflight.json",
     log:
         f"{LOGS}/preflight_generation.log",
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(config["server"], {"ca_bundle": None}),
+        server=rule_params(SERVER, {"ca_bundle": None}),
         generation=sampling_params(config["generation"]),
         state_dir=f"{WORK}/server",
+    script:
+        "../scripts/preflight_generation.py"
+
+
+rule preflight_replica:
+    input:
+        checked=rules.check_replica.output[0],
+        selection=f"{RESULTS}/prompts/selection-00000.parquet",
+    output:
+        f"{RESULTS}/generations/replicas/{{replica}}/preflight.json",
+    log:
+        f"{LOGS}/preflight_replica/{{replica}}.log",
+    params:
+        server_json=get_replica_server_json,
+        server=get_replica_config,
+        generation=sampling_params(config["generation"]),
+        state_dir=get_replica_state_dir,
     script:
         "../scripts/preflight_generation.py"
 
@@ -29,16 +51,21 @@ rule generate_shard:
     input:
         prompts=f"{RESULTS}/prompts/shard-{{shard}}.parquet",
         identity=rules.snapshot_server.output.identity,
-        preflight=rules.preflight_generation.output[0],
+        # ancient: a gate, not data; a preflight rerun (a replica added) does not rerun a finished shard
+        preflight=ancient(rules.preflight_generation.output[0]),
     output:
         f"{RESULTS}/generations/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/generate_shard/{{shard}}.log",
+    resources:
+        **get_server_resources(),
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(config["server"], {"ca_bundle": None}),
+        server=rule_params(SERVER, {"ca_bundle": None}),
         generation=rule_params(config["generation"]),
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",
+        # which server shard k is sent to; a Fleet is no rerun trigger (Snakemake records builtins only)
+        fleet=FLEET,
     script:
         "../scripts/generate_shard.py"

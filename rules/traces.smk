@@ -26,7 +26,7 @@ rule merge_traces:
         generations=get_generation_shards,
         prompts=get_prompt_shards,
         server=rules.snapshot_server.output.identity,
-        server_stopped=rules.stop_server.output,
+        server_stopped=ancient(rules.stop_server.output[0]),
     output:
         traces=f"{RESULTS}/traces/traces.parquet",
         stats=f"{RESULTS}/traces/stats.json",

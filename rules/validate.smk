@@ -30,7 +30,7 @@ rule serve_check:
     log:
         f"{LOGS}/serve_check.log",
     params:
-        server=config["server"],
+        server=SERVER,
         generation=config["generation"],
         validate=config["validate"],
         work=f"{WORK}/serve_check",

@@ -1,4 +1,5 @@
-"""Rule generate_shard: one prompt shard sent to the vLLM server, journaled under work/, then written."""
+"""Rule generate_shard: one prompt shard sent to its vLLM server (server k mod n with server.replicas),
+journaled under work/, then written."""
 
 from eagle3_pipeline.generate import generate_shard
 from eagle3_pipeline.logs import setup_script_logging
@@ -6,6 +7,7 @@ from eagle3_pipeline.logs import setup_script_logging
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 setup_script_logging(snakemake.log[0], "generate_shard")
 
+shard = int(snakemake.wildcards.shard)
 generate_shard(
     prompts_path=snakemake.input.prompts,
     output_path=snakemake.output[0],
@@ -14,5 +16,6 @@ generate_shard(
     generation=snakemake.params.generation,
     journal_path=snakemake.params.journal,
     state_dir=snakemake.params.state_dir,
-    shard=int(snakemake.wildcards.shard),
+    shard=shard,
+    replica=snakemake.params.fleet.for_shard(shard),
 )

@@ -72,7 +72,9 @@ def check_config(config: dict[str, Any], schema_path: str | Path) -> dict[str, A
 
 
 def _semantic_problems(config: dict[str, Any]) -> list[str]:
-    problems = []
+    from eagle3_pipeline.server.replicas import config_problems
+
+    problems = config_problems(config["server"])
     path = config["dataset"]["path"]
     if "://" not in path and not Path(path).exists():
         problems.append(

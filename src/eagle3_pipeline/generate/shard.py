@@ -381,15 +381,28 @@ def generate_shard(
     journal_path: str,
     state_dir: str,
     shard: int,
+    replica: Any = None,
 ) -> None:
-    """The generate_shard rule: ensure the server runs, generate the shard, write it atomically."""
+    """The generate_shard rule: ensure the server runs, generate the shard, write it atomically.
+
+    `replica` (a server.replicas.Server) is the server this shard is sent to; None or the primary:
+    `server_cfg`'s. The journal and the output carry the primary's identity either way (a replica is
+    checked identical to it by rule check_replica), so the shard does not depend on which one wrote it.
+    """
     from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import ensure_running
 
     server_json = json.loads(Path(server_json_path).read_text())
     secrets.learn(server_json)  # the unit's secrets, hidden in this job's log, errors and reasons
+    target_json, target_cfg, target_state, slots_dir = server_json, server_cfg, state_dir, None
+    if replica is not None and not replica.primary:
+        target_json = json.loads(Path(replica.server_json).read_text())
+        secrets.learn(target_json)
+        target_cfg, target_state, slots_dir = replica.config, replica.state_dir, replica.slots_dir
+    if replica is not None:
+        log.info("shard %05d is sent to server %s", shard, replica.name)
     prompts = pl.read_parquet(prompts_path)
-    start_server = partial(ensure_running, server_json, server_cfg, Path(state_dir))
+    start_server = partial(ensure_running, target_json, target_cfg, Path(target_state))
     model = server_json.get("served_model_name") or server_json["model"]
     sampling = Sampling.from_config(generation, model[0] if isinstance(model, list) else model)
     frame = run_generation(
@@ -400,10 +413,11 @@ def generate_shard(
         journal_path,
         identity=server_json["identity"],
         shard=shard,
-        api_key=api_key(server_cfg),
-        health_timeout_s=server_cfg.get("start_timeout_s", 1800),
+        api_key=api_key(target_cfg),
+        health_timeout_s=target_cfg.get("start_timeout_s", 1800),
+        slots_dir=slots_dir,  # the global cap per server (None: the primary's, next to the journal)
         # a managed server that dies mid-shard is started again (systemd would, with Restart=)
-        revive=start_server if server_cfg.get("manage", True) else None,
-        ca_bundle=server_cfg.get("ca_bundle"),
+        revive=start_server if target_cfg.get("manage", True) else None,
+        ca_bundle=target_cfg.get("ca_bundle"),
     )
     write_output(frame, output_path)

@@ -1,0 +1,173 @@
+"""server.replicas without a server: the stable assignment, each replica's config, the config checks
+and the identity comparison on real snapshots of unit files."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_pipeline.config import ConfigError, check_config
+from eagle3_pipeline.server.remote import LocalHost
+from eagle3_pipeline.server.replicas import (
+    NAME_PATTERN,
+    ReplicaError,
+    assigned_server,
+    check_identity,
+    fleet,
+    identity_differences,
+    identity_fields,
+    replica_config,
+    resource_name,
+    server_names,
+    shard_caps,
+)
+from eagle3_pipeline.server.snapshot import take_snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "config" / "schema.yaml"
+SERVER = {
+    "host": "local",
+    "unit": "vllm.service",
+    "unit_file": "/units/a.service",
+    "base_url": None,
+    "tunnel": False,
+    "api_key_env": "KEY",
+    "start_timeout_s": 60,
+    "name": "main",
+    "max_shard_jobs": 2,
+    "replicas": [
+        {"name": "b", "unit_file": "/units/b.service", "max_shard_jobs": 1},
+        {"name": "gpu2", "host": "gpu2.example", "base_url": "http://gpu2:8000"},
+    ],
+}
+
+
+def test_assignment_is_k_mod_n_and_balanced() -> None:
+    names = server_names(SERVER)
+    assert names == ["main", "b", "gpu2"]
+    assigned = [assigned_server(k, names) for k in range(9)]
+    assert assigned == ["main", "b", "gpu2"] * 3
+    assert Counter(assigned_server(k, names) for k in range(1000)) == {"main": 334, "b": 333, "gpu2": 333}
+    # stable: the same shard always goes to the same server while the list is the same
+    assert [assigned_server(k, list(names)) for k in range(9)] == assigned
+    assert assigned_server(5, ["main"]) == "main"
+
+
+def test_a_replica_inherits_all_but_its_location() -> None:
+    b = replica_config(SERVER, "b")
+    assert b["unit_file"] == "/units/b.service" and b["unit"] == "vllm.service"
+    assert b["api_key_env"] == "KEY" and b["start_timeout_s"] == 60
+    assert b["base_url"] is None  # never the primary's URL
+    assert not {"name", "replicas", "max_shard_jobs"} & set(b)
+    gpu2 = replica_config(SERVER, "gpu2")
+    assert gpu2["host"] == "gpu2.example" and gpu2["base_url"] == "http://gpu2:8000"
+    assert replica_config(SERVER, "main")["unit_file"] == "/units/a.service"
+    with pytest.raises(ReplicaError, match="no server named 'x'"):
+        replica_config(SERVER, "x")
+    assert shard_caps(SERVER) == {"main": 2, "b": 1, "gpu2": None}
+    assert resource_name("b") == "vllm_b"
+
+
+def test_the_fleet_places_each_replica_and_is_no_builtin_param() -> None:
+    servers = fleet(SERVER, "results/r", "results/r/work")
+    assert servers.names == ["main", "b", "gpu2"]
+    main, b = servers.servers[0], servers.servers[1]
+    assert main.primary and main.server_json == "results/r/server/server.json" and main.slots_dir is None
+    assert b.server_json == "results/r/server/replicas/b/server.json"
+    assert b.state_dir == "results/r/work/server/replicas/b"
+    assert b.slots_dir == "results/r/work/generations/replica-slots/b"
+    assert servers.for_shard(4).name == "b"
+    # what keeps it out of Snakemake's params record: not a builtin type (and picklable for the script)
+    assert not isinstance(servers, (dict, list, tuple, str, int, float, set, frozenset))
+    assert pickle.loads(pickle.dumps(servers)) == servers
+
+
+def _config(server: dict) -> dict:
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["server"].update(copy.deepcopy(server))
+    config["dataset"]["path"] = str(ROOT / "config" / "demo" / "sample.jsonl")
+    return config
+
+
+def test_replicas_config_is_validated() -> None:
+    replicas = [{"name": "b", "unit_file": "/u/b.service"}]
+    checked = check_config(_config({"replicas": replicas}), SCHEMA)
+    assert checked["server"]["name"] == "main" and checked["server"]["max_shard_jobs"] is None
+    with pytest.raises(ConfigError, match=r"'server.replicas.0.name'.*'B-1' is not allowed"):
+        check_config(_config({"replicas": [{"name": "B-1"}]}), SCHEMA)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['port'\] under 'server.replicas.0'"):
+        check_config(_config({"replicas": [{"name": "b", "port": 8001}]}), SCHEMA)
+    with pytest.raises(ConfigError, match="'name' is a required property"):
+        check_config(_config({"replicas": [{"unit_file": "/u/b.service"}]}), SCHEMA)
+    with pytest.raises(ConfigError, match="the name 'main' is used twice"):
+        check_config(_config({"replicas": [{"name": "main", "unit_file": "/u/b.service"}]}), SCHEMA)
+    with pytest.raises(ConfigError, match="'b' names the same server as 'main'"):
+        check_config(_config({"replicas": [{"name": "b"}]}), SCHEMA)  # no location of its own
+    with pytest.raises(ConfigError, match="max_shard_jobs"):
+        check_config(_config({"max_shard_jobs": 0}), SCHEMA)
+
+
+def test_the_name_pattern_is_the_schemas() -> None:
+    server = yaml.safe_load(SCHEMA.read_text())["properties"]["server"]["properties"]
+    assert server["name"]["pattern"] == NAME_PATTERN
+    assert server["replicas"]["items"]["properties"]["name"]["pattern"] == NAME_PATTERN
+    assert server["replicas"]["items"]["properties"]["unit"]["pattern"] == server["unit"]["pattern"]
+
+
+def _snapshot(folder: Path, model: Path, port: int, extra: str = "") -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    unit = folder / "vllm.service"
+    unit.write_text(
+        f"[Service]\nExecStart=/opt/vllm/bin/vllm serve {model} --port {port} --max-model-len 4096 "
+        f"--served-model-name m --reasoning-parser kimi_k2 {extra}\n"
+    )
+    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit)}
+    _, server, identity = take_snapshot(cfg, LocalHost())
+    return identity_fields(identity, server)
+
+
+def _model(folder: Path, config: str = '{"hidden_size": 128}') -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(config)
+    (folder / "model.safetensors").write_bytes(b"w" * 100)
+    return folder
+
+
+def test_identical_replicas_pass_even_at_another_path_and_port(tmp_path: Path) -> None:
+    primary = _snapshot(tmp_path / "a", _model(tmp_path / "m1"), 8000)
+    copy_elsewhere = _snapshot(tmp_path / "b", _model(tmp_path / "copy" / "m1"), 8001, "-tp 2")
+    assert identity_differences(primary, copy_elsewhere) == []
+    check_identity("b", primary, copy_elsewhere)
+
+
+@pytest.mark.parametrize(
+    ("extra", "config", "field"),
+    [
+        ("--max-model-len 2048", None, "max_model_len"),
+        ("--reasoning-parser deepseek_r1", None, "reasoning_parser"),
+        ("--dtype float16", None, "flags"),
+        ("", '{"hidden_size": 256}', "model_files"),
+    ],
+)
+def test_a_replica_that_differs_is_refused_naming_the_field(tmp_path, extra, config, field) -> None:
+    primary = _snapshot(tmp_path / "a", _model(tmp_path / "m1"), 8000)
+    other = _model(tmp_path / "m2", config) if config else tmp_path / "m1"
+    replica = _snapshot(tmp_path / "b", other, 8001, extra)
+    assert [d[0] for d in identity_differences(primary, replica)] == [field]
+    with pytest.raises(ReplicaError, match=rf"replica 'gpu1' does not serve what the primary serves \({field}:"):
+        check_identity("gpu1", primary, replica)
+
+
+def test_the_vllm_version_counts_when_both_are_known() -> None:
+    base = {"model": "m", "model_files": None, "vllm_version": "0.32.0"}
+    assert identity_differences(base, {**base, "vllm_version": "0.31.0"}) == [
+        ("vllm_version", "0.32.0", "0.31.0")
+    ]
+    assert identity_differences(base, {**base, "vllm_version": None}) == []
+    # a hub id (no file fingerprint): the model name itself must match
+    assert identity_differences(base, {**base, "model": "other"}) == [("model", "m", "other")]
