@@ -159,7 +159,8 @@ def test_a_replica_that_differs_is_refused_naming_the_field(tmp_path, extra, con
     other = _model(tmp_path / "m2", config) if config else tmp_path / "m1"
     replica = _snapshot(tmp_path / "b", other, 8001, extra)
     assert [d[0] for d in identity_differences(primary, replica)] == [field]
-    with pytest.raises(ReplicaError, match=rf"replica 'gpu1' does not serve what the primary serves \({field}:"):
+    refused = rf"replica 'gpu1' does not serve what the primary serves \({field}:"
+    with pytest.raises(ReplicaError, match=refused):
         check_identity("gpu1", primary, replica)
 
 
