@@ -2,6 +2,7 @@
 #
 # results/{run}/
 #   server/        unit.service (redacted `systemctl cat`), server.json, identity.json
+#                  replicas/{name}/ (server.replicas: the same, checked identical to the primary)
 #   prompts/       selection-{b:05d}.parquet (blocks of 64 shards), shard-{k:05d}.parquet, skipped-{b}
 #   generations/   shard-{k:05d}.parquet (one row per prompt: ok | skipped | failed)
 #   traces/        shards/{split}/shard-{k:05d}.parquet, traces.parquet, train.parquet,

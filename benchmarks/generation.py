@@ -11,11 +11,16 @@
     the cap, on the same server and prompts count; rounds alternate, each on fresh prompts. The span
     is first request to last reply (for the jobs: from the earliest job's first send to the last
     job's end, process start-up excluded as Snakemake's is).
+(d) `--replicas N` (with `--shard-jobs`): the same shard jobs against N vLLM servers of the same model
+    (shard k to server k mod N, each server its own slot folder and cap, as server.replicas runs
+    them) beside all of them against one server; rounds alternate, each on fresh prompts.
 
 Prints one JSON line per measurement. Examples:
     .venv/bin/python benchmarks/generation.py --instant-only
     .venv/bin/python benchmarks/generation.py --model resources/demo/target --requests 64 --max-tokens 64
     .venv/bin/python benchmarks/generation.py --model resources/demo/target --shard-jobs 4 \
+        --requests 256 --max-tokens 128 --concurrency 64
+    .venv/bin/python benchmarks/generation.py --model resources/demo/target --shard-jobs 4 --replicas 2 \
         --requests 256 --max-tokens 128 --concurrency 64
 """
 
@@ -249,12 +254,20 @@ print(json.dumps({"start": start, "end": end, "tokens": int(out["completion_toke
 
 
 def bench_shard_jobs(
-    base_url: str, sampling: Sampling, frame: pl.DataFrame, jobs: int, cap: int, pythonpath: str | None = None
+    base_url: str | list[str],
+    sampling: Sampling,
+    frame: pl.DataFrame,
+    jobs: int,
+    cap: int,
+    pythonpath: str | None = None,
 ) -> dict:
     """N shard jobs as parallel processes sharing the global cap; the span from first send to last end.
 
-    `pythonpath` runs the jobs on another checkout's package (its src/), e.g. the previous client.
+    `base_url`: one server, or a list of replicas (job k sends to server k mod n, each server with its
+    own slot folder: the cap is per server). `pythonpath` runs the jobs on another checkout's package
+    (its src/), e.g. the previous client.
     """
+    urls = [base_url] if isinstance(base_url, str) else base_url
     env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     with tempfile.TemporaryDirectory() as tmp:
         gen = {"concurrency": cap, "global_concurrency": cap, "retries": 2, "request_timeout_s": 600}
@@ -265,13 +278,13 @@ def bench_shard_jobs(
             frame.slice(k * size, size).write_parquet(path)
             args = {
                 "prompts": str(path),
-                "url": base_url,
+                "url": urls[k % len(urls)],
                 "sampling": {
                     k: getattr(sampling, k) for k in ("model", "max_tokens", "temperature", "top_p", "seed")
                 },
                 "gen": gen,
                 "journal": f"{tmp}/j{k}.jsonl",
-                "slots": f"{tmp}/slots",
+                "slots": f"{tmp}/slots-{k % len(urls)}",
                 "shard": k,
             }
             children.append(
@@ -296,6 +309,7 @@ def bench_shard_jobs(
         "requests": len(frame),
         "ok": sum(r["ok"] for r in results),
         "jobs": jobs,
+        "servers": len(urls),
         "span_s": round(span, 3),
         "req_per_s": round(len(frame) / span, 3),
         "tok_per_s": round(tokens / span, 2),
@@ -373,6 +387,39 @@ def part_shard_jobs(
                     round(t / p, 3) for t, p in zip(spans["threaded_requests"], spans[name], strict=True)
                 ],
             )
+
+
+def part_replicas(
+    base_urls: list[str],
+    model_name: str,
+    requests_n: int,
+    jobs: int,
+    concurrency: int,
+    max_tokens: int,
+    rounds: int,
+) -> None:
+    """The shard jobs against every replica (k mod n) beside all of them against the first one."""
+    sampling = Sampling(model_name, max_tokens, 0.6, 0.95, None)
+    for url in base_urls:
+        bench_raw(url, sampling, prompt_frame(8, offset=10**6), 8)  # warm-up
+    layouts = {"one_server": base_urls[:1], f"{len(base_urls)}_replicas": base_urls}
+    spans: dict[str, list[float]] = {name: [] for name in layouts}
+    offset = 10
+    for round_ in range(rounds):  # alternate, so that neither layout gets the quieter moment
+        for name, urls in layouts.items():
+            frame = prompt_frame(requests_n, offset=offset * requests_n)  # fresh prompts: no cache hits
+            offset += 1
+            result = bench_shard_jobs(urls, sampling, frame, jobs, concurrency)
+            emit(bench="vllm_replicas", layout=name, round=round_, max_tokens=max_tokens,
+                 load_average_1m=os.getloadavg()[0], **result)  # fmt: skip
+            spans[name].append(result["span_s"])
+    one, many = spans["one_server"], spans[f"{len(base_urls)}_replicas"]
+    emit(
+        bench="vllm_replicas",
+        ratio="one_server_span_over_replicas_span",
+        value=round(sum(one) / sum(many), 3),
+        per_round=[round(a / b, 3) for a, b in zip(one, many, strict=True)],
+    )
 
 
 # --- the two parts ---------------------------------------------------------------------------------
@@ -534,6 +581,9 @@ def main() -> None:
     parser.add_argument("--shard-jobs", type=int, help="part (c) only, with this many parallel shard jobs")
     parser.add_argument("--rounds", type=int, default=2, help="part (c): alternating rounds")
     parser.add_argument(
+        "--replicas", type=int, default=1, help="part (d): start this many vLLM servers (with --shard-jobs)"
+    )
+    parser.add_argument(
         "--endpoint-delay-s",
         type=float,
         default=0.0,
@@ -560,7 +610,21 @@ def main() -> None:
         model = args.model or str(REPO / "resources/demo/target")
         process, base_url = start_vllm(str(Path(model).resolve()), 2048)
         name = "bench"
+    model = str(Path(args.model or REPO / "resources/demo/target").resolve())
+    more = args.replicas - 1 if args.shard_jobs else 0
+    replicas = [start_vllm(model, 2048) for _ in range(more)]  # part (d): the other servers
     try:
+        if replicas:
+            part_replicas(
+                [base_url] + [url for _, url in replicas],
+                name,
+                args.requests,
+                args.shard_jobs,
+                args.concurrency,
+                args.max_tokens,
+                args.rounds,
+            )
+            return
         if args.shard_jobs:
             part_shard_jobs(
                 base_url,
@@ -577,9 +641,10 @@ def main() -> None:
             base_url, name, args.requests, args.sequential_requests, args.concurrency, args.max_tokens
         )
     finally:
-        if process is not None:
-            os.killpg(process.pid, 15)
-            process.wait(60)
+        for child in [process, *(p for p, _ in replicas)]:
+            if child is not None:
+                os.killpg(child.pid, 15)
+                child.wait(60)
 
 
 if __name__ == "__main__":
