@@ -66,6 +66,10 @@ def _config(workdir: Path, target: Path, replicas: list[dict]) -> None:
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
 
 
+def _replica_b(workdir: Path) -> list[dict]:
+    return [{"name": "b", "unit_file": str(workdir / "b.service"), "max_shard_jobs": 1}]
+
+
 def _snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
                str(workdir), "--configfile", "c.yaml", *args]  # fmt: skip
@@ -97,7 +101,7 @@ def shared_run(tmp_path_factory):
     _unit(workdir, "a", target, ports[0])
     _unit(workdir, "b", target, ports[1])
     _unit(workdir, "c", target, ports[2])  # a third replica, only ever planned (never started)
-    _config(workdir, target, [{"name": "b", "unit_file": str(workdir / "b.service"), "max_shard_jobs": 1}])
+    _config(workdir, target, _replica_b(workdir))
     result = _snakemake(workdir, "--cores", "4", *TARGETS, f"results/{RUN}/server/stopped.json")
     return workdir, target, result
 
@@ -108,11 +112,12 @@ def test_two_servers_share_the_shards_under_their_caps(shared_run):
     assert "vllm_main=1" in result.stdout + result.stderr  # the caps as Snakemake's global resources
     assert "vllm_b=1" in result.stdout + result.stderr
     logs = {k: results / "logs" / "generate_shard" / f"{k:05d}.log" for k in range(SHARDS)}
-    served_by = {k: re.search(r"is sent to server (\w+)", log.read_text()).group(1) for k, log in logs.items()}
+    served_by = {k: re.search(r"is sent to server (\w+)", logs[k].read_text()).group(1) for k in logs}
     assert served_by == {0: "main", 1: "b", 2: "main", 3: "b"}  # k mod 2
     # each server really answered: its own vLLM log (started by the pipeline) holds the requests
     for state in (results / "work" / "server", results / "work" / "server" / "replicas" / "b"):
-        assert (state / "vllm-demo.service.log").read_text().count("POST /v1/chat/completions") >= 2 * SHARD_SIZE
+        requests = (state / "vllm-demo.service.log").read_text().count("POST /v1/chat/completions")
+        assert requests >= 2 * SHARD_SIZE, state
     frames = [pl.read_parquet(results / "generations" / f"shard-{k:05d}.parquet") for k in range(SHARDS)]
     table = pl.concat(frames)
     assert table.height == SHARDS * SHARD_SIZE
@@ -136,8 +141,10 @@ def test_a_changed_list_of_replicas_reruns_no_finished_shard(shared_run, change)
     workdir, target, _ = shared_run
     replicas = {
         "removed": [],
-        "another_added": [{"name": "b", "unit_file": str(workdir / "b.service")},
-                          {"name": "c", "unit_file": str(workdir / "c.service")}],  # fmt: skip
+        "another_added": [
+            {"name": "b", "unit_file": str(workdir / "b.service")},
+            {"name": "c", "unit_file": str(workdir / "c.service")},
+        ],  # fmt: skip
         "caps_changed": [{"name": "b", "unit_file": str(workdir / "b.service"), "max_shard_jobs": 3}],
     }[change]
     _config(workdir, target, replicas)
@@ -145,7 +152,7 @@ def test_a_changed_list_of_replicas_reruns_no_finished_shard(shared_run, change)
         plan = _snakemake(workdir, "-n", "--quiet", "rules", *TARGETS)
         changes = _snakemake(workdir, "--list-changes", "params", *TARGETS)
     finally:
-        _config(workdir, target, [{"name": "b", "unit_file": str(workdir / "b.service"), "max_shard_jobs": 1}])
+        _config(workdir, target, _replica_b(workdir))
     assert job_counts(plan.stdout)["generate_shard"] == 0, plan.stdout
     assert "generations/shard-" not in changes.stdout
 
