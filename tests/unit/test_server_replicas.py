@@ -172,3 +172,61 @@ def test_the_vllm_version_counts_when_both_are_known() -> None:
     assert identity_differences(base, {**base, "vllm_version": None}) == []
     # a hub id (no file fingerprint): the model name itself must match
     assert identity_differences(base, {**base, "model": "other"}) == [("model", "m", "other")]
+
+
+def test_one_servers_outage_fails_only_the_shards_sent_to_it(tmp_path: Path) -> None:
+    """Shards 0 and 2 go to `main`, 1 and 3 to `b`; with `b` down (its endpoint stopped: the port
+    refuses; server.manage false), its shard job fails and writes nothing while main's finish; with `b`
+    back, the rerun finishes it. (A mid-shard outage keeps the journal: test_generate_client.)"""
+    import json
+
+    import polars as pl
+    from support.http_endpoint import ScriptedEndpoint
+
+    from eagle3_pipeline.generate import generate_shard
+    from eagle3_pipeline.prompts import PROMPT_SCHEMA
+    from eagle3_pipeline.server.lifecycle import ServerError
+
+    main, b = ScriptedEndpoint().start(), ScriptedEndpoint().start()
+    server = {"host": "local", "unit": "vllm.service", "manage": False, "start_timeout_s": 2,
+              "api_key_env": "E3_NO_KEY", "base_url": main.base_url, "name": "main",
+              "replicas": [{"name": "b", "base_url": b.base_url}]}  # fmt: skip
+    servers = fleet(server, str(tmp_path / "results"), str(tmp_path / "work"))
+    for place, endpoint in zip(servers.servers, (main, b), strict=True):
+        Path(place.server_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(place.server_json).write_text(json.dumps(
+            {"base_url": endpoint.base_url, "served_model_name": "demo", "identity": "ident"}
+        ))  # fmt: skip
+    frame = pl.DataFrame(
+        {"id": [f"id{i}" for i in range(4)], "source": ["s"] * 4, "row": list(range(4)), "turn": [0] * 4,
+         "system": [None] * 4, "question": [f"q{i}" for i in range(4)], "original_answer": ["a"] * 4},
+        schema=PROMPT_SCHEMA,
+    )  # fmt: skip
+    prompts = tmp_path / "prompts.parquet"
+    frame.write_parquet(prompts)
+    generation = {"max_tokens": 16, "concurrency": 2, "global_concurrency": 2, "retries": 1,
+                  "request_timeout_s": 10}  # fmt: skip
+
+    def run(shard: int) -> Path:
+        out = tmp_path / f"shard-{shard}.parquet"
+        generate_shard(str(prompts), str(out), servers.servers[0].server_json, servers.servers[0].config,
+                       generation, str(tmp_path / f"j{shard}.jsonl"), str(tmp_path / "work" / "server"),
+                       shard, replica=servers.for_shard(shard))  # fmt: skip
+        return out
+
+    endpoints = [main]
+    try:
+        b.stop()  # an outage of b
+        assert pl.read_parquet(run(0))["status"].to_list() == ["ok"] * 4
+        with pytest.raises(ServerError, match=f"{b.base_url}/health does not answer"):
+            run(1)
+        assert not (tmp_path / "shard-1.parquet").exists()
+        assert pl.read_parquet(run(2))["status"].to_list() == ["ok"] * 4
+        assert sum(main.requests.values()) == 8 and not b.requests
+        back = ScriptedEndpoint(port=b.port).start()  # b is back, on its port
+        endpoints.append(back)
+        assert pl.read_parquet(run(1))["status"].to_list() == ["ok"] * 4
+        assert sum(back.requests.values()) == 4
+    finally:
+        for endpoint in endpoints:
+            endpoint.stop()
