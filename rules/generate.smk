@@ -3,8 +3,8 @@
 # once before the first shard: one short request and the prompts' token counts refuse in seconds a
 # server that could not produce usable traces. Its output is small and holds only its findings, so a
 # rerun that finds the same writes the same bytes and triggers nothing.
-# With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs)
-# and each replica has its own preflight, which the primary's waits for.
+# With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs),
+# and the preflight checks every server at once after each replica's identity check.
 from eagle3_pipeline.generate.payload import rule_params, sampling_params
 
 
@@ -15,10 +15,15 @@ rule preflight_generation:
         # the preflight (and with it every generation shard); its prompts are the fit check's sample
         selection=f"{RESULTS}/prompts/selection-00000.parquet",
         replicas=get_replica_files(
-            f"{RESULTS}/generations/replicas/{{replica}}/preflight.json"
+            f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json"
         ),
     output:
         f"{RESULTS}/generations/preflight.json",
+        # server.replicas: each replica's findings, checked (and started) beside the primary
+        replicas=expand(
+            f"{RESULTS}/generations/replicas/{{replica}}/preflight.json",
+            replica=REPLICAS,
+        ),
     log:
         f"{LOGS}/preflight_generation.log",
     params:
@@ -26,23 +31,7 @@ rule preflight_generation:
         server=rule_params(SERVER, {"ca_bundle": None}),
         generation=sampling_params(config["generation"]),
         state_dir=f"{WORK}/server",
-    script:
-        "../scripts/preflight_generation.py"
-
-
-rule preflight_replica:
-    input:
-        checked=rules.check_replica.output[0],
-        selection=f"{RESULTS}/prompts/selection-00000.parquet",
-    output:
-        f"{RESULTS}/generations/replicas/{{replica}}/preflight.json",
-    log:
-        f"{LOGS}/preflight_replica/{{replica}}.log",
-    params:
-        server_json=get_replica_server_json,
-        server=get_replica_config,
-        generation=sampling_params(config["generation"]),
-        state_dir=get_replica_state_dir,
+        fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
     script:
         "../scripts/preflight_generation.py"
 

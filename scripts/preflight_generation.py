@@ -1,4 +1,5 @@
-"""Rule preflight_generation: one short request and the prompts' token counts, before any shard."""
+"""Rule preflight_generation: one short request and the prompts' token counts, before any shard, against
+the server and each of server.replicas."""
 
 from eagle3_pipeline.generate.preflight import preflight_generation
 from eagle3_pipeline.logs import setup_script_logging
@@ -13,4 +14,5 @@ preflight_generation(
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
     state_dir=snakemake.params.state_dir,
+    replicas=list(zip(snakemake.params.fleet.replicas, snakemake.output.replicas, strict=True)),
 )

@@ -1,7 +1,8 @@
 """The checks before any shard sends a question: one short request and the prompts' token counts.
 
-Rule preflight_generation runs once per run (every generation shard depends on its small output) and
-refuses in seconds what would otherwise be found only at the merge, after the whole generation:
+Rule preflight_generation runs once per run (every generation shard depends on its small output), for
+the primary server and every server.replicas entry at once, and refuses in seconds what would
+otherwise be found only at the merge, after the whole generation:
 - the served model name does not answer (/v1/models lists what the server serves);
 - the server ignores `return_token_ids` (vLLM < 0.10.2): no trace could be kept;
 - server.json names a reasoning parser but the reply carries no reasoning (unless
@@ -218,12 +219,43 @@ def preflight_generation(
     selection_path: str,
     output_path: str,
     state_dir: str,
+    replicas: list[tuple[Any, str]] | None = None,
 ) -> None:
     """The preflight_generation rule: start the server if needed, check it, write the findings.
 
     `generation` holds only the keys that shape a request (payload.sampling_params): changing the
-    concurrency does not rerun the preflight.
+    concurrency does not rerun the preflight. `replicas` (server.replicas): (replicas.Server, output
+    path) pairs checked the same way at the same time, each server started in its own thread (a
+    managed 8-GPU server loads for many minutes: one after another would add those up).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    checks = [(server_json_path, server_cfg, state_dir, output_path, "primary")]
+    checks += [(r.server_json, r.config, r.state_dir, out, r.name) for r, out in replicas or []]
+    with ThreadPoolExecutor(len(checks)) as pool:
+        futures = [pool.submit(_preflight_one, *check[:4], generation, selection_path) for check in checks]
+    problems = []
+    for check, future in zip(checks, futures, strict=True):
+        error = future.exception()
+        if error is not None:
+            log.error("preflight of server %s failed: %s", check[4], error)
+            problems.append((check[4], error))
+    if len(checks) > 1 and problems:
+        names = ", ".join(name for name, _ in problems)
+        first = problems[0][1]
+        raise PreflightError(f"the preflight failed for server(s) {names}: {first}") from first
+    if problems:
+        raise problems[0][1]
+
+
+def _preflight_one(
+    server_json_path: str,
+    server_cfg: dict[str, Any],
+    state_dir: str,
+    output_path: str,
+    generation: dict[str, Any],
+    selection_path: str,
+) -> None:
     from eagle3_pipeline.server import api_key
     from eagle3_pipeline.server.lifecycle import ensure_running
     from eagle3_pipeline.server.secrets import redact_data
