@@ -157,7 +157,8 @@ def test_a_changed_list_of_replicas_reruns_no_finished_shard(shared_run, change)
         )
     finally:
         _config(workdir, target, _replica_b(workdir))
-    assert job_counts(plan.stdout)["generate_shard"] == 0, plan.stdout
+    planned = {} if "Nothing to be done" in plan.stdout + plan.stderr else job_counts(plan.stdout)
+    assert "generate_shard" not in planned, plan.stdout
     assert "Nothing to be done" in params_only.stdout + params_only.stderr, params_only.stdout
 
 
