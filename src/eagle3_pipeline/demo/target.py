@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
+from eagle3_pipeline import io
 from eagle3_pipeline.demo.fit import FitSettings, build_examples, fit, model_config, synthesise_reasoning
 from eagle3_pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
 
@@ -114,13 +114,6 @@ def unit_environment(unit: str) -> dict[str, str]:
     return env
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def build_demo_target(
     sample_path: str | Path,
     unit_template_path: str | Path,
@@ -164,6 +157,6 @@ def build_demo_target(
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    _atomic_write(Path(unit_path), unit)
+    io.write_text(unit, unit_path)
     logger.info("demo target in %s, unit %s", target_dir, unit_path)
     return figures

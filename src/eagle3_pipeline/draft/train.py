@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from safetensors.torch import save_file
 
+from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.model import Eagle3Draft
@@ -218,15 +218,13 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
     if not ctx.accelerator.is_main_process:
         return
     path = _state_path(ctx.job) if path is None else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "state": asdict(state),
         "model": ctx.accelerator.unwrap_model(ctx.model).state_dict(),
         "optimizer": ctx.optimizer.state_dict(),
         "scheduler": ctx.scheduler.state_dict(),
     }
-    torch.save(blob, path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
+    io.write_torch(blob, path)
     log.info("training state saved at step %d (%s)", state.step, path)
 
 
@@ -273,12 +271,9 @@ def write_outputs(
     model: Eagle3Draft, job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
 ) -> None:
     """The trained tensors (checkpoint names, fp32) and history.json of `job`, written atomically."""
-    weights, history_path = Path(job.weights), Path(job.history)
-    weights.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.exported_state_dict().items()}
-    save_file(tensors, str(weights) + ".tmp", metadata={"draft_config": json.dumps(config.to_dict())})
-    os.replace(str(weights) + ".tmp", weights)
-    history_path.write_text(json.dumps(history, indent=1) + "\n")
+    io.write_safetensors(tensors, job.weights, metadata={"draft_config": json.dumps(config.to_dict())})
+    io.write_json(history, job.history, indent=1)
 
 
 def _accelerator(job: TrainJob) -> Accelerator:

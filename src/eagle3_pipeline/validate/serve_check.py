@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline import io
 from eagle3_pipeline.generate.client import ChatClient, Sampling
 from eagle3_pipeline.server.secrets import redact_data
 from eagle3_pipeline.validate.acceptance import online_acceptance
@@ -298,12 +299,7 @@ def serve_sampling(generation: dict[str, Any], validate: dict[str, Any], model: 
 def write_json(data: dict[str, Any], path: str | Path) -> None:
     """Write JSON atomically (a temporary file renamed into place), the unit's secrets redacted as
     values (a vLLM error or log tail in the figures can carry one)."""
-    data = redact_data(data)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    io.write_json(redact_data(data), path, indent=2, sort_keys=True)
 
 
 @interrupts_as_exceptions()  # SIGTERM (a SLURM cancel) unwinds through the cleanup: see dropin.py
