@@ -9,12 +9,12 @@ snapshot --server-json); transformers loads it here.
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
 from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shards
+from eagle3_pipeline.logs import setup_logging
 
 
 def parse_args(argv: list[str]) -> list[ExtractSettings]:
@@ -52,7 +52,5 @@ def parse_args(argv: list[str]) -> list[ExtractSettings]:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(None, "extract_hidden_states")  # stderr is the job's log (the rule redirects it)
     extract_shards(parse_args(sys.argv[1:]))

@@ -1,10 +1,10 @@
 """Rule preflight_generation: one short request and the prompts' token counts, before any shard."""
 
 from eagle3_pipeline.generate.preflight import preflight_generation
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "preflight_generation")
+stage(snakemake)
 
 preflight_generation(
     server_json_path=snakemake.params.server_json,

@@ -2,10 +2,10 @@
 rule train_draft_window for one window of one epoch (--window-*; see draft/train.py)."""
 
 import argparse
-import logging
 import sys
 
 from eagle3_pipeline.draft.train import DRAFT_SHAPE_KEYS, TrainJob, WindowJob, main, split_shards
+from eagle3_pipeline.logs import setup_logging
 
 
 def parse_args(argv: list[str]) -> TrainJob:
@@ -68,7 +68,5 @@ def parse_args(argv: list[str]) -> TrainJob:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(None, "train_draft")  # stderr is the job's log (the rule redirects it)
     main(parse_args(sys.argv[1:]))

@@ -32,6 +32,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from eagle3_pipeline.logs import setup_logging
+
 logger = logging.getLogger(__name__)
 
 MODES = ("ddp", "device_map")
@@ -151,7 +153,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: decide the flags from the visible devices, log them, exec `accelerate launch`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(None, "launch")  # stderr is the job's log
     args, script_argv = _parse(sys.argv[1:] if argv is None else argv)
     visible = visible_gpu_count()
     command = launch_argv(args.gpus, args.job_key, script_argv, visible, args.mode, args.config_file)

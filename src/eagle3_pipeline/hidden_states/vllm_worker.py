@@ -27,6 +27,7 @@ import torch
 
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import final_norm, storage
+from eagle3_pipeline.logs import setup_logging
 
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")
 CONNECTOR = "SyncHiddenStatesConnector"
@@ -202,9 +203,7 @@ def run_job(job: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(None, "vllm_worker")  # stderr is the extraction job's log
     if len(argv) != 1:
         print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker JOB.json", file=sys.stderr)  # noqa: T201
         return 2
