@@ -123,7 +123,9 @@ def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monke
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 7
         lengths = shard.offsets.diff().tolist()
-    assert len(calls) == len(extract.sequences.plan_batches(lengths, s.batch_tokens))  # every batch ran
+    assert len(calls) == len(
+        extract.sequences.longest_first_batches(lengths, s.batch_tokens)
+    )  # every batch ran
 
 
 def test_empty_shard_is_valid(traces, hs_target, tmp_path):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -88,30 +86,6 @@ def render_unit(template: str, repo: Path, target_dir: Path, port: int) -> str:
         )
     text = template.replace("@REPO@", str(repo)).replace("@TARGET@", str(target_dir))
     return text.replace("@PORT@", str(port))
-
-
-def _unit_lines(unit: str) -> list[str]:
-    joined = re.sub(r"\\\n", " ", unit)
-    return [
-        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
-    ]
-
-
-def unit_exec_start(unit: str) -> list[str]:
-    """The argv of the demo unit's ExecStart (this unit's subset of systemd syntax: continuations)."""
-    commands = [line.partition("=")[2] for line in _unit_lines(unit) if line.startswith("ExecStart=")]
-    if not commands or not commands[-1]:
-        raise ValueError("unit has no ExecStart= line")
-    return shlex.split(commands[-1].lstrip("-@:+!"))
-
-
-def unit_environment(unit: str) -> dict[str, str]:
-    """The variables of the unit's Environment= lines (repeated lines merge, the last wins)."""
-    env: dict[str, str] = {}
-    for line in _unit_lines(unit):
-        if line.startswith("Environment="):
-            env.update(item.split("=", 1) for item in shlex.split(line.partition("=")[2]) if "=" in item)
-    return env
 
 
 def build_demo_target(

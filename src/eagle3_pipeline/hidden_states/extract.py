@@ -328,7 +328,7 @@ def plan_shard(settings: ExtractSettings) -> ShardPlan:
     seqs, stats = sequences.build_sequences(
         rows, settings.max_seq_len, settings.overlong, _tokenizer_loader(settings)
     )
-    batches = sequences.plan_batches([len(s) for s in seqs], settings.batch_tokens)
+    batches = sequences.longest_first_batches([len(s) for s in seqs], settings.batch_tokens)
     log.info(
         "shard %d: %d rows -> %d sequences, %d tokens, %d batches; aux layers %s (vLLM ids %s)",
         settings.shard,

@@ -32,6 +32,7 @@ import requests
 
 from eagle3_pipeline import io
 from eagle3_pipeline.server import auth_headers, secrets
+from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 
@@ -143,14 +144,6 @@ def find_local(state_dir: Path, name: str) -> LocalProcess | None:
         return None
     proc = LocalProcess(pid, pid_file, Path(state_dir) / f"{name}.log")
     return proc if proc.alive() else None
-
-
-def check_health(base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5) -> bool:
-    """True when GET /health answers 200."""
-    try:
-        return requests.get(f"{base_url}/health", headers=headers or {}, timeout=timeout_s).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def wait_healthy(
