@@ -12,7 +12,7 @@ therefore decided twice:
 Usage from a rule's `shell:`:
 
     python -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {rule}/{wildcards.shard} \\
-        [--mode ddp|device_map] [--config-file config/accelerate/ddp_8gpu.yaml] \\
+        [--mode ddp|device_map] [--config-file my_accelerate.yaml] \\
         -- scripts/extract_hidden_states.py --traces ...
 
 Modes: `ddp` runs one process per GPU (the draft, which fits on one GPU many times over);
@@ -30,7 +30,6 @@ import shlex
 import sys
 import zlib
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from eagle3_pipeline.logs import setup_logging
 
@@ -38,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 MODES = ("ddp", "device_map")
 MODE_ENV = "EAGLE3_LAUNCH_MODE"
-REPO_ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "config" / "accelerate"
 
 
 def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:
@@ -147,7 +145,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs given to the job (resources.gpu)")
     parser.add_argument("--job-key", required=True, help="rule and wildcards; picks the main process port")
     parser.add_argument("--mode", choices=MODES, default="ddp", help="ddp or device_map (see module doc)")
-    parser.add_argument("--config-file", default=None, help="an accelerate config (config/accelerate/)")
+    parser.add_argument("--config-file", default=None, help="an accelerate config; flags set here win")
     return parser.parse_args(argv[:split]), argv[split + 1 :]
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from support.demo_check import greedy_replies
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3_pipeline.demo.check import greedy_replies
 from eagle3_pipeline.demo.fit import FitSettings, synthesise_reasoning
 from eagle3_pipeline.demo.sample import SOURCES, dumps_sample, generate_sample
 from eagle3_pipeline.demo.target import (
