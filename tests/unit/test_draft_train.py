@@ -15,15 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
-from eagle3_pipeline.draft.train import (
-    TrainJob,
-    WindowJob,
-    build_model,
-    build_optimizer,
-    finish,
-    main,
-    split_shards,
-)
+from eagle3_pipeline.draft.job import WindowJob, split_shards
+from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, finish, main
 from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.draft.windows import order_key
@@ -169,28 +162,6 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
         assert a["train"]["tokens"] == b["train"]["tokens"]
         assert a["validation"]["tokens"] == b["validation"]["tokens"]
     assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
-
-
-def test_the_script_passes_the_draft_shape_only_when_set():
-    """rule train_draft adds --head-dim/--num-attention-heads/--num-key-value-heads for the draft.* keys
-    set (get_draft_shape_args); left out, the shape is derived from the target."""
-    from importlib.util import module_from_spec, spec_from_file_location
-
-    spec = spec_from_file_location("train_script", REPO / "scripts" / "train_draft.py")
-    script = module_from_spec(spec)
-    spec.loader.exec_module(script)
-    argv = ["--states", "h/train/shard-00000.safetensors", "--vocab-map", "v", "--target", "t", "--work", "w"]
-    argv += ["--weights", "o/m.safetensors", "--history", "o/h.json", "--epochs", "1", "--lr", "1e-3"]
-    argv += ["--warmup-ratio", "0", "--weight-decay", "0", "--grad-clip", "1", "--batch-tokens", "64"]
-    argv += ["--seed", "0", "--save-every-steps", "10"]
-    assert script.parse_args(argv).draft == {"ttt_steps": 7, "step_weight_decay": 0.8}
-    shape = ["--head-dim", "128", "--num-attention-heads", "64", "--num-key-value-heads", "64"]
-    draft = script.parse_args(argv + shape).draft
-    assert draft == {"ttt_steps": 7, "step_weight_decay": 0.8} | {
-        "head_dim": 128,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-    }
 
 
 def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hidden_states, tmp_path):

@@ -34,6 +34,7 @@ from accelerate.utils import set_seed
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
+from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, TrainJob
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, summarize, target_distribution, ttt_loss
@@ -41,38 +42,6 @@ from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 from eagle3_pipeline.draft.windows import order_key, total_steps
 
 log = logging.getLogger(__name__)
-
-DRAFT_SHAPE_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")  # config draft.*, None: default
-
-
-@dataclass
-class TrainJob:
-    """Everything one training run reads and writes (the rule's inputs, params and outputs)."""
-
-    train_shards: list[str]
-    validation_shards: list[str]
-    vocab_map: str
-    target: str  # the target model folder
-    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set)
-    train: dict[str, Any]  # config train.*
-    work: str
-    weights: str  # output: trained tensors
-    history: str  # output: per-epoch metrics
-    stop_after_steps: int | None = None  # stop (state saved) after this many steps: an interruption
-    cpu_threads: int = 0  # torch threads on CPU (0: torch's default); see docs/training.md
-    window: WindowJob | None = None  # one window of one epoch (hidden_states.max_disk_gb), else all
-
-
-@dataclass
-class WindowJob:
-    """Which window of which epoch a windowed job trains, and the state files around it."""
-
-    epoch: int
-    window: int
-    windows: int  # windows per epoch
-    plan: str  # draft/windows/plan.json: batches per (epoch, window), for the schedule's length
-    previous: str | None  # the previous (epoch, window)'s state file; None for the first
-    state: str  # output: this (epoch, window)'s state file
 
 
 @dataclass
@@ -97,18 +66,6 @@ class Context:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     head: dict[str, torch.Tensor]  # lm_head, t2d, draft_ids: the frozen target side of the loss
     job: TrainJob
-
-
-def split_shards(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(train, validation) shard paths, by their split folder (hidden_states/{split}/shard-*.safetensors)."""
-    train = [p for p in paths if Path(p).parent.name == "train"]
-    validation = [p for p in paths if Path(p).parent.name == "validation"]
-    other = sorted(set(paths) - set(train) - set(validation))
-    if other or not train:
-        raise ValueError(
-            f"hidden-state shards must sit under train/ or validation/ (train: {len(train)}, other: {other})"
-        )
-    return train, validation
 
 
 def build_model(job: TrainJob) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
