@@ -1,8 +1,10 @@
 """Draft training: training-time test over the hidden-state shards, launched by accelerate.
 
-    accelerate launch --cpu --num_processes 1 scripts/train_draft.py ...        # CPU, fp32 (the demo)
-    accelerate launch --num_processes 1 scripts/train_draft.py ...              # one GPU, bf16 autocast
-    accelerate launch --multi_gpu --num_processes 8 scripts/train_draft.py ...  # DDP over 8 GPUs
+    accelerate launch --cpu --num_processes 1 -m eagle3_pipeline.draft JOB.json        # CPU, fp32 (demo)
+    accelerate launch --num_processes 1 -m eagle3_pipeline.draft JOB.json              # one GPU, bf16
+    accelerate launch --multi_gpu --num_processes 8 -m eagle3_pipeline.draft JOB.json  # DDP over 8 GPUs
+
+The job file is draft/job.py's (written by the rules' thin scripts; eagle3_pipeline.launch).
 
 Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients. The
 training state (weights, optimiser, schedule, position in the epoch, history) is saved atomically under

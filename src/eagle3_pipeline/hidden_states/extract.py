@@ -1,6 +1,6 @@
 """The per-shard extraction job: sequences -> batches -> parts under work/ -> one packed shard.
 
-Launch modes (scripts/extract_hidden_states.py under `accelerate launch`):
+Launch modes (`python -m eagle3_pipeline.hidden_states JOB.json` under `accelerate launch`):
 
     accelerate launch --cpu --num_processes 1 ...        # CPU: the demo and the tests
     accelerate launch --num_processes 8 --multi_gpu ...  # data parallel: the model fits one GPU;
