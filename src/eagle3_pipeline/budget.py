@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -428,4 +429,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    setup_logging(None, "budget")
     sys.exit(main())
