@@ -47,6 +47,7 @@ import requests
 from eagle3_pipeline.generate.http import Http
 from eagle3_pipeline.generate.payload import Sampling, chat_body
 from eagle3_pipeline.generate.shard import run_generation
+from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,12 +56,6 @@ REPO = Path(__file__).resolve().parent.parent
 def emit(**record) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- the instant endpoint (runs in a child process) -------------------------------------------------

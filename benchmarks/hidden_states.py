@@ -134,7 +134,7 @@ def forward_variants(model: torch.nn.Module, batches: list[list[list[int]]], lay
 
 
 def bench_forwards(target: Path, seqs: list[list[int]], args: argparse.Namespace, layers: list[int]) -> None:
-    batches_idx = sequences.plan_batches([len(s) for s in seqs], args.batch_tokens)
+    batches_idx = sequences.longest_first_batches([len(s) for s in seqs], args.batch_tokens)
     batches = [[seqs[i] for i in b] for b in batches_idx]
     tokens = sum(map(len, seqs))
     padded = sum(max(len(seqs[i]) for i in b) * len(b) for b in batches_idx)

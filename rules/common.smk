@@ -113,16 +113,6 @@ def get_target_config():
     return f"{config['target']['model']}/config.json"
 
 
-def get_draft_shape_args():
-    """--head-dim/--num-attention-heads/--num-key-value-heads for the draft.* keys that are set."""
-    keys = ("head_dim", "num_attention_heads", "num_key_value_heads")
-    return " ".join(
-        f"--{k.replace('_', '-')} {config['draft'][k]}"
-        for k in keys
-        if config["draft"].get(k) is not None
-    )
-
-
 get_prompt_shards = shard_files(f"{RESULTS}/prompts/shard-{{shard}}.parquet")
 get_generation_shards = shard_files(f"{RESULTS}/generations/shard-{{shard}}.parquet")
 get_hidden_state_shards = shard_files(

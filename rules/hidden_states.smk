@@ -3,9 +3,6 @@
 # One job per shard writes every split's file: the target is loaded once, not once per split. Shard k
 # reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
-import json
-import shlex
-import sys
 
 
 rule extract_hidden_states:
@@ -31,9 +28,6 @@ rule extract_hidden_states:
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
-        # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
-        python=sys.executable,
-        script=f"{workflow.basedir}/scripts/extract_hidden_states.py",
         # vllm: one process, vLLM starts its own tensor-parallel workers on the job's GPUs
         launch_mode=(
             "device_map"
@@ -42,7 +36,7 @@ rule extract_hidden_states:
             else "ddp"
         ),
         backend=config["hidden_states"]["backend"],
-        vllm=shlex.quote(json.dumps(config["hidden_states"]["vllm"])),
+        vllm=config["hidden_states"]["vllm"],
         # the snapshot exists: the traces come from generation, which needs it
         server_json=rules.snapshot_server.output.server,
         layers=config["hidden_states"]["layers"],
@@ -51,22 +45,10 @@ rule extract_hidden_states:
         dtype=config["hidden_states"]["dtype"],
         batch_tokens=config["hidden_states"]["batch_tokens"],
         compute_dtype=config["hidden_states"]["compute_dtype"],
-        trust_remote_code=(
-            "--trust-remote-code"
-            if config["hidden_states"]["trust_remote_code"]
-            else ""
-        ),
+        trust_remote_code=config["hidden_states"]["trust_remote_code"],
         work=f"{WORK}/hidden_states/{EPOCH_DIR}{{shard}}",  # a folder per split inside
-    shell:
-        # eagle3_pipeline.launch: `accelerate launch`, processes clamped to the GPUs the job sees (CPU
-        # when none); --mode device_map starts one process that spreads the target over all of them.
-        "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu}"
-        " --mode {params.launch_mode}"
-        " --job-key {params.work}"  # a main-process port per job
-        " -- {params.script}"
-        " --traces {input.traces} --shard {wildcards.shard} --target $(dirname {input.target})"
-        " --layers {params.layers} --max-seq-len {params.max_seq_len} --overlong {params.overlong}"
-        " --dtype {params.dtype} --compute-dtype {params.compute_dtype} {params.trust_remote_code}"
-        " --batch-tokens {params.batch_tokens} --work {params.work}"
-        " --backend {params.backend} --vllm {params.vllm} --server-json {params.server_json}"
-        " --output {output.states} --metadata {output.metadata} > {log} 2>&1"
+    script:
+        # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch): processes clamped
+        # to the GPUs the job sees (CPU when none); device_map mode starts one process that spreads
+        # the target over all of them
+        "../scripts/extract_hidden_states.py"

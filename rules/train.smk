@@ -2,8 +2,6 @@
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
-import sys
-
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 
@@ -30,22 +28,6 @@ rule vocab_map:
         lengths=LENGTHS,
     script:
         "../scripts/vocab_map.py"
-
-
-TRAIN_SHELL = (
-    # eagle3_pipeline.launch: `accelerate launch` with DDP over the GPUs the job sees (CPU when
-    # none) and a main-process port per job (keyed on the work dir: baseline and main differ)
-    "{params.python} -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {params.work}"
-    " -- {params.script}"
-    " --states {input.states} --vocab-map {input.vocab_map} --target $(dirname {input.target})"
-    " --threads {threads} --work {params.work}"
-    " --ttt-steps {params.draft[ttt_steps]} --step-weight-decay {params.draft[step_weight_decay]}"
-    " {params.shape}"
-    " --epochs {params.train[epochs]} --lr {params.train[lr]} --warmup-ratio {params.train[warmup_ratio]}"
-    " --weight-decay {params.train[weight_decay]} --grad-clip {params.train[grad_clip]}"
-    " --batch-tokens {params.train[batch_tokens]} --seed {params.train[seed]}"
-    " --save-every-steps {params.train[save_every_steps]}"
-)
 
 
 if WINDOW:
@@ -80,18 +62,14 @@ if WINDOW:
         resources:
             gpu=1,  # as train_draft
         params:
-            python=sys.executable,
-            script=f"{workflow.basedir}/scripts/train_draft.py",
             draft=config["draft"],
-            shape=get_draft_shape_args(),
             train=config["train"],
+            # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
             windows=len(WINDOWS),
-        shell:
-            TRAIN_SHELL
-            + " --window {wildcards.epoch} {wildcards.window} {params.windows}"
-            " --window-plan {input.plan} --window-previous '{input.previous}'"
-            " --window-state {output.state} > {log} 2>&1"
+        script:
+            # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch)
+            "../scripts/train_draft_window.py"
 
     localrules:
         train_draft,  # a state file written out: no GPU, no cluster job
@@ -131,16 +109,13 @@ else:
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
-            # absolute: `snakemake --directory elsewhere` and a PATH without the venv both work
-            python=sys.executable,
-            script=f"{workflow.basedir}/scripts/train_draft.py",
             draft=config["draft"],
-            shape=get_draft_shape_args(),
             train=config["train"],
-            work=f"{WORK}/train",
-        shell:
-            TRAIN_SHELL
-            + " --weights {output.weights} --history {output.history} > {log} 2>&1"
+            work=f"{WORK}/train",  # the training state (resume); also the main-process port's key
+        script:
+            # a job file under work/ run by `accelerate launch`: DDP over the GPUs the job sees, one
+            # CPU process without (eagle3_pipeline.launch)
+            "../scripts/train_draft.py"
 
 
 rule export_draft:

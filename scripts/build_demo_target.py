@@ -4,10 +4,10 @@ import os
 
 from eagle3_pipeline.demo.fit import FitSettings
 from eagle3_pipeline.demo.target import build_demo_target
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "build_demo_target")
+stage(snakemake)
 
 build_demo_target(
     sample_path=snakemake.input.sample,

@@ -1,10 +1,10 @@
 """Rule check_disk_budget: shard k's hidden states' disk need, from its traces, against free space and cap."""
 
 from eagle3_pipeline.budget import check_disk_budget
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "check_disk_budget")
+stage(snakemake)
 
 check_disk_budget(
     traces=[snakemake.input.train, snakemake.input.validation],

@@ -1,10 +1,10 @@
 """Rule check_replica: a replica's snapshot against the primary's; the run stops naming what differs."""
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.server.replicas import check_replica_files
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "check_replica")
+stage(snakemake)
 
 check_replica_files(
     snakemake.wildcards.replica,

@@ -1,10 +1,10 @@
 """Rule export_draft: the trained draft as an EAGLE-3 checkpoint that vLLM and SGLang load."""
 
 from eagle3_pipeline.draft.export import export_checkpoint
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "export_draft")
+stage(snakemake)
 
 export_checkpoint(
     weights=snakemake.input.weights,

@@ -1,10 +1,10 @@
 """Rule filter_traces: generation shard k -> its checked, filtered traces, one file per split."""
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.traces import TraceFilters, filter_shard_traces
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "filter_traces")
+stage(snakemake)
 
 filter_shard_traces(
     generation=snakemake.input.generation,

@@ -1,10 +1,10 @@
 """Rule train_draft under a disk cap: the trained weights and history from the last window's state."""
 
 from eagle3_pipeline.draft.train import TrainJob, finish
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "train_draft")
+stage(snakemake)
 
 job = TrainJob(
     train_shards=[],

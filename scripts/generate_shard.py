@@ -2,10 +2,10 @@
 journaled under work/, then written."""
 
 from eagle3_pipeline.generate import generate_shard
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "generate_shard")
+stage(snakemake)
 
 shard = int(snakemake.wildcards.shard)
 generate_shard(

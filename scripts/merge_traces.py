@@ -1,10 +1,10 @@
 """Rule merge_traces: generation shards -> traces (with their split), stats, conversations, plots."""
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.traces import TraceFilters, TraceOutputs, merge_traces
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "merge_traces")
+stage(snakemake)
 
 output = snakemake.output
 merge_traces(

@@ -1,10 +1,10 @@
 """Rule plan_windows: batches per (epoch, window) under a disk cap, for the learning-rate schedule."""
 
 from eagle3_pipeline.draft.windows import plan_windows, write_plan
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "plan_windows")
+stage(snakemake)
 
 by_shard = {path.rsplit("shard-", 1)[1].split(".")[0]: path for path in snakemake.input.traces}
 write_plan(

@@ -2,10 +2,10 @@
 the server and each of server.replicas."""
 
 from eagle3_pipeline.generate.preflight import preflight_generation
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "preflight_generation")
+stage(snakemake)
 
 preflight_generation(
     server_json_path=snakemake.params.server_json,

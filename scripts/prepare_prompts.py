@@ -1,10 +1,10 @@
 """Rule prepare_prompts: block b of the dataset's questions, with stable ids, in selection order."""
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.prompts import prepare_prompts
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "prepare_prompts")
+stage(snakemake)
 
 prepare_prompts(
     selection=snakemake.params.selection,

@@ -2,12 +2,12 @@
 unit.service, server.json and identity.json, secrets redacted. A serve-check drop-in left by a killed
 run is restored first, so that the draft's command is never recorded as production's."""
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.server.snapshot import snapshot_server
 from eagle3_pipeline.validate.dropin import recover_leftover_dropin
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "snapshot_server")
+stage(snakemake)
 
 recover_leftover_dropin(snakemake.params.server)
 snapshot_server(

@@ -4,11 +4,11 @@
 import json
 from pathlib import Path
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.server.lifecycle import stop, write_stop_report
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-log = setup_script_logging(snakemake.log[0], "stop_server")
+log = stage(snakemake)
 
 server_json = json.loads(Path(snakemake.input.server).read_text())
 report = stop(server_json, snakemake.params.server, Path(snakemake.params.state_dir))

@@ -1,74 +1,23 @@
-"""Train the EAGLE-3 draft; run by `accelerate launch` from rule train_draft, or, under a disk cap, from
-rule train_draft_window for one window of one epoch (--window-*; see draft/train.py)."""
+"""Rule train_draft: the training job, written to a job file under work/, run by `accelerate launch`
+with one process per GPU the job sees (eagle3_pipeline.launch; one CPU process without a GPU)."""
 
-import argparse
-import logging
-import sys
+from eagle3_pipeline.draft.job import rule_job, write_job
+from eagle3_pipeline.launch import exec_job
+from eagle3_pipeline.logs import stage
 
-from eagle3_pipeline.draft.train import DRAFT_SHAPE_KEYS, TrainJob, WindowJob, main, split_shards
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+stage(snakemake)
 
-
-def parse_args(argv: list[str]) -> TrainJob:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument(
-        "--states", nargs="+", required=True, help="hidden_states/{train,validation}/shard-*.safetensors"
-    )
-    p.add_argument("--vocab-map", required=True, help="draft/vocab_map.safetensors")
-    p.add_argument("--target", required=True, help="target weights folder (config.json, model.safetensors)")
-    p.add_argument("--work", required=True, help="training state, for resume")
-    p.add_argument("--weights", default="", help="output: draft/trained/model.safetensors")
-    p.add_argument("--history", default="", help="output: draft/trained/history.json")
-    p.add_argument("--window", type=int, nargs=3, metavar=("EPOCH", "WINDOW", "WINDOWS"), help="windowed")
-    p.add_argument("--window-plan", help="windowed: draft/windows/plan.json")
-    p.add_argument("--window-previous", default="", help="windowed: the previous window's state, if any")
-    p.add_argument("--window-state", help="windowed output: this window's state")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
-    p.add_argument("--ttt-steps", type=int, default=7)
-    p.add_argument("--step-weight-decay", type=float, default=0.8)
-    for key in DRAFT_SHAPE_KEYS:  # draft.head_dim etc.; left out: the default from the target
-        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
-    for flag, kind in [("epochs", int), ("lr", float), ("warmup-ratio", float), ("weight-decay", float)]:
-        p.add_argument(f"--{flag}", type=kind, required=True)
-    for flag, kind in [("grad-clip", float), ("batch-tokens", int), ("seed", int), ("save-every-steps", int)]:
-        p.add_argument(f"--{flag}", type=kind, required=True)
-    a = p.parse_args(argv)
-    if a.window is None and not (a.weights and a.history):
-        p.error("--weights and --history are required (or --window with --window-plan/--window-state)")
-    if a.window is not None and not (a.window_plan and a.window_state):
-        p.error("--window needs --window-plan and --window-state")
-    window = None
-    if a.window is not None:
-        epoch, index, windows = a.window
-        window = WindowJob(epoch, index, windows, a.window_plan, a.window_previous or None, a.window_state)
-    train_shards, validation_shards = split_shards(a.states)
-    train_keys = (
-        "epochs",
-        "lr",
-        "warmup_ratio",
-        "weight_decay",
-        "grad_clip",
-        "batch_tokens",
-        "seed",
-        "save_every_steps",
-    )
-    return TrainJob(
-        train_shards=train_shards,
-        validation_shards=validation_shards,
-        vocab_map=a.vocab_map,
-        target=a.target,
-        draft={"ttt_steps": a.ttt_steps, "step_weight_decay": a.step_weight_decay}
-        | {k: getattr(a, k) for k in DRAFT_SHAPE_KEYS if getattr(a, k) is not None},
-        train={k: getattr(a, k) for k in train_keys},
-        work=a.work,
-        weights=a.weights,
-        history=a.history,
-        cpu_threads=a.threads,
-        window=window,
-    )
-
-
-if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    main(parse_args(sys.argv[1:]))
+job = rule_job(
+    states=snakemake.input.states,
+    vocab_map=snakemake.input.vocab_map,
+    target_config=snakemake.input.target,
+    draft=snakemake.params.draft,
+    train=snakemake.params.train,
+    work=snakemake.params.work,
+    cpu_threads=snakemake.threads,
+    weights=snakemake.output.weights,
+    history=snakemake.output.history,
+)
+job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft.json")
+exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])

@@ -2,11 +2,11 @@
 
 import os
 
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 from eagle3_pipeline.validate.offline import validate_offline
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "validate_offline")
+stage(snakemake)
 
 validate_offline(
     checkpoint_dir=os.path.dirname(snakemake.input.checkpoint),

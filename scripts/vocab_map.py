@@ -3,10 +3,10 @@ windowed training under hidden_states.max_disk_gb, of the training traces: no st
 
 from eagle3_pipeline.draft.config import read_target_config
 from eagle3_pipeline.draft.vocab import build_vocab_map, count_trace_tokens
-from eagle3_pipeline.logs import setup_script_logging
+from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
-setup_script_logging(snakemake.log[0], "vocab_map")
+stage(snakemake)
 
 traces = snakemake.input.get("traces")
 build_vocab_map(

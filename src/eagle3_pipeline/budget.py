@@ -37,6 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline import io
+from eagle3_pipeline.logs import setup_logging
+
 logger = logging.getLogger(__name__)
 
 STATE_COUNT = 4  # three auxiliary layers + the final hidden state
@@ -297,8 +300,7 @@ def check_disk_budget(
         )
     figures = check_free_space(budget, hidden_states_dir, 0, headroom)
     logger.info("%s", describe(budget, figures))
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(json.dumps(budget.to_json(), indent=2) + "\n")
+    io.write_json(budget.to_json(), output, indent=2)
     return budget
 
 
@@ -427,4 +429,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    setup_logging(None, "budget")
     sys.exit(main())

@@ -1,19 +1,22 @@
 """Launching GPU steps with `accelerate launch`, sized to the GPUs a job really has.
 
 Snakemake gives a job `resources.gpu` (capped locally by `--resources gpu=N`, mapped to `--gpus=N` by
-the SLURM plugin), but assigns no device ids and cannot see what a node really exposes. The flags are
-therefore decided twice:
+the SLURM plugin), but assigns no device ids and cannot see what a node really exposes. So the flags
+are decided in the job, at launch time: the process count is clamped to the devices visible in the
+job (`CUDA_VISIBLE_DEVICES`, else torch), the decision is logged, and `accelerate launch` is exec'd
+with this interpreter (`sys.executable`). A rule that asks for more GPUs than the node exposes still
+runs correctly, and nothing machine-specific (interpreter, checkout path) is in any rule's params.
 
-- `accelerate_args` (params, at plan time): one process per GPU the job was given; deterministic.
-- `python -m eagle3_pipeline.launch` (in the job, at launch time): clamps the process count to the
-  devices visible in the job (`CUDA_VISIBLE_DEVICES`, else torch), logs the decision and execs
-  `accelerate launch`. A rule that asks for more GPUs than the node exposes still runs correctly.
+The GPU rules (train_draft, train_draft_window, extract_hidden_states) use the thin-script pattern: the
+script writes a job file (`write_job`: inputs, outputs and the settings the job needs, under the job's
+work folder) and calls `exec_job`, which becomes
 
-Usage from a rule's `shell:`:
+    accelerate launch <flags> -m eagle3_pipeline.draft JOB.json          # or eagle3_pipeline.hidden_states
 
-    python -m eagle3_pipeline.launch --gpus {resources.gpu} --job-key {rule}/{wildcards.shard} \\
-        [--mode ddp|device_map] [--config-file config/accelerate/ddp_8gpu.yaml] \\
-        -- scripts/extract_hidden_states.py --traces ...
+whose module reads the job file back (`read_job`). By hand, the same launcher takes a script:
+
+    python -m eagle3_pipeline.launch --gpus 8 --job-key K [--mode ddp|device_map] \\
+        [--config-file my_accelerate.yaml] -- -m eagle3_pipeline.draft JOB.json
 
 Modes: `ddp` runs one process per GPU (the draft, which fits on one GPU many times over);
 `device_map` runs a single process that sees every GPU of the job, for a target too large for one
@@ -24,19 +27,23 @@ mode is exported to the script as EAGLE3_LAUNCH_MODE.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
 import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
+
+from eagle3_pipeline import io
+from eagle3_pipeline.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
 MODES = ("ddp", "device_map")
 MODE_ENV = "EAGLE3_LAUNCH_MODE"
-REPO_ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "config" / "accelerate"
 
 
 def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:
@@ -145,22 +152,79 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs given to the job (resources.gpu)")
     parser.add_argument("--job-key", required=True, help="rule and wildcards; picks the main process port")
     parser.add_argument("--mode", choices=MODES, default="ddp", help="ddp or device_map (see module doc)")
-    parser.add_argument("--config-file", default=None, help="an accelerate config (config/accelerate/)")
+    parser.add_argument("--config-file", default=None, help="an accelerate config; flags set here win")
     return parser.parse_args(argv[:split]), argv[split + 1 :]
+
+
+def write_job(job: Mapping[str, Any], path: str | Path) -> Path:
+    """Write a job file: what a launched module reads instead of a command line (paths as strings)."""
+    io.write_json(dict(job), path, indent=1, sort_keys=True, default=str)
+    return Path(path)
+
+
+def read_job(path: str | Path) -> dict[str, Any]:
+    """A job file written by `write_job`.
+
+    Raises:
+        ValueError: the file is not a JSON object (the message names it).
+    """
+    job = json.loads(Path(path).read_text())
+    if not isinstance(job, dict):
+        raise ValueError(f"{path}: a job file holds a JSON object, not {type(job).__name__}")
+    return job
+
+
+def exec_job(
+    module: str, job_file: str | Path, gpus: int, job_key: str, log_path: str | Path, mode: str = "ddp"
+) -> NoReturn:
+    """Become `accelerate launch <flags> -m MODULE JOB_FILE`, its output appended to the job's log.
+
+    The flags are decided here, at run time, from the GPUs the job was given and the devices it sees
+    (see the module docstring); the interpreter is this one (`sys.executable`). Called by a rule's
+    thin script after it wrote the job file, so nothing about the machine is in the rule's params.
+
+    Args:
+        module: The package module that runs the job (`python -m MODULE JOB_FILE`).
+        job_file: Its job file (`write_job`).
+        gpus: GPUs Snakemake gave the job (`resources.gpu`).
+        job_key: Identifies the job (its work folder); picks the main-process port.
+        log_path: The job's log; the launched processes' stdout and stderr are appended to it.
+        mode: ddp or device_map.
+    """
+    argv = ["-m", module, str(job_file)]
+    _exec(gpus, mode, lambda visible: launch_argv(gpus, job_key, argv, visible, mode), log_path)
+
+
+def _exec(
+    gpus: int, mode: str, command_for: Callable[[int], list[str]], log_path: str | Path | None = None
+) -> NoReturn:
+    """Log what is started on the devices visible now, then exec the command (stdout/stderr to log_path)."""
+    visible = visible_gpu_count()
+    command = command_for(visible)
+    (logger.warning if gpus > visible else logger.info)(describe(gpus, visible, mode))
+    logger.info("exec: %s", shlex.join(command))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if log_path is not None:  # the launched processes write where the rule's log is
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    os.execve(command[0], command, {**os.environ, MODE_ENV: mode})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: decide the flags from the visible devices, log them, exec `accelerate launch`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(None, "launch")  # stderr is the job's log
     args, script_argv = _parse(sys.argv[1:] if argv is None else argv)
-    visible = visible_gpu_count()
-    command = launch_argv(args.gpus, args.job_key, script_argv, visible, args.mode, args.config_file)
-    message = describe(args.gpus, visible, args.mode)
-    (logger.warning if args.gpus > visible else logger.info)(message)
-    logger.info("exec: %s", shlex.join(command))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(command[0], command, {**os.environ, MODE_ENV: args.mode})
+    key, config_file = args.job_key, args.config_file
+    _exec(
+        args.gpus,
+        args.mode,
+        lambda seen: launch_argv(args.gpus, key, script_argv, seen, args.mode, config_file),
+    )
 
 
 if __name__ == "__main__":

@@ -1,30 +1,71 @@
-"""Logging for the scripts Snakemake runs: one log per job, secrets scrubbed, errors stated plainly."""
+"""The one logging setup of every entry point: secrets scrubbed, errors stated plainly.
+
+- `stage(snakemake)`: the first line of every script under scripts/. Routes logging, warnings and
+  stderr to the job's log (`snakemake.log[0]`) through the redacting filter, reports an uncaught error
+  with its traceback in the log and one scrubbed line on the console, and writes the job's provenance
+  beside the log (`<log>.provenance.json`, see provenance.py).
+- `setup_logging(None, name)`: the same for a `python -m eagle3_pipeline...` entry point (the launcher,
+  the accelerate jobs, the vLLM worker), whose stderr the caller already sends to the job's log.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 from types import TracebackType
+from typing import Any
 
+from eagle3_pipeline import provenance
 from eagle3_pipeline.server.secrets import REDACTOR, protect_logging
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def setup_script_logging(log_path: str, name: str) -> logging.Logger:
-    """Route logging, warnings and stderr (tqdm bars, library noise) to the job's log through the
-    redacting filter. An uncaught error is logged with its traceback and ends the script with a
-    one-line, scrubbed message on the console, where Snakemake's user sees it."""
+def setup_logging(log_path: str | None, name: str) -> logging.Logger:
+    """Route logging and warnings through the redacting filter, to `log_path` (else stderr).
+
+    With a `log_path`, stderr (tqdm bars, library noise) goes there too. An uncaught error is logged
+    with its traceback and ends the process with a one-line, scrubbed message on the console.
+
+    Args:
+        log_path: The job's log file, or None to log to stderr (already the job's log).
+        name: The entry point's name, for the logger and the error line.
+
+    Returns:
+        The entry point's logger.
+    """
     console = sys.stderr
-    logging.basicConfig(filename=log_path, level=logging.INFO, format=FORMAT, force=True)
+    if log_path is None:
+        logging.basicConfig(stream=console, level=logging.INFO, format=FORMAT, force=True)
+    else:
+        logging.basicConfig(filename=log_path, level=logging.INFO, format=FORMAT, force=True)
+        sys.stderr = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the job
     logging.captureWarnings(True)
     protect_logging()
-    sys.stderr = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the job
     logger = logging.getLogger(name)
+    where = f" (log: {log_path})" if log_path else ""
 
     def excepthook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
         logger.error("%s failed", name, exc_info=(kind, err, tb))
-        console.write(f"{name} failed: {kind.__name__}: {REDACTOR.scrub(str(err))} (log: {log_path})\n")
+        if log_path is not None:  # else the traceback above is on the console already
+            console.write(f"{name} failed: {kind.__name__}: {REDACTOR.scrub(str(err))}{where}\n")
 
     sys.excepthook = excepthook
+    return logger
+
+
+def stage(snakemake: Any, name: str | None = None) -> logging.Logger:
+    """Set up a `script:` job: its log (`setup_logging`) and its provenance record beside the log.
+
+    Args:
+        snakemake: The object Snakemake injects into a `script:` (rule, log, input, params, wildcards).
+        name: The logger's name; the rule's name by default.
+
+    Returns:
+        The job's logger.
+    """
+    log_path = str(snakemake.log[0])
+    logger = setup_logging(log_path, name or snakemake.rule)
+    server_json = provenance.find_server_json([*snakemake.input, *snakemake.params])
+    provenance.write(log_path, snakemake.rule, dict(snakemake.wildcards.items()), server_json)
     return logger

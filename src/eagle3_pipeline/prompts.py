@@ -39,6 +39,8 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline import io
+
 log = logging.getLogger(__name__)
 
 # Rows per row group of the selection: a shard job reads only the groups its rows fall in.
@@ -370,14 +372,10 @@ def write_parquet(
     row_group_size: int | None = None,
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Write deterministically (same content, same bytes) and atomically (tmp + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.write_parquet(
-        tmp, compression="zstd", statistics=False, row_group_size=row_group_size, metadata=metadata
+    """Write deterministically (same content, same bytes: no statistics) and atomically."""
+    io.write_parquet(
+        frame, path, compression="zstd", statistics=False, row_group_size=row_group_size, metadata=metadata
     )
-    os.replace(tmp, path)
 
 
 def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:

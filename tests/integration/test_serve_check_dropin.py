@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from support.sshd import kill_stand_in_unit
 
+from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.lifecycle import check_model, wait_healthy
 from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.server.tunnel import free_port
 from eagle3_pipeline.server.unit import ExecCommand
 from eagle3_pipeline.validate import dropin, remote_checkpoint
 from eagle3_pipeline.validate.dropin import (

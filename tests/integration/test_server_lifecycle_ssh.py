@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from support.sshd import kill_stand_in_unit
 
+from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.lifecycle import ServerError, ensure_running, read_ownership, stop
 from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.server.tunnel import free_port
 
 pytestmark = pytest.mark.ssh
 DATA = Path(__file__).parents[1] / "data"

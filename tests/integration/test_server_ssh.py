@@ -282,8 +282,8 @@ def test_tunnel_waits_for_a_server_that_starts_after_it_opens(sshd_server) -> No
     /health polled through it must see the server once it listens."""
     from support.http_endpoint import ScriptedEndpoint
 
+    from eagle3_pipeline.ports import free_port
     from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
-    from eagle3_pipeline.server.tunnel import free_port
 
     port = free_port()  # nothing listens there yet
     tunnel = Tunnel(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,20 +18,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from eagle3_pipeline.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm/bin/python"
-PORTS = range(18540, 18560)
-
-
-def _free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18540-18559")
 
 
 class VllmProcess:
@@ -41,7 +30,7 @@ class VllmProcess:
     def __init__(
         self, model: Path, log_dir: Path, reasoning_parser: str | None = "kimi_k2", max_model_len=512
     ):
-        self.model, self.log_dir, self.port = model, log_dir, _free_port()
+        self.model, self.log_dir, self.port = model, log_dir, free_port(18540, 18559)
         self.reasoning_parser, self.max_model_len = reasoning_parser, max_model_len
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.served_model_name = "eagle3-demo-target"

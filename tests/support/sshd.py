@@ -21,14 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 ALIAS = "vllm-box"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def keygen(path: Path) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,9 +24,9 @@ from eagle3_pipeline.demo.target import (
     SERVED_MODEL_NAME,
     build_demo_target,
     render_unit,
-    unit_environment,
-    unit_exec_start,
 )
+from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -52,12 +51,6 @@ def demo_target_dir() -> Path:
     return cached / "target"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class DemoServer:
     """A real vLLM CPU server process; ``kill()`` and ``restart()`` serve tests that kill it mid-run."""
 
@@ -68,8 +61,9 @@ class DemoServer:
         self.model = SERVED_MODEL_NAME
         self.base_url = f"http://127.0.0.1:{port}"
         unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, target_dir, port)
-        self.command = unit_exec_start(unit)
-        self.env = {**os.environ, **unit_environment(unit)}
+        parsed = merge_unit([("vllm-demo.service", unit)], "vllm-demo.service")  # the snapshot's parser
+        self.command = command_argv(parsed.exec_start[-1], parsed.environment, [])
+        self.env = {**os.environ, **parsed.environment}
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:

@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from support.demo_check import greedy_replies
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3_pipeline.demo.check import greedy_replies
 from eagle3_pipeline.demo.fit import FitSettings, synthesise_reasoning
 from eagle3_pipeline.demo.sample import SOURCES, dumps_sample, generate_sample
 from eagle3_pipeline.demo.target import (
     build_demo_target,
     load_rows,
     render_unit,
-    unit_environment,
-    unit_exec_start,
 )
 from eagle3_pipeline.demo.tokenizer import CHAT_TOKENS, THINK_TOKENS
+from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "config" / "demo" / "sample.jsonl"
@@ -90,16 +89,15 @@ def test_bad_sample_names_the_line(tmp_path):
 def test_unit_template_renders_a_vllm_command(tmp_path):
     unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, tmp_path / "target", 18999)
     assert "@" not in unit and "[Service]" in unit and "Restart=on-failure" in unit
-    argv = unit_exec_start(unit)
+    parsed = merge_unit([("vllm-demo.service", unit)], "vllm-demo.service")  # the snapshot's parser
+    argv = command_argv(parsed.exec_start[-1], parsed.environment, [])
     assert argv[:3] == [str(REPO / ".venv-vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--port") + 1] == "18999" and argv[argv.index("--model") + 1] == str(
         tmp_path / "target"
     )
     assert argv[argv.index("--reasoning-parser") + 1] == "kimi_k2"
-    assert (
-        unit_environment(unit)["VLLM_CPU_KVCACHE_SPACE"] == "1"
-        and unit_environment(unit)["HF_HUB_OFFLINE"] == "1"
-    )
+    assert parsed.environment["VLLM_CPU_KVCACHE_SPACE"] == "1" and parsed.environment["HF_HUB_OFFLINE"] == "1"
+    assert not parsed.unresolved and not parsed.warnings
     with pytest.raises(ValueError, match="@PORT@"):
         render_unit("ExecStart=@REPO@ @TARGET@", REPO, tmp_path, 1)
 

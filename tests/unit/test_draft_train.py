@@ -15,15 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
-from eagle3_pipeline.draft.train import (
-    TrainJob,
-    WindowJob,
-    build_model,
-    build_optimizer,
-    finish,
-    main,
-    split_shards,
-)
+from eagle3_pipeline.draft.job import WindowJob, split_shards, write_job
+from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, finish, main
 from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
 from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.draft.windows import order_key
@@ -119,22 +112,19 @@ def test_shards_split_by_their_folder():
         split_shards(["h/other/shard-00000.safetensors"])
 
 
-def _script_args(job: TrainJob, out: Path) -> list[str]:
-    """scripts/train_draft.py and its flags for `job`, writing under `out`."""
-    args = [str(REPO / "scripts" / "train_draft.py"), "--states", *job.train_shards, *job.validation_shards]
-    args += ["--vocab-map", job.vocab_map, "--target", job.target, "--work", str(out / "work")]
-    args += ["--weights", str(out / "model.safetensors"), "--history", str(out / "history.json")]
-    return args + ["--ttt-steps", "3", "--threads", str(job.cpu_threads)]
+def _job_module(job: TrainJob, out: Path, **train: int) -> list[str]:
+    """`-m eagle3_pipeline.draft JOB.json` (what rule train_draft launches) for `job` writing under `out`."""
+    moved = replace(job, work=str(out / "work"), weights=str(out / "model.safetensors"))
+    moved = replace(moved, history=str(out / "history.json"), train=job.train | train)
+    return ["-m", "eagle3_pipeline.draft", str(write_job(moved, out / "jobs" / "train_draft.json"))]
 
 
 @pytest.mark.slow
 def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
-    """SIGKILL the real training script once it has saved a state, start it again: same weights."""
+    """SIGKILL the real training process once it has saved a state, start it again: same weights."""
     assert main(job)
     out = tmp_path / "killed"
-    argv = [sys.executable, *_script_args(job, out)]
-    for key, value in (job.train | {"save_every_steps": 1}).items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv = [sys.executable, *_job_module(job, out, save_every_steps=1)]
     # At the lowest priority, polled every millisecond: the rest of the run after its first saved state
     # takes under a second on an idle machine, and a 0.2 s poll under load once let it finish first.
     process = subprocess.Popen(argv, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19))
@@ -158,9 +148,7 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
     assert main(job)
     out = tmp_path / "ddp"
     argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "18575"]
-    argv += _script_args(job, out)
-    for key, value in job.train.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv += _job_module(job, out)  # torchrun runs `python -m eagle3_pipeline.draft JOB.json` twice
     env = os.environ | {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, *argv], check=True, env=env, timeout=600, capture_output=True)
     single, ddp = json.loads(Path(job.history).read_text()), json.loads((out / "history.json").read_text())
@@ -169,28 +157,6 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
         assert a["train"]["tokens"] == b["train"]["tokens"]
         assert a["validation"]["tokens"] == b["validation"]["tokens"]
     assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
-
-
-def test_the_script_passes_the_draft_shape_only_when_set():
-    """rule train_draft adds --head-dim/--num-attention-heads/--num-key-value-heads for the draft.* keys
-    set (get_draft_shape_args); left out, the shape is derived from the target."""
-    from importlib.util import module_from_spec, spec_from_file_location
-
-    spec = spec_from_file_location("train_script", REPO / "scripts" / "train_draft.py")
-    script = module_from_spec(spec)
-    spec.loader.exec_module(script)
-    argv = ["--states", "h/train/shard-00000.safetensors", "--vocab-map", "v", "--target", "t", "--work", "w"]
-    argv += ["--weights", "o/m.safetensors", "--history", "o/h.json", "--epochs", "1", "--lr", "1e-3"]
-    argv += ["--warmup-ratio", "0", "--weight-decay", "0", "--grad-clip", "1", "--batch-tokens", "64"]
-    argv += ["--seed", "0", "--save-every-steps", "10"]
-    assert script.parse_args(argv).draft == {"ttt_steps": 7, "step_weight_decay": 0.8}
-    shape = ["--head-dim", "128", "--num-attention-heads", "64", "--num-key-value-heads", "64"]
-    draft = script.parse_args(argv + shape).draft
-    assert draft == {"ttt_steps": 7, "step_weight_decay": 0.8} | {
-        "head_dim": 128,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-    }
 
 
 def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hidden_states, tmp_path):

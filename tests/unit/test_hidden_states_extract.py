@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, extract
 from eagle3_pipeline.hidden_states.extract import ExtractSettings
+from eagle3_pipeline.hidden_states.job import rule_jobs, write_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = set(
@@ -123,7 +124,9 @@ def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monke
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 7
         lengths = shard.offsets.diff().tolist()
-    assert len(calls) == len(extract.sequences.plan_batches(lengths, s.batch_tokens))  # every batch ran
+    assert len(calls) == len(
+        extract.sequences.longest_first_batches(lengths, s.batch_tokens)
+    )  # every batch ran
 
 
 def test_empty_shard_is_valid(traces, hs_target, tmp_path):
@@ -158,14 +161,15 @@ def test_accelerate_launch_command(traces, hs_target, tmp_path, launcher):
     """The command rule extract_hidden_states runs, on CPU, one process."""
     out = tmp_path / "hidden_states" / "train"
     out.mkdir(parents=True)
+    jobs = rule_jobs([str(traces)], [str(out / "shard-00001.safetensors")], [str(out / "shard-00001.json")],
+                     1, str(hs_target / "config.json"), str(tmp_path / "work"), layers=[1, 3, 5],
+                     max_seq_len=2048, overlong="truncate", dtype="bfloat16", compute_dtype="auto",
+                     batch_tokens=8192, trust_remote_code=False, backend="transformers", vllm={},
+                     server_json=None, device_map=False)  # fmt: skip
+    job_file = write_jobs(jobs, tmp_path / "work" / "job.json")
     head = LAUNCHERS[launcher]
-    cmd = [
-        str(Path(sys.executable).with_name(head[0])), *head[1:], "scripts/extract_hidden_states.py",
-        "--traces", str(traces), "--shard", "00001", "--target", str(hs_target), "--layers", "1", "3", "5",
-        "--max-seq-len", "2048", "--overlong", "truncate", "--dtype", "bfloat16", "--compute-dtype", "auto",
-        "--batch-tokens", "8192", "--work", str(tmp_path / "work"),
-        "--output", str(out / "shard-00001.safetensors"), "--metadata", str(out / "shard-00001.json"),
-    ]  # fmt: skip
+    cmd = [str(Path(sys.executable).with_name(head[0])), *head[1:], "-m", "eagle3_pipeline.hidden_states",
+           str(job_file)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | {"CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -261,32 +265,3 @@ def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
     assert sorted(i for b in calls[first_attempt:] for i in b) == [0, 1]  # only validation's 2 samples ran
     assert jobs[0].output.read_bytes() == train_bytes  # re-packed from the saved parts
     assert jobs[1].metadata.exists() and not jobs[0].work.exists() and not jobs[1].work.exists()
-
-
-def test_rule_script_arguments_give_one_job_per_split(tmp_path):
-    from importlib.util import module_from_spec, spec_from_file_location
-
-    spec = spec_from_file_location("extract_script", REPO / "scripts" / "extract_hidden_states.py")
-    script = module_from_spec(spec)
-    spec.loader.exec_module(script)
-    argv = [
-        "--shard",
-        "3",
-        "--target",
-        "t",
-        "--work",
-        "w",
-        "--traces",
-        "a/train.parquet",
-        "a/validation.parquet",
-    ]
-    out = ["--output", "h/train/shard-00003.safetensors", "h/validation/shard-00003.safetensors"]
-    meta = ["--metadata", "h/train/shard-00003.json", "h/validation/shard-00003.json"]
-    jobs = script.parse_args(argv + out + meta)
-    assert [(j.traces.name, j.output.parent.name, j.work) for j in jobs] == [
-        ("train.parquet", "train", Path("w/train")),
-        ("validation.parquet", "validation", Path("w/validation")),
-    ]
-    assert {j.shard for j in jobs} == {3}
-    with pytest.raises(SystemExit):
-        script.parse_args(argv + out + meta[:2])  # one metadata path for two splits

@@ -147,8 +147,8 @@ def test_load_trace_rows_takes_one_shard_in_file_order(hs_tokenizer, tmp_path: P
 @pytest.mark.parametrize("budget", [1, 50, 100, 1000])
 def test_batches_cover_every_sample_once_within_budget(budget):
     lengths = [5, 40, 17, 33, 8, 90, 1, 12, 60, 25]
-    batches = seq.plan_batches(lengths, budget)
+    batches = seq.longest_first_batches(lengths, budget)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
-    assert seq.plan_batches([], budget) == []
+    assert seq.longest_first_batches([], budget) == []

@@ -7,12 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.commands.launch import launch_command_parser
 
 from eagle3_pipeline.launch import (
     MODE_ENV,
-    REPO_ACCELERATE_CONFIGS,
     accelerate_args,
     clamp_processes,
     describe,
@@ -92,16 +90,6 @@ def test_launch_argv_puts_config_flags_then_script():
     assert argv[argv.index("--num_processes") + 1] == "4"
     with pytest.raises(ValueError, match="no script to launch"):
         launch_argv(1, "k", [], visible=1)
-
-
-@pytest.mark.parametrize(
-    ("name", "processes", "distributed"),
-    [("single_gpu", 1, "NO"), ("ddp_8gpu", 8, "MULTI_GPU"), ("device_map", 1, "NO")],
-)
-def test_repo_accelerate_configs_load_in_accelerate(name, processes, distributed):
-    config = ClusterConfig.from_yaml_file(str(REPO_ACCELERATE_CONFIGS / f"{name}.yaml"))
-    assert (config.num_processes, config.distributed_type.value) == (processes, distributed)
-    assert config.num_machines == 1
 
 
 def test_cli_clamps_and_really_launches_through_accelerate(tmp_path):

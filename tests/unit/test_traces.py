@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import polars as pl
 import pytest
+from snakemake.iocontainers import Namedlist
 from support.traces import IDENTITY, generation_rows, write_generation_shards, write_identity
 
 from eagle3_pipeline.traces import (
@@ -108,9 +109,12 @@ def test_split_rule_script_writes_both_splits(tmp_path, generation_shards, monke
     """scripts/split_traces.py with the rule's input/output names, on a real merge's traces.parquet."""
     _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
     train, validation = tmp_path / "traces" / "train.parquet", tmp_path / "traces" / "validation.parquet"
-    snakemake = SimpleNamespace(
-        input=[str(TraceOutputs.in_dir(tmp_path / "traces").traces)],
+    snakemake = SimpleNamespace(  # Snakemake's own containers, as the script: directive passes them
+        rule="split_traces",
+        wildcards=Namedlist(),
+        input=Namedlist([str(TraceOutputs.in_dir(tmp_path / "traces").traces)]),
         output=SimpleNamespace(train=str(train), validation=str(validation)),
+        params=Namedlist(),
         log=[str(tmp_path / "split_traces.log")],
     )
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # the script sends stderr to the log; restored after
@@ -432,10 +436,14 @@ def test_rule_script_reads_the_named_inputs_and_outputs(
         _write(tmp_path / "prompts" / p.name, pl.read_parquet(p, columns=["id"])) for p in generation_shards
     ]
     out = TraceOutputs.in_dir(tmp_path / "traces")
-    snakemake = SimpleNamespace(
-        input=SimpleNamespace(generations=generation_shards, prompts=prompts, server=str(server_identity)),
+    snakemake = SimpleNamespace(  # Snakemake's own containers, as the script: directive passes them
+        rule="merge_traces",
+        wildcards=Namedlist(),
+        input=Namedlist(
+            fromdict={"generations": generation_shards, "prompts": prompts, "server": str(server_identity)}
+        ),
         output=SimpleNamespace(**{name: str(getattr(out, name)) for name in vars(out)}),
-        params=SimpleNamespace(traces={"drop_truncated": True, "validation_fraction": 0.2}),
+        params=Namedlist(fromdict={"traces": {"drop_truncated": True, "validation_fraction": 0.2}}),
         log=[str(tmp_path / "merge_traces.log")],
     )
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # the script sends stderr to the log; restored after

@@ -5,11 +5,11 @@ import socket
 
 import pytest
 
+from eagle3_pipeline.ports import PortError, free_port
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
 from eagle3_pipeline.validate.dropin import dropin_text, exec_start_with_draft, systemd_quote, vllm_exec
 from eagle3_pipeline.validate.serve_check import (
     ServeCheckError,
-    free_port,
     serve_sampling,
     with_speculative_draft,
 )
@@ -56,7 +56,7 @@ def test_free_port_skips_a_taken_one():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 18599))
         taken.listen()
-        with pytest.raises(ServeCheckError, match="no free port"):
+        with pytest.raises(PortError, match="no free port"):
             free_port(18599, 18599)
     assert free_port(18599, 18599) == 18599
 

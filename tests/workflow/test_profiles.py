@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,7 +149,10 @@ def test_default_profile_caps_gpu_requests_to_what_the_machine_has(tmp_path):
     gpu_jobs = [job for job in jobs if job.rule.name in ("extract_hidden_states", "train_draft")]
     assert gpu_jobs and all(job.resources.gpu == 1 for job in gpu_jobs)
     extract = next(job for job in gpu_jobs if job.rule.name == "extract_hidden_states")
-    assert "python -m eagle3_pipeline.launch --gpus 1 " in extract.shellcmd  # then clamped to what is visible
+    # its script hands resources.gpu to eagle3_pipeline.launch, which clamps it to what is visible
+    assert extract.rule.script.endswith("scripts/extract_hidden_states.py") and extract.shellcmd is None
+    machine = (sys.executable, str(REPO))  # nothing machine-specific in params (they are rerun triggers)
+    assert not [value for value in extract.params for path in machine if path in str(value)]
 
 
 def test_default_profile_settings():

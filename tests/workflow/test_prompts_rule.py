@@ -4,6 +4,7 @@ depend on it), a changed seed or shard size reselects, a second run does nothing
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,21 @@ def test_shards_grow_by_appending_and_reselect_on_seed_or_size(tmp_path):
 
     assert planned(tmp_path, raised | {"seed": 1}) == {"prepare_prompts": 1, "write_prompt_shard": 5}
     assert planned(tmp_path, raised | {"shard_size": 40}) == {"prepare_prompts": 1, "write_prompt_shard": 4}
+
+
+def test_every_job_writes_its_provenance_beside_its_log(tmp_path):
+    (tmp_path / "config").symlink_to(REPO / "config")
+    snakemake(tmp_path, {"path": "config/demo/sample.jsonl", "num_samples": 20, "shard_size": 10})
+    logs = tmp_path / "results" / "p" / "logs"
+    records = {
+        p.relative_to(logs).as_posix(): json.loads(p.read_text()) for p in logs.rglob("*.provenance.json")
+    }
+    assert sorted(records) == [
+        "prepare_prompts/00000.log.provenance.json",
+        "write_prompt_shard/00000.log.provenance.json",
+        "write_prompt_shard/00001.log.provenance.json",
+    ]
+    shard = records["write_prompt_shard/00001.log.provenance.json"]
+    assert shard["rule"] == "write_prompt_shard" and shard["wildcards"] == {"shard": "00001"}
+    assert shard["packages"]["snakemake"] and shard["packages"]["polars"]
+    assert shard["server"] is None  # no server.json among this job's inputs

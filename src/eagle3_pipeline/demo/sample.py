@@ -15,7 +15,9 @@ import random
 import sys
 from pathlib import Path
 
+from eagle3_pipeline import io
 from eagle3_pipeline.demo.maths import MATH_TEMPLATES, Exchange
+from eagle3_pipeline.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -271,9 +273,9 @@ def dumps_sample(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> None:
     """Write the sample to the path given (default config/demo/sample.jsonl)."""
-    logging.basicConfig(level=logging.INFO)
+    setup_logging(None, "sample")
     path = Path(argv[0] if argv else "config/demo/sample.jsonl")
-    path.write_text(dumps_sample(generate_sample()))
+    io.write_text(dumps_sample(generate_sample()), path)
     logger.info("wrote %s (%d bytes)", path, path.stat().st_size)
 
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
+from eagle3_pipeline import io
 from eagle3_pipeline.demo.fit import FitSettings, build_examples, fit, model_config, synthesise_reasoning
 from eagle3_pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
 
@@ -90,37 +88,6 @@ def render_unit(template: str, repo: Path, target_dir: Path, port: int) -> str:
     return text.replace("@PORT@", str(port))
 
 
-def _unit_lines(unit: str) -> list[str]:
-    joined = re.sub(r"\\\n", " ", unit)
-    return [
-        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
-    ]
-
-
-def unit_exec_start(unit: str) -> list[str]:
-    """The argv of the demo unit's ExecStart (this unit's subset of systemd syntax: continuations)."""
-    commands = [line.partition("=")[2] for line in _unit_lines(unit) if line.startswith("ExecStart=")]
-    if not commands or not commands[-1]:
-        raise ValueError("unit has no ExecStart= line")
-    return shlex.split(commands[-1].lstrip("-@:+!"))
-
-
-def unit_environment(unit: str) -> dict[str, str]:
-    """The variables of the unit's Environment= lines (repeated lines merge, the last wins)."""
-    env: dict[str, str] = {}
-    for line in _unit_lines(unit):
-        if line.startswith("Environment="):
-            env.update(item.split("=", 1) for item in shlex.split(line.partition("=")[2]) if "=" in item)
-    return env
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def build_demo_target(
     sample_path: str | Path,
     unit_template_path: str | Path,
@@ -164,6 +131,6 @@ def build_demo_target(
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    _atomic_write(Path(unit_path), unit)
+    io.write_text(unit, unit_path)
     logger.info("demo target in %s, unit %s", target_dir, unit_path)
     return figures

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.vocab import load_vocab_map
 
@@ -162,12 +161,9 @@ def export_checkpoint(
     if config.draft_vocab_size != config.vocab_size:
         tensors |= {"d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     check_tensors(tensors, config)
-    out = Path(output_weights)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out) + ".tmp", metadata={"format": "pt"})
-    os.replace(str(out) + ".tmp", out)
+    io.write_safetensors(tensors, output_weights, metadata={"format": "pt"})
     layer_ids = aux_layers_from_metadata(hidden_states_metadata)
-    Path(output_config).write_text(json.dumps(checkpoint_config(config, layer_ids), indent=1) + "\n")
+    io.write_json(checkpoint_config(config, layer_ids), output_config, indent=1)
     log.info(
         "exported %d tensors, aux layers %s (vLLM numbering; SGLang's %s), head_dim %d x %d heads, to %s",
         len(tensors),
@@ -175,5 +171,5 @@ def export_checkpoint(
         sglang_layer_ids(layer_ids),
         config.head_dim,
         config.num_attention_heads,
-        out.parent,
+        Path(output_weights).parent,
     )

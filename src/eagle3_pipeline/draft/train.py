@@ -1,8 +1,10 @@
 """Draft training: training-time test over the hidden-state shards, launched by accelerate.
 
-    accelerate launch --cpu --num_processes 1 scripts/train_draft.py ...        # CPU, fp32 (the demo)
-    accelerate launch --num_processes 1 scripts/train_draft.py ...              # one GPU, bf16 autocast
-    accelerate launch --multi_gpu --num_processes 8 scripts/train_draft.py ...  # DDP over 8 GPUs
+    accelerate launch --cpu --num_processes 1 -m eagle3_pipeline.draft JOB.json        # CPU, fp32 (demo)
+    accelerate launch --num_processes 1 -m eagle3_pipeline.draft JOB.json              # one GPU, bf16
+    accelerate launch --multi_gpu --num_processes 8 -m eagle3_pipeline.draft JOB.json  # DDP over 8 GPUs
+
+The job file is draft/job.py's (written by the rules' thin scripts; eagle3_pipeline.launch).
 
 Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients. The
 training state (weights, optimiser, schedule, position in the epoch, history) is saved atomically under
@@ -30,10 +32,11 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from safetensors.torch import save_file
 
+from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
+from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, TrainJob
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, summarize, target_distribution, ttt_loss
@@ -41,38 +44,6 @@ from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 from eagle3_pipeline.draft.windows import order_key, total_steps
 
 log = logging.getLogger(__name__)
-
-DRAFT_SHAPE_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")  # config draft.*, None: default
-
-
-@dataclass
-class TrainJob:
-    """Everything one training run reads and writes (the rule's inputs, params and outputs)."""
-
-    train_shards: list[str]
-    validation_shards: list[str]
-    vocab_map: str
-    target: str  # the target model folder
-    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set)
-    train: dict[str, Any]  # config train.*
-    work: str
-    weights: str  # output: trained tensors
-    history: str  # output: per-epoch metrics
-    stop_after_steps: int | None = None  # stop (state saved) after this many steps: an interruption
-    cpu_threads: int = 0  # torch threads on CPU (0: torch's default); see docs/training.md
-    window: WindowJob | None = None  # one window of one epoch (hidden_states.max_disk_gb), else all
-
-
-@dataclass
-class WindowJob:
-    """Which window of which epoch a windowed job trains, and the state files around it."""
-
-    epoch: int
-    window: int
-    windows: int  # windows per epoch
-    plan: str  # draft/windows/plan.json: batches per (epoch, window), for the schedule's length
-    previous: str | None  # the previous (epoch, window)'s state file; None for the first
-    state: str  # output: this (epoch, window)'s state file
 
 
 @dataclass
@@ -97,18 +68,6 @@ class Context:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     head: dict[str, torch.Tensor]  # lm_head, t2d, draft_ids: the frozen target side of the loss
     job: TrainJob
-
-
-def split_shards(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(train, validation) shard paths, by their split folder (hidden_states/{split}/shard-*.safetensors)."""
-    train = [p for p in paths if Path(p).parent.name == "train"]
-    validation = [p for p in paths if Path(p).parent.name == "validation"]
-    other = sorted(set(paths) - set(train) - set(validation))
-    if other or not train:
-        raise ValueError(
-            f"hidden-state shards must sit under train/ or validation/ (train: {len(train)}, other: {other})"
-        )
-    return train, validation
 
 
 def build_model(job: TrainJob) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
@@ -218,15 +177,13 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
     if not ctx.accelerator.is_main_process:
         return
     path = _state_path(ctx.job) if path is None else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "state": asdict(state),
         "model": ctx.accelerator.unwrap_model(ctx.model).state_dict(),
         "optimizer": ctx.optimizer.state_dict(),
         "scheduler": ctx.scheduler.state_dict(),
     }
-    torch.save(blob, path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
+    io.write_torch(blob, path)
     log.info("training state saved at step %d (%s)", state.step, path)
 
 
@@ -273,12 +230,9 @@ def write_outputs(
     model: Eagle3Draft, job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
 ) -> None:
     """The trained tensors (checkpoint names, fp32) and history.json of `job`, written atomically."""
-    weights, history_path = Path(job.weights), Path(job.history)
-    weights.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.exported_state_dict().items()}
-    save_file(tensors, str(weights) + ".tmp", metadata={"draft_config": json.dumps(config.to_dict())})
-    os.replace(str(weights) + ".tmp", weights)
-    history_path.write_text(json.dumps(history, indent=1) + "\n")
+    io.write_safetensors(tensors, job.weights, metadata={"draft_config": json.dumps(config.to_dict())})
+    io.write_json(history, job.history, indent=1)
 
 
 def _accelerator(job: TrainJob) -> Accelerator:

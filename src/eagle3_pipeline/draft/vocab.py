@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from eagle3_pipeline import io
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,7 @@ def build_vocab_map(
         len(counts),
         covered,
     )
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    save_file({"d2t": d2t, "t2d": t2d}, str(output), metadata={"coverage": f"{covered:.6f}"})
+    io.write_safetensors({"d2t": d2t, "t2d": t2d}, output, metadata={"coverage": f"{covered:.6f}"})
 
 
 def load_vocab_map(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:

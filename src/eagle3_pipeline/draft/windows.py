@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline import io
 from eagle3_pipeline.draft.data import plan_batches
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,7 @@ def plan_windows(
 
 
 def write_plan(plan: dict[str, Any], output: str | Path) -> None:
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(json.dumps(plan, indent=1) + "\n")
+    io.write_json(plan, output, indent=1)
 
 
 def total_steps(plan_path: str | Path, world: int) -> int:

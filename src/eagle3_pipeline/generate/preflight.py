@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline import io
 from eagle3_pipeline.generate.http import Http
 from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages
 
@@ -272,8 +273,4 @@ def _preflight_one(
         api_key=api_key(server_cfg),
         ca_bundle=server_cfg.get("ca_bundle"),
     )
-    path = Path(output_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(redact_data(result), indent=1, sort_keys=True) + "\n")  # server text in it
-    tmp.replace(path)
+    io.write_json(redact_data(result), output_path, indent=1, sort_keys=True)  # server text in it

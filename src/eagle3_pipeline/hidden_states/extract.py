@@ -1,6 +1,6 @@
 """The per-shard extraction job: sequences -> batches -> parts under work/ -> one packed shard.
 
-Launch modes (scripts/extract_hidden_states.py under `accelerate launch`):
+Launch modes (`python -m eagle3_pipeline.hidden_states JOB.json` under `accelerate launch`):
 
     accelerate launch --cpu --num_processes 1 ...        # CPU: the demo and the tests
     accelerate launch --num_processes 8 --multi_gpu ...  # data parallel: the model fits one GPU;
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import capture, sequences, storage
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
 
@@ -108,7 +109,7 @@ def prepare_work(work: Path, key: str) -> Path:
     parts = work / "parts"
     parts.mkdir(parents=True, exist_ok=True)
     if not plan_file.exists():
-        storage.atomic_write_json({"fingerprint": key}, plan_file)
+        storage.write_json({"fingerprint": key}, plan_file)
     for stale in parts.glob("*.tmp"):
         stale.unlink()
     return parts
@@ -170,7 +171,7 @@ def run_batches(
     for done, b in enumerate(todo, 1):
         start = time.perf_counter()
         tensors = run_batch(model, seqs, batches[b], layers, storage_dtype)
-        storage.atomic_save(tensors, part_path(parts, b))
+        io.write_safetensors(tensors, part_path(parts, b))
         tokens = tensors["aux_hidden_states"].shape[0]
         rate = tokens / max(time.perf_counter() - start, 1e-9)
         log.info(
@@ -281,7 +282,7 @@ def write_shard(
         raise
     size = settings.output.stat().st_size
     meta["bytes_per_token"] = size / meta["num_tokens"] if meta["num_tokens"] else None
-    storage.atomic_write_json(meta, settings.metadata)
+    storage.write_json(meta, settings.metadata)
 
 
 def extract_shards(jobs: list[ExtractSettings], state: Any = None) -> list[dict[str, Any] | None]:
@@ -327,7 +328,7 @@ def plan_shard(settings: ExtractSettings) -> ShardPlan:
     seqs, stats = sequences.build_sequences(
         rows, settings.max_seq_len, settings.overlong, _tokenizer_loader(settings)
     )
-    batches = sequences.plan_batches([len(s) for s in seqs], settings.batch_tokens)
+    batches = sequences.longest_first_batches([len(s) for s in seqs], settings.batch_tokens)
     log.info(
         "shard %d: %d rows -> %d sequences, %d tokens, %d batches; aux layers %s (vLLM ids %s)",
         settings.shard,

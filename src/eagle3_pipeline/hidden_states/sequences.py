@@ -233,7 +233,7 @@ def build_sequences(
     return sequences, stats
 
 
-def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+def longest_first_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     """Group sample indices into batches of at most `batch_tokens` padded tokens.
 
     Samples are sorted by length (longest first) so that padding stays small; a sample longer than

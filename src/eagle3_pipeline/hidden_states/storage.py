@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+
+from eagle3_pipeline import io
 
 FORMAT = "eagle3-pipeline/hidden-states/1"
 TENSORS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
@@ -39,23 +39,9 @@ class ShardError(ValueError):
     """A hidden-state file that is malformed or disagrees with what it should contain."""
 
 
-def atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """safetensors save to `path.tmp`, fsync, rename: a reader never sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    _fsync_rename(tmp, path)
-
-
-def atomic_write_json(data: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    _fsync_rename(tmp, path)
-
-
-def _fsync_rename(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def write_json(data: dict[str, Any], path: Path) -> None:
+    """A metadata or progress record, written atomically in this stage's layout (indent 1, sorted)."""
+    io.write_json(data, path, indent=1, sort_keys=True)
 
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -68,7 +54,7 @@ class PackedShardWriter:
     """Writes a packed shard in one streaming pass, tensor by tensor, from a sample source.
 
     Args:
-        path: the final file; written as `path.tmp` then renamed by `close`.
+        path: the final file; written beside it under a temporary name, committed by `close`.
         lengths: tokens per sample, in output order.
         hidden_size: H of the target.
         dtype: storage dtype of the hidden states.
@@ -83,7 +69,7 @@ class PackedShardWriter:
         dtype: torch.dtype,
         metadata: dict[str, str],
     ) -> None:
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.path, self.tmp = path, io.temp_path(path)
         self.lengths, self.hidden_size, self.dtype = list(lengths), hidden_size, dtype
         total = sum(self.lengths)
         # bf16 blocks first, then int64, int32, uint8: every tensor starts aligned to its element size
@@ -113,11 +99,9 @@ class PackedShardWriter:
         self.write(torch.tensor([0, *self.lengths], dtype=torch.int64).cumsum(0))
 
     def close(self) -> None:
-        """Flush, fsync and rename into place."""
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        """Flush, then commit into place (fsync and rename)."""
         self.handle.close()
-        os.replace(self.tmp, self.path)
+        io.commit(self.tmp, self.path)
 
     def abort(self) -> None:
         self.handle.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline import io
 from eagle3_pipeline.server.secrets import REDACTED
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def run_worker(python: str, job: dict[str, Any], snapshot: dict[str, Any] | None
         scratch = Path(tmp)
         job = {**job, "scratch": str(scratch / "states")}  # vLLM's per-request files, read and removed
         job_file = scratch / "job.json"
-        job_file.write_text(json.dumps(job))
+        io.write_json(job, job_file, indent=None)
         env = worker_env(package_path(scratch), snapshot)
         command = [python, "-m", WORKER_MODULE, str(job_file)]
         log.info("vLLM worker: %s (%d batches)", " ".join(command), len(job["batches"]))

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
+from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import final_norm, storage
+from eagle3_pipeline.logs import setup_logging
 
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")
 CONNECTOR = "SyncHiddenStatesConnector"
@@ -173,12 +175,12 @@ def run_job(job: dict[str, Any]) -> None:
     log.info("engine ready in %.1f s (vLLM's import included)", time.perf_counter() - start)
     record = {**engine_record(llm, job), "engine_start_s": round(time.perf_counter() - start, 2)}
     for path in job["records"]:
-        storage.atomic_write_json(record, Path(path))
+        storage.write_json(record, Path(path))
     total_tokens, extract_s = 0, 0.0
     for done, batch in enumerate(job["batches"], 1):
         start = time.perf_counter()
         tensors = run_batch(llm, batch, weight, norm.eps, dtype)
-        storage.atomic_save(tensors, Path(batch["part"]))
+        io.write_safetensors(tensors, Path(batch["part"]))
         tokens = tensors["aux_hidden_states"].shape[0]
         total_tokens, extract_s = total_tokens + tokens, extract_s + time.perf_counter() - start
         log.info(
@@ -197,13 +199,11 @@ def run_job(job: dict[str, Any]) -> None:
         "extract_s": round(extract_s, 2),
     }
     for path in job["records"]:
-        storage.atomic_write_json(record, Path(path))
+        storage.write_json(record, Path(path))
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(None, "vllm_worker")  # stderr is the extraction job's log
     if len(argv) != 1:
         print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker JOB.json", file=sys.stderr)  # noqa: T201
         return 2

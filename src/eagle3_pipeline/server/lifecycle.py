@@ -23,7 +23,6 @@ import shlex
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,9 @@ from typing import Any
 
 import requests
 
+from eagle3_pipeline import io
 from eagle3_pipeline.server import auth_headers, secrets, tls_verify
+from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 
@@ -129,7 +130,7 @@ def launch_local(
             argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    pid_file.write_text(f"{proc.pid}\n")
+    io.write_text(f"{proc.pid}\n", pid_file)
     log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
     return LocalProcess(proc.pid, pid_file, log_path)
 
@@ -143,17 +144,6 @@ def find_local(state_dir: Path, name: str) -> LocalProcess | None:
         return None
     proc = LocalProcess(pid, pid_file, Path(state_dir) / f"{name}.log")
     return proc if proc.alive() else None
-
-
-def check_health(
-    base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5, verify: bool | str = True
-) -> bool:
-    """True when GET /health answers 200 (`verify`: server.ca_bundle for https, see `tls_verify`)."""
-    try:
-        response = requests.get(f"{base_url}/health", headers=headers or {}, timeout=timeout_s, verify=verify)
-    except requests.RequestException:
-        return False
-    return response.status_code == 200
 
 
 def wait_healthy(
@@ -344,9 +334,7 @@ def record_ownership(
         **extra,
     }
     path = Path(state_dir) / OWNERSHIP_FILE
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    io.write_json(record, path, indent=2, sort_keys=True)
     log.info("ownership of %s: %s", server_cfg["unit"], "started by the pipeline" if started_by_pipeline else
              "already running, not started by the pipeline: it will be left running")  # fmt: skip
 
@@ -472,5 +460,4 @@ def _stop_unit(server_cfg: dict[str, Any], state_dir: Path, owner: dict[str, Any
 
 
 def write_stop_report(report: dict[str, Any], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    io.write_json(report, path, indent=2, sort_keys=True)

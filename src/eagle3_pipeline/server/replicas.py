@@ -216,6 +216,8 @@ def check_replica_files(
     import json
     from pathlib import Path
 
+    from eagle3_pipeline import io
+
     def load(path: str) -> dict[str, Any]:
         return json.loads(Path(path).read_text())
 
@@ -226,8 +228,4 @@ def check_replica_files(
         identity_fields(load(replica_identity), load(replica_server)),
     )
     result = {"replica": name, "same_as_primary": True, "primary_identity": primary["identity"]}
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    io.write_json(result, output, indent=1, sort_keys=True)

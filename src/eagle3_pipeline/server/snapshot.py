@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import posixpath
 import shlex
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline import io
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
 from eagle3_pipeline.server.unit import ServiceUnit, Unresolved, command_argv, merge_unit, split_cat_output
@@ -341,11 +341,7 @@ def _unique(items: list[Unresolved]) -> list[Unresolved]:
 
 
 def _write(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    io.write_text(text, path)
 
 
 def _dump(data: dict[str, Any]) -> str:

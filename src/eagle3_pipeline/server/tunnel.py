@@ -22,19 +22,13 @@ from typing import Any
 
 import paramiko
 
-from eagle3_pipeline.server.lifecycle import check_health
+from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, RemoteHost
 
 log = logging.getLogger(__name__)
 _TUNNELS: dict[tuple[str, int], Tunnel] = {}
 _CHUNK = 64 * 1024
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _pump(sock: socket.socket, channel: paramiko.Channel, stop: threading.Event) -> None:

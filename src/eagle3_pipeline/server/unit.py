@@ -73,17 +73,6 @@ class ServiceUnit:
     source_text: str = ""  # every file as read, for the secrets pass (never written out as is)
 
 
-def check_unit_name(name: str) -> str:
-    """Return `name` when systemd would accept it as a startable service name, else raise UnitError."""
-    if len(name) > UNIT_NAME_MAX or not re.match(UNIT_NAME_PATTERN, name):
-        raise UnitError(
-            f"server.unit {name!r} is not a systemd service name: use letters, digits and : _ . \\ - "
-            "only, no '/' or '..', end in .service (a template instance is name@instance.service), "
-            f"at most {UNIT_NAME_MAX} characters"
-        )
-    return name
-
-
 def split_cat_output(text: str, default_path: str = "(unit)") -> list[tuple[str, str]]:
     """Split `systemctl cat` output into (path, text) per file; a plain file is one entry."""
     files: list[tuple[str, list[str]]] = []

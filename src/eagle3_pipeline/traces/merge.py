@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import resource
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,8 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline import io
+from eagle3_pipeline.io import atomic_path
 from eagle3_pipeline.traces.checks import (
     check_shards,
     cross_shard_repeats,
@@ -111,18 +112,6 @@ def _step(name: str) -> Iterator[None]:
     log.info("%s: %.1f s, peak RSS %.0f MB", name, time.perf_counter() - start, peak_mb)
 
 
-@contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        yield partial
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
 def _account(
     frame: pl.LazyFrame,
     identity: str,
@@ -172,9 +161,9 @@ def _write_traces(kept: pl.LazyFrame, out: TraceOutputs, rows: int) -> None:
     # whatever the slowest sink has not taken yet, which made peak memory grow with the corpus.
     # split_traces reads traces.parquet back in its own pass, in chunks of the same row count
     # (benchmarks/merge.py: 10x the rows, 1.5x its peak).
-    with _step("traces.parquet"), replacing(out.traces) as path:
+    with _step("traces.parquet"), atomic_path(out.traces) as path:
         kept.sink_parquet(path, row_group_size=rows)
-    with _step("conversations.jsonl"), replacing(out.conversations) as path:
+    with _step("conversations.jsonl"), atomic_path(out.conversations) as path:
         write_conversations(kept, path)
 
 
@@ -298,10 +287,9 @@ def merge_traces(
     if not stats["validation"]:
         log.warning("no trace in validation (traces.validation_fraction %s)", filters.validation_fraction)
     for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):
-        with replacing(target) as path:
+        with atomic_path(target) as path:
             plot(stats, path)
-    with replacing(outputs.stats) as path:
-        path.write_text(json.dumps(stats, indent=1) + "\n")
+    io.write_json(stats, outputs.stats, indent=1)
     log.info(
         "kept %d of %d prompts (train %d, validation %d); dropped %s",
         stats["kept"],

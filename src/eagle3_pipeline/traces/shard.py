@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from eagle3_pipeline.config import SPLITS
+from eagle3_pipeline.io import atomic_path
 from eagle3_pipeline.traces.checks import (
     check_shards,
     duplicate_rows,
@@ -23,7 +24,7 @@ from eagle3_pipeline.traces.checks import (
     shard_table,
 )
 from eagle3_pipeline.traces.filters import TraceFilters
-from eagle3_pipeline.traces.merge import chunk_rows, kept_traces, read_identity, replacing
+from eagle3_pipeline.traces.merge import chunk_rows, kept_traces, read_identity
 from eagle3_pipeline.traces.schema import scan_shards
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def filter_shard_traces(
     rows = chunk_rows([generation])
     counts = {}
     for split in SPLITS:
-        with pl.Config(streaming_chunk_size=rows), replacing(Path(outputs[split])) as path:
+        with pl.Config(streaming_chunk_size=rows), atomic_path(Path(outputs[split])) as path:
             kept.filter(pl.col("split") == split).sink_parquet(path, row_group_size=rows)
         counts[split] = pl.scan_parquet(outputs[split]).select(pl.len()).collect().item()
     log.info("%s: %d rows, kept %s", generation, table["rows"].sum(), counts)

@@ -13,7 +13,8 @@ from pathlib import Path
 import polars as pl
 
 from eagle3_pipeline.config import SPLITS
-from eagle3_pipeline.traces.merge import chunk_rows, replacing
+from eagle3_pipeline.io import atomic_path
+from eagle3_pipeline.traces.merge import chunk_rows
 from eagle3_pipeline.traces.schema import TraceError
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def split_traces(traces: str | Path, train: str | Path, validation: str | Path) 
         raise TraceError(f"{traces}: split values {unknown} are not train/validation; rerun merge_traces")
     rows = chunk_rows([traces])
     for split, target in zip(SPLITS, (train, validation), strict=True):
-        with pl.Config(streaming_chunk_size=rows), replacing(Path(target)) as path:
+        with pl.Config(streaming_chunk_size=rows), atomic_path(Path(target)) as path:
             frame.filter(pl.col("split") == split).sink_parquet(path, row_group_size=rows)
         log.info("%s: %d traces", target, counts.get(split, 0))
     return {split: counts.get(split, 0) for split in SPLITS}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle3_pipeline import io
+
 log = logging.getLogger(__name__)
 
 
@@ -52,9 +54,6 @@ def write_baseline_traces(train_path: str | Path, output_path: str | Path) -> in
             "no row of %s has an original_answer: this shard adds nothing to the baseline",
             train_path,
         )
-    Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(output_path) + ".tmp")
-    frame.write_parquet(tmp)
-    tmp.replace(output_path)
+    io.write_parquet(frame, output_path)
     log.info("baseline traces: %d of %d training rows have an original answer", len(frame), len(train))
     return len(frame)

@@ -41,7 +41,7 @@ from eagle3_pipeline.server.remote import HostError
 from eagle3_pipeline.server.unit import ExecCommand, split_words
 from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
 from eagle3_pipeline.validate.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
-from eagle3_pipeline.validate.serve_check import ServeCheckError, with_speculative_draft
+from eagle3_pipeline.validate.serving import ServeCheckError, with_speculative_draft
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def run_remote_serve_check(
     from eagle3_pipeline.server.remote import open_host
     from eagle3_pipeline.server.snapshot import read_unit_text
     from eagle3_pipeline.validate import remote_checkpoint
-    from eagle3_pipeline.validate.serve_check import measure
+    from eagle3_pipeline.validate.serving import measure
 
     unit, sudo = server_cfg["unit"], bool(server_cfg.get("ssh", {}).get("sudo", True))
     timeout_s = _restart_timeout(server_cfg)

@@ -194,7 +194,7 @@ def validate_offline(
     output_path: str | Path,
 ) -> dict[str, Any]:
     """Rule validate_offline: write offline.json (see `evaluate`)."""
-    from eagle3_pipeline.validate.serve_check import write_json
+    from eagle3_pipeline.validate.serving import write_json
 
     result = evaluate(checkpoint_dir, target_dir, shard_paths, steps)
     lengths = ", ".join(f"{x:.3f}" for x in result["acceptance_length"])

@@ -20,6 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from eagle3_pipeline import io
+
 log = logging.getLogger(__name__)
 
 SERVER_KEYS = (
@@ -41,11 +43,11 @@ def _read_json(path: str | Path | None) -> Any:
 
 
 def _save(fig: plt.Figure, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     for ax in fig.axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, positions, k, tokens
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
 
 
@@ -74,15 +76,13 @@ def server_page(unit_path: str | Path, server_json_path: str | Path, output: str
     body += "<h3>vLLM flags</h3>" + _table(sorted((server.get("args") or {}).items()))
     body += "<h3>Environment (secrets redacted)</h3>" + _table(sorted((server.get("env") or {}).items()))
     body += f"<h3>Unit (systemctl cat, redacted)</h3><pre>{html.escape(Path(unit_path).read_text())}</pre>"
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(PAGE.format(title="Server snapshot", body=body))
+    io.write_text(PAGE.format(title="Server snapshot", body=body), output)
 
 
 def trace_stats_page(stats_path: str | Path, output: str | Path) -> None:
     """HTML: every figure of traces/stats.json as a table."""
     body = _table(_flatten(_read_json(stats_path) or {}))
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(PAGE.format(title="Trace statistics", body=body))
+    io.write_text(PAGE.format(title="Trace statistics", body=body), output)
 
 
 def trace_lengths(traces_path: str | Path, output: str | Path) -> None:

@@ -115,7 +115,7 @@ def _counters(reading: dict[str, Any]) -> SpecDecodeCounters:
 def measure_by_source(
     measure: Callable[[list[dict[str, Any]]], dict[str, Any]], questions: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Run `measure` (serve_check.measure bound to a server) once per source, one source after the other:
+    """Run `measure` (serving.measure bound to a server) once per source, one source after the other:
     vLLM's counters are global, so per-source acceptance needs each source's requests alone. The whole
     figure is the counters from before the first measured group to after the last; tokens/s is all
     completion tokens over the groups' summed wall time (concurrency applies within a group). A source
@@ -124,7 +124,7 @@ def measure_by_source(
     Raises:
         ServeCheckError: no source was measured (the first source's error).
     """
-    from eagle3_pipeline.validate.serve_check import ServeCheckError
+    from eagle3_pipeline.validate.serving import ServeCheckError
 
     by_source, errors = {}, {}
     for source, group in source_groups(questions).items():
@@ -183,7 +183,7 @@ def speedup(with_draft: dict[str, Any], without_draft: dict[str, Any]) -> dict[s
 def time_by_source(
     ask: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], questions: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Completion tokens and wall time of `ask` (serve_check.ask bound to a server), source by source as
+    """Completion tokens and wall time of `ask` (serving.ask bound to a server), source by source as
     `measure_by_source` groups them: the run without a draft, which has no spec-decode counters."""
     import time
 
@@ -237,8 +237,9 @@ def run_local_without_draft(
     """
     from pathlib import Path
 
+    from eagle3_pipeline.ports import free_port
     from eagle3_pipeline.server.lifecycle import local_command
-    from eagle3_pipeline.validate.serve_check import free_port, serve_local
+    from eagle3_pipeline.validate.serving import serve_local
 
     argv, env, cwd = local_command(server_cfg)
     port = free_port(*port_range)

@@ -1,4 +1,4 @@
-"""Check a built demo target offline: does greedy decoding think, close ``</think>`` and answer?"""
+"""Check a built demo target offline (tests): does greedy decoding think, close ``</think>`` and answer?"""
 
 from __future__ import annotations
 

@@ -1,0 +1,31 @@
+"""Rule train_draft_window (under hidden_states.max_disk_gb): one window of one epoch, from the previous
+window's state, as a job file run by `accelerate launch` (see scripts/train_draft.py)."""
+
+from eagle3_pipeline.draft.job import WindowJob, rule_job, single_path, write_job
+from eagle3_pipeline.launch import exec_job
+from eagle3_pipeline.logs import stage
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+stage(snakemake)
+
+epoch, index = int(snakemake.wildcards.epoch), int(snakemake.wildcards.window)
+window = WindowJob(
+    epoch=epoch,
+    window=index,
+    windows=snakemake.params.windows,
+    plan=single_path(snakemake.input.plan),
+    previous=single_path(snakemake.input.previous),  # none for the very first window
+    state=snakemake.output.state,
+)
+job = rule_job(
+    states=snakemake.input.states,
+    vocab_map=snakemake.input.vocab_map,
+    target_config=snakemake.input.target,
+    draft=snakemake.params.draft,
+    train=snakemake.params.train,
+    work=snakemake.params.work,
+    cpu_threads=snakemake.threads,
+    window=window,
+)
+job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft_window-{epoch}-{index}.json")
+exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])
