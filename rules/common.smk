@@ -35,6 +35,11 @@ if WINDOW and config["validate"]["baseline"]:
 # Where extraction writes: one folder per epoch under a cap (each epoch extracts anew)
 EPOCH_DIR = "epoch-{epoch}/" if WINDOW else ""
 STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
+# The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
+# is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
+# (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
+BASELINE = "baseline/"
+VARIANTS = ["", BASELINE] if config["validate"]["baseline"] else [""]
 
 
 wildcard_constraints:
@@ -43,6 +48,8 @@ wildcard_constraints:
     split="train|validation",
     epoch=r"\d+",
     window=r"\d+",
+    # "(?:)" for the main draft alone: an empty constraint would mean none (any non-empty name)
+    variant="|".join(f"(?:{variant})" for variant in VARIANTS),
 
 
 def shard_files(*patterns):
@@ -125,11 +132,37 @@ def get_draft_shape_args():
 
 get_prompt_shards = shard_files(f"{RESULTS}/prompts/shard-{{shard}}.parquet")
 get_generation_shards = shard_files(f"{RESULTS}/generations/shard-{{shard}}.parquet")
-get_hidden_state_shards = shard_files(
-    *(
-        f"{RESULTS}/hidden_states/{split}/shard-{{shard}}.safetensors"
-        for split in SPLITS
-    )
+
+
+def variant_files(*patterns):
+    """An input function giving, for the job's {variant}, each pattern's file for every shard (a
+    pattern's {variant} is the job's); lists made once per variant, as in shard_files.
+    """
+    files = {
+        variant: [
+            path
+            for pattern in patterns
+            for path in expand(pattern, shard=SHARDS, variant=variant)
+        ]
+        for variant in VARIANTS
+    }
+
+    def get_variant_files(wildcards):
+        return files[wildcards.variant]
+
+    return get_variant_files
+
+
+def variant_output(output, variant=BASELINE):
+    """A draft rule's output pattern (with {variant}) for one variant."""
+    return expand(output, variant=variant)[0]
+
+
+# A variant's training states: its own train split; validation is always the main draft's (the
+# target's own validation traces), so both drafts are measured on the same held-out data.
+get_draft_states = variant_files(
+    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors",
+    f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
 )
 
 
@@ -186,7 +219,7 @@ def get_final_outputs():
         f"{RESULTS}/traces/stats.json",
         f"{RESULTS}/draft/checkpoint/config.json",
         f"{RESULTS}/validation/offline.json",
-        f"{RESULTS}/report/acceptance.png",  # rule plot_validation: every picture of the report
+        f"{RESULTS}/report/acceptance.png",  # asks for every picture of the report (plot_validation)
     ]
     if config["validate"]["serve_check"]:
         outputs.append(f"{RESULTS}/validation/serve_check.json")

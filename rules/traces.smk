@@ -51,3 +51,16 @@ rule split_traces:
         f"{LOGS}/split_traces.log",
     script:
         "../scripts/split_traces.py"
+
+
+# The baseline's traces (validate.baseline): shard k's training rows answered with the dataset's
+# original answers instead of the target's; the draft's rules then run on them as variant baseline/.
+rule baseline_traces:
+    input:
+        rules.filter_traces.output.train,
+    output:
+        f"{RESULTS}/{BASELINE}traces/shards/train/shard-{{shard}}.parquet",
+    log:
+        f"{LOGS}/{BASELINE}baseline_traces/{{shard}}.log",
+    script:
+        "../scripts/baseline_traces.py"
