@@ -247,3 +247,17 @@ class RuntimeOnly:
 def runtime_only(settings: Any, *keys: str) -> RuntimeOnly:
     """Some fields of a section as run-time values (no rerun trigger; see RuntimeOnly)."""
     return RuntimeOnly(as_params(settings, *keys))
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of one field of a section (the schema's), for a section with required fields."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+# The schema's defaults, for code handed a partial section (a test's mapping): `.get(key, X.key)`,
+# never a literal that could disagree with config/schema.yaml.
+SERVER_DEFAULTS = ServerSettings()
+SSH_DEFAULTS = SshSettings()
+GENERATION_DEFAULTS = GenerationSettings()
+VALIDATE_DEFAULTS = ValidateSettings()

@@ -31,8 +31,9 @@ def _walk(schema: dict[str, Any], cls: type, where: str) -> list[str]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     types = typing.get_type_hints(cls)
     properties = schema["properties"]
-    problems += [f"{where}.{k}: in the schema, not a field of {cls.__name__}" for k in properties if k not in fields]
-    problems += [f"{where}.{k}: a field of {cls.__name__}, not in the schema" for k in fields if k not in properties]
+    name = cls.__name__
+    problems += [f"{where}.{k}: in the schema, not a field of {name}" for k in properties if k not in fields]
+    problems += [f"{where}.{k}: a field of {name}, not in the schema" for k in fields if k not in properties]
     for key in properties.keys() & fields.keys():
         sub, f = properties[key], fields[key]
         if dataclasses.is_dataclass(types[key]):  # a section: its keys and defaults

@@ -23,6 +23,7 @@ import polars as pl
 
 from eagle3_pipeline.generate.client import ChatClient, Sampling
 from eagle3_pipeline.server.secrets import redact_data
+from eagle3_pipeline.settings import GENERATION_DEFAULTS, SERVER_DEFAULTS, VALIDATE_DEFAULTS
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
@@ -342,16 +343,16 @@ def serve_check(
         "sampling": sampling,
         "state_dir": work_dir,
         "num_speculative_tokens": validate["num_speculative_tokens"],
-        "enforce_eager": validate.get("enforce_eager", True),
-        "concurrency": min(generation.get("concurrency", 8), len(questions)),
-        "request_timeout_s": generation.get("request_timeout_s", 600),
+        "enforce_eager": validate.get("enforce_eager", VALIDATE_DEFAULTS.enforce_eager),
+        "concurrency": min(generation.get("concurrency", GENERATION_DEFAULTS.concurrency), len(questions)),
+        "request_timeout_s": generation.get("request_timeout_s", GENERATION_DEFAULTS.request_timeout_s),
     }
     if uses_local_process(server_cfg):
         result = run_local_serve_check(
             server_cfg,
             **common,
             api_key=api_key(server_cfg),
-            start_timeout_s=server_cfg.get("start_timeout_s", 900),
+            start_timeout_s=server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
         )
     else:
         from eagle3_pipeline.validate.dropin import run_remote_serve_check
@@ -384,14 +385,14 @@ def local_speedup(
     """validate.speedup: the same questions, sampling and concurrency against the target alone."""
     from eagle3_pipeline.validate.served import run_local_without_draft, speedup
 
-    if not validate.get("speedup", True):
+    if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
         return {"speedup": None, "reason": "validate.speedup is false"}
     without = run_local_without_draft(
         server_cfg,
         common["questions"],
         _group_asker(server_cfg, common),
         str(Path(common["state_dir"]) / "without-draft"),
-        server_cfg.get("start_timeout_s", 900),
+        server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
     )
     figures = speedup(with_draft, without)
     log.info(
@@ -417,7 +418,7 @@ def production_speedup(
     from eagle3_pipeline.server.lifecycle import check_health, server_url
     from eagle3_pipeline.validate.served import speedup, time_by_source
 
-    if not validate.get("speedup", True):
+    if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
         return {"speedup": None, "reason": "validate.speedup is false"}
     base_url = server_url(server_json, server_cfg, Path(common["state_dir"]))
     if not check_health(base_url, auth_headers(server_cfg)):
