@@ -5,8 +5,21 @@ import sys
 from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
+from eagle3_pipeline.settings import as_params, build_settings, runtime_only
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
+# The config as typed, frozen sections. Params are rerun triggers (rerun-triggers in profiles/): a
+# rule passes as params only what its output depends on (as_params), and what a job needs only while
+# it runs (timeouts, pacing, how to reach a server whose identity is an input) as runtime_only(...),
+# an object Snakemake does not record (eagle3_pipeline.settings.RuntimeOnly): changing it reruns nothing.
+SETTINGS = build_settings(config)
+# generation.* that pace the requests without shaping an answer
+GENERATION_PACING = (
+    "concurrency",
+    "global_concurrency",
+    "retries",
+    "request_timeout_s",
+)
 
 RESULTS = f"results/{config['run']}"
 LOGS = f"{RESULTS}/logs"

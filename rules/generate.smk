@@ -5,6 +5,13 @@
 # rerun that finds the same writes the same bytes and triggers nothing.
 from eagle3_pipeline.generate.payload import rule_params, sampling_params
 
+# How a shard job reaches and paces the server: the server's identity (an input) and the sampling
+# shape the answers; the unit's timeouts and the concurrency caps do not.
+GENERATION_RUNTIME = runtime_only(
+    server=as_params(SETTINGS.server),
+    generation=as_params(SETTINGS.generation, *GENERATION_PACING),
+)
+
 
 rule preflight_generation:
     input:
@@ -18,8 +25,8 @@ rule preflight_generation:
         f"{LOGS}/preflight_generation.log",
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(config["server"], {"ca_bundle": None}),
         generation=sampling_params(config["generation"]),
+        runtime=GENERATION_RUNTIME,
         state_dir=f"{WORK}/server",
     script:
         "../scripts/preflight_generation.py"
@@ -36,8 +43,15 @@ rule generate_shard:
         f"{LOGS}/generate_shard/{{shard}}.log",
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(config["server"], {"ca_bundle": None}),
-        generation=rule_params(config["generation"]),
+        # the sampling and generation.history (a no-op value left out: older params still match)
+        generation=rule_params(
+            {
+                key: value
+                for key, value in config["generation"].items()
+                if key not in GENERATION_PACING
+            }
+        ),
+        runtime=GENERATION_RUNTIME,
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",
     script:

@@ -12,7 +12,9 @@ rule snapshot_server:
     log:
         f"{LOGS}/snapshot_server.log",
     params:
-        server=config["server"],
+        # which unit, where, and its URL: what the snapshot records
+        server=as_params(SETTINGS.server, "host", "unit", "unit_file", "base_url"),
+        runtime=runtime_only(server=as_params(SETTINGS.server)),
     script:
         "../scripts/snapshot_server.py"
 
@@ -26,7 +28,11 @@ rule stop_server:
     log:
         f"{LOGS}/stop_server.log",
     params:
-        server=config["server"],
+        # what decides whether it stops the unit: the report says what it did
+        server=as_params(
+            SETTINGS.server, "manage", "stop_after_generation", "stop_foreign"
+        ),
+        runtime=runtime_only(server=as_params(SETTINGS.server)),
         state_dir=f"{WORK}/server",
     script:
         "../scripts/stop_server.py"

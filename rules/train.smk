@@ -59,7 +59,7 @@ if WINDOW:
             f"{LOGS}/plan_windows.log",
         params:
             windows=WINDOWS,
-            train=config["train"],
+            train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
         script:
             "../scripts/plan_windows.py"

@@ -40,9 +40,25 @@ rule serve_check:
     resources:
         draft_server=1,
     params:
-        server=config["server"],
-        generation=config["generation"],
-        validate=config["validate"],
+        # the requests' sampling and concurrency (the tokens/s compared) and the check's own keys;
+        # which server is an input (server.json), reaching and restarting it is run-time only
+        generation=sampling_params(config["generation"])
+        | as_params(SETTINGS.generation, "concurrency"),
+        validate=as_params(
+            SETTINGS.validate,
+            "num_speculative_tokens",
+            "max_questions",
+            "max_tokens",
+            "temperature",
+            "enforce_eager",
+            "served_offline_tolerance",
+            "speedup",
+        ),
+        runtime=runtime_only(
+            server=as_params(SETTINGS.server),
+            generation=as_params(SETTINGS.generation, "retries", "request_timeout_s"),
+            validate=as_params(SETTINGS.validate, "remote_dir"),
+        ),
         work=f"{WORK}/{{variant}}serve_check",  # the vLLM log, pid file and drop-in state of this check
     script:
         "../scripts/serve_check.py"

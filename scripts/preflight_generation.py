@@ -8,8 +8,8 @@ setup_script_logging(snakemake.log[0], "preflight_generation")
 
 preflight_generation(
     server_json_path=snakemake.params.server_json,
-    server_cfg=snakemake.params.server,
-    generation=snakemake.params.generation,
+    server_cfg=snakemake.params.runtime.section("server"),
+    generation=snakemake.params.runtime.section("generation", snakemake.params.generation),
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
     state_dir=snakemake.params.state_dir,

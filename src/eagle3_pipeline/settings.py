@@ -225,28 +225,26 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class RuntimeOnly:
-    """Knobs a job reads at run time that do not shape its output (timeouts, concurrency caps).
+    """Values a job reads at run time that do not shape its output (timeouts, pacing, where to connect
+    when the server's identity is an input), by config section.
 
     Passed to a rule as one params entry of this type: Snakemake records (and compares, as a rerun
-    trigger) only params of builtin types, and skips any other object as unrepresentable
+    trigger) only params of builtin types and skips any other object as unrepresentable
     (snakemake.persistence, `_serialize_param`), so changing these values reruns nothing, yet the
     script still receives them through `snakemake.params`. tests/workflow/test_rerun_triggers.py
     proves both on a recorded run.
     """
 
-    values: Mapping[str, Any] = field(default_factory=_empty)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def merged(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The full section again: the recorded params with these run-time values added."""
-        return {**params, **self.values}
+    def section(self, name: str, recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Section `name` whole again: the values recorded as params with these run-time ones added."""
+        return {**(recorded or {}), **self.sections.get(name, {})}
 
 
-def runtime_only(settings: Any, *keys: str) -> RuntimeOnly:
-    """Some fields of a section as run-time values (no rerun trigger; see RuntimeOnly)."""
-    return RuntimeOnly(as_params(settings, *keys))
+def runtime_only(**sections: Mapping[str, Any]) -> RuntimeOnly:
+    """Run-time values by section, e.g. runtime_only(server=as_params(settings.server)): see RuntimeOnly."""
+    return RuntimeOnly({name: dict(values) for name, values in sections.items()})
 
 
 def field_default(cls: type, name: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import typing
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,12 @@ def test_a_partial_section_takes_the_schema_defaults_and_refuses_unknown_keys():
 def test_runtime_values_are_not_params_snakemake_records():
     from snakemake.persistence import UNREPRESENTABLE, PersistenceBase
 
-    knobs = runtime_only(section(ServerSettings, {}), "start_timeout_s")
-    assert isinstance(knobs, RuntimeOnly) and knobs["start_timeout_s"] == 1800
-    assert knobs.merged({"unit": "u"}) == {"unit": "u", "start_timeout_s": 1800}
+    server = section(ServerSettings, {})
+    knobs = runtime_only(server=as_params(server, "start_timeout_s"))
+    assert isinstance(knobs, RuntimeOnly)
+    assert knobs.section("server", {"unit": "u"}) == {"unit": "u", "start_timeout_s": 1800}
+    assert knobs.section("generation") == {}
     # the check Snakemake applies to each param before recording it (persistence._params)
     assert PersistenceBase._serialize_param_builtin(None, knobs) is UNREPRESENTABLE
     assert PersistenceBase._serialize_param_builtin(None, {"unit": "u"}) == repr({"unit": "u"})
+    assert pickle.loads(pickle.dumps(knobs)) == knobs  # how script: hands params to the script
