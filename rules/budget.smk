@@ -24,6 +24,8 @@ rule check_disk_budget:
         f"{RESULTS}/budget/hidden_states/shard-{{shard}}.json",
     log:
         f"{LOGS}/check_disk_budget/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         hidden_states=f"{RESULTS}/hidden_states",
         max_seq_len=config["hidden_states"]["max_seq_len"],

@@ -1,5 +1,8 @@
 # Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
+# The conda environment of every step is ../envs/pipeline.yaml (generated from envs/*.txt by
+# envs/conda_envs.py); Snakemake builds and uses it only under --use-conda (a cluster without the
+# project's virtualenvs), and ignores it otherwise.
 import sys
 
 from eagle3_pipeline.budget import parse_time_hidden_size, window_shards

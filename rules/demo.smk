@@ -13,6 +13,8 @@ if config["demo"]["enabled"]:
             unit="resources/demo/vllm-demo.service",
         log:
             f"{LOGS}/build_demo_target.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 2
         params:
             port=config["demo"]["port"],

@@ -23,6 +23,8 @@ rule preflight_generation:
         f"{RESULTS}/generations/preflight.json",
     log:
         f"{LOGS}/preflight_generation.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         server_json=rules.snapshot_server.output.server,
         generation=sampling_params(config["generation"]),
@@ -41,6 +43,8 @@ rule generate_shard:
         f"{RESULTS}/generations/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/generate_shard/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         server_json=rules.snapshot_server.output.server,
         # the sampling and generation.history (a no-op value left out: older params still match)

@@ -28,6 +28,8 @@ rule extract_hidden_states:
         metadata=[f"{STATES}/{split}/shard-{{shard}}.json" for split in SPLITS],
     log:
         f"{LOGS}/extract_hidden_states/{EPOCH_DIR}{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:

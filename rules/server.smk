@@ -11,6 +11,8 @@ rule snapshot_server:
         identity=f"{RESULTS}/server/identity.json",
     log:
         f"{LOGS}/snapshot_server.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         # which unit, where, and its URL: what the snapshot records
         server=as_params(SETTINGS.server, "host", "unit", "unit_file", "base_url"),
@@ -27,6 +29,8 @@ rule stop_server:
         f"{RESULTS}/server/stopped.json",
     log:
         f"{LOGS}/stop_server.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         # what decides whether it stops the unit: the report says what it did
         server=as_params(

@@ -25,6 +25,8 @@ rule vocab_map:
         f"{RESULTS}/{{variant}}draft/vocab_map.safetensors",
     log:
         f"{LOGS}/{{variant}}vocab_map.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         draft_vocab_size=config["draft"]["draft_vocab_size"],
         lengths=LENGTHS,
@@ -57,6 +59,8 @@ if WINDOW:
             f"{RESULTS}/draft/windows/plan.json",
         log:
             f"{LOGS}/plan_windows.log",
+        conda:
+            "../envs/pipeline.yaml"
         params:
             windows=WINDOWS,
             train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
@@ -76,6 +80,8 @@ if WINDOW:
             state=temp(window_state("{epoch}", "{window}")),
         log:
             f"{LOGS}/train_draft_window/epoch-{{epoch}}/{{window}}.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 1  # as train_draft
         resources:
             gpu=1,  # as train_draft
@@ -107,6 +113,8 @@ if WINDOW:
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
             f"{LOGS}/{{variant}}train_draft.log",
+        conda:
+            "../envs/pipeline.yaml"
         params:
             target=config["target"]["model"],
             draft=config["draft"],
@@ -128,6 +136,8 @@ else:
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
             f"{LOGS}/{{variant}}train_draft.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
@@ -156,5 +166,7 @@ rule export_draft:
         weights=f"{RESULTS}/{{variant}}draft/checkpoint/model.safetensors",
     log:
         f"{LOGS}/{{variant}}export_draft.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/export_draft.py"

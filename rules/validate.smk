@@ -12,6 +12,8 @@ rule validate_offline:
         f"{RESULTS}/{{variant}}validation/offline.json",
     log:
         f"{LOGS}/{{variant}}validate_offline.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
@@ -37,6 +39,8 @@ rule serve_check:
         f"{RESULTS}/{{variant}}validation/serve_check.json",
     log:
         f"{LOGS}/{{variant}}serve_check.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         draft_server=1,
     params:
@@ -120,5 +124,7 @@ rule plot_validation:
         ),
     log:
         f"{LOGS}/plot_validation.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/plot_validation.py"
