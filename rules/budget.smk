@@ -28,9 +28,9 @@ rule check_disk_budget:
         "../envs/pipeline.yaml"
     params:
         hidden_states=f"{RESULTS}/hidden_states",
-        max_seq_len=config["hidden_states"]["max_seq_len"],
-        overlong=config["hidden_states"]["overlong"],
-        dtype=config["hidden_states"]["dtype"],
-        max_disk_gb=config["hidden_states"]["max_disk_gb"],
+        max_seq_len=SETTINGS.hidden_states.max_seq_len,
+        overlong=SETTINGS.hidden_states.overlong,
+        dtype=SETTINGS.hidden_states.dtype,
+        max_disk_gb=SETTINGS.hidden_states.max_disk_gb,
     script:
         "../scripts/check_disk_budget.py"

@@ -24,26 +24,26 @@ GENERATION_PACING = (
     "request_timeout_s",
 )
 
-RESULTS = f"results/{config['run']}"
+RESULTS = f"results/{SETTINGS.run}"
 LOGS = f"{RESULTS}/logs"
 WORK = f"{RESULTS}/work"
-SHARDS = shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
+SHARDS = shard_ids(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size)
 # hidden_states.max_disk_gb: shards per training window, from the config alone (None: no cap, every
 # shard's states kept). Under a cap, epoch e's states of window w are extracted, trained on by
 # train_draft_window and deleted; a cap below one shard is refused here, with the numbers.
 WINDOW = (
     window_shards(config, parse_time_hidden_size(config))
-    if config["hidden_states"]["max_disk_gb"] is not None
+    if SETTINGS.hidden_states.max_disk_gb is not None
     else None
 )
 WINDOWS = (
     [SHARDS[i : i + WINDOW] for i in range(0, len(SHARDS), WINDOW)] if WINDOW else []
 )
-EPOCHS = config["train"]["epochs"]
+EPOCHS = SETTINGS.train.epochs
 # The windows form one chain of epochs x windows training jobs, and Snakemake builds its DAG
 # recursively (about 3 Python frames per link, measured): room for the chain, as for a long DAG.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * len(WINDOWS)))
-if WINDOW and config["validate"]["baseline"]:
+if WINDOW and SETTINGS.validate.baseline:
     raise ConfigError(
         "hidden_states.max_disk_gb with validate.baseline: the baseline draft is not trained in "
         "windows; set validate.baseline: false (or hidden_states.max_disk_gb: null)"
@@ -55,7 +55,7 @@ STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
 # is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
 # (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
 BASELINE = "baseline/"
-VARIANTS = ["", BASELINE] if config["validate"]["baseline"] else [""]
+VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
 
 
 wildcard_constraints:
@@ -84,13 +84,13 @@ def shard_files(*patterns):
 
 def get_unit_file_input():
     """The local unit file when the snapshot reads one (so the demo builder runs first)."""
-    unit_file = config["server"]["unit_file"]
-    return [unit_file] if config["server"]["host"] == "local" and unit_file else []
+    unit_file = SETTINGS.server.unit_file
+    return [unit_file] if SETTINGS.server.host == "local" and unit_file else []
 
 
 def get_dataset_input():
     """The dataset as a file input, unless it is remote (hf://)."""
-    path = config["dataset"]["path"]
+    path = SETTINGS.dataset.path
     return [] if "://" in path else [path]
 
 
@@ -98,8 +98,8 @@ def get_selection_params():
     """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up),
     and generation.history when own (its units are conversations; absent, older params still match).
     """
-    params = {key: config["dataset"][key] for key in ("path", "seed", "turns")}
-    if config["generation"]["history"] == "own":
+    params = as_params(SETTINGS.dataset, "path", "seed", "turns")
+    if SETTINGS.generation.history == "own":
         params["history"] = "own"
     return params
 
@@ -107,7 +107,7 @@ def get_selection_params():
 def get_selection_block_rows(wildcards):
     """Questions [start, stop) of the selection order held by block b (independent of num_samples)."""
     start, stop = selection_block_rows(
-        int(wildcards.block), config["dataset"]["shard_size"]
+        int(wildcards.block), SETTINGS.dataset.shard_size
     )
     return {"start": start, "stop": stop}
 
@@ -121,7 +121,7 @@ def get_selection_block(wildcards):
 def get_prompt_shard_rows(wildcards):
     """Shard k's rows of its selection block: questions [k * shard_size, min((k + 1) * shard_size,
     num_samples)) of the order, less the block's first question."""
-    size, total = config["dataset"]["shard_size"], config["dataset"]["num_samples"]
+    size, total = SETTINGS.dataset.shard_size, SETTINGS.dataset.num_samples
     start = int(wildcards.shard) * size
     block_start, _ = selection_block_rows(
         int(wildcards.shard) // SELECTION_BLOCK_SHARDS, size
@@ -133,16 +133,16 @@ def get_prompt_shard_rows(wildcards):
 
 
 def get_target_config():
-    return f"{config['target']['model']}/config.json"
+    return f"{SETTINGS.target.model}/config.json"
 
 
 def get_draft_shape_args():
     """--head-dim/--num-attention-heads/--num-key-value-heads for the draft.* keys that are set."""
     keys = ("head_dim", "num_attention_heads", "num_key_value_heads")
     return " ".join(
-        f"--{k.replace('_', '-')} {config['draft'][k]}"
+        f"--{k.replace('_', '-')} {getattr(SETTINGS.draft, k)}"
         for k in keys
-        if config["draft"].get(k) is not None
+        if getattr(SETTINGS.draft, k) is not None
     )
 
 
@@ -237,6 +237,6 @@ def get_final_outputs():
         f"{RESULTS}/validation/offline.json",
         f"{RESULTS}/report/acceptance.png",  # asks for every picture of the report (plot_validation)
     ]
-    if config["validate"]["serve_check"]:
+    if SETTINGS.validate.serve_check:
         outputs.append(f"{RESULTS}/validation/serve_check.json")
     return outputs

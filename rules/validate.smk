@@ -17,7 +17,7 @@ rule validate_offline:
     resources:
         gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
-        ttt_steps=config["draft"]["ttt_steps"],
+        ttt_steps=SETTINGS.draft.ttt_steps,
     script:
         "../scripts/validate_offline.py"
 
@@ -77,12 +77,12 @@ REPORT_INPUTS = {
     "history": variant_output(rules.train_draft.output.history, ""),
     "offline": variant_output(rules.validate_offline.output[0], ""),
 }
-if config["validate"]["serve_check"]:
+if SETTINGS.validate.serve_check:
     REPORT_INPUTS["serve_check"] = variant_output(rules.serve_check.output[0], "")
-if config["validate"]["baseline"]:
+if SETTINGS.validate.baseline:
     REPORT_INPUTS["baseline_history"] = variant_output(rules.train_draft.output.history)
     REPORT_INPUTS["baseline_offline"] = variant_output(rules.validate_offline.output[0])
-    if config["validate"]["serve_check"]:
+    if SETTINGS.validate.serve_check:
         REPORT_INPUTS["baseline_serve_check"] = variant_output(
             rules.serve_check.output[0]
         )
