@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm demo plan test lint clean-demo
+.PHONY: install install-pipeline install-vllm conda-envs demo plan test lint clean-demo
 
 install: install-pipeline install-vllm
 
@@ -12,6 +12,10 @@ install-pipeline:
 
 install-vllm:
 	envs/install.sh vllm
+
+# envs/pipeline.yaml and envs/vllm.yaml (snakemake --use-conda) from the pins in envs/*.txt
+conda-envs:
+	python3 envs/conda_envs.py
 
 demo: install
 	source .venv/bin/activate && snakemake --cores $(CORES)
@@ -23,7 +27,7 @@ test: install
 	source .venv/bin/activate && python -m pytest --durations=15 $(PYTEST_ARGS)
 
 lint: install-pipeline
-	source .venv/bin/activate && ruff check src scripts tests benchmarks && ruff format --check src scripts tests benchmarks \
+	source .venv/bin/activate && ruff check src scripts tests benchmarks envs && ruff format --check src scripts tests benchmarks envs \
 		&& snakefmt --check Snakefile rules  # snakemake --lint: tests/workflow/test_planning.py
 
 clean-demo:

@@ -13,7 +13,9 @@
 #   draft/         vocab_map.safetensors, windows/ (under a cap), trained/, checkpoint/ (EAGLE-3)
 #   validation/    offline.json, serve_check.json
 #   report/        the pictures of `snakemake --report`
-#   baseline/      the same draft trained on the dataset's original answers (validate.baseline)
+#   baseline/      validate.baseline: the draft's rules again as {variant} baseline/ (main: ""), trained
+#                  on the dataset's original answers: traces/shards/train/, hidden_states/train/, draft/,
+#                  validation/ (logs/baseline/, work/baseline/)
 #   work/          resumable state: generation journals, training state
 #   logs/          one log per job
 # resources/demo/  the embedded demo's tiny target and its systemd unit (demo.enabled)

@@ -24,11 +24,13 @@ rule check_disk_budget:
         f"{RESULTS}/budget/hidden_states/shard-{{shard}}.json",
     log:
         f"{LOGS}/check_disk_budget/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         hidden_states=f"{RESULTS}/hidden_states",
-        max_seq_len=config["hidden_states"]["max_seq_len"],
-        overlong=config["hidden_states"]["overlong"],
-        dtype=config["hidden_states"]["dtype"],
-        max_disk_gb=config["hidden_states"]["max_disk_gb"],
+        max_seq_len=SETTINGS.hidden_states.max_seq_len,
+        overlong=SETTINGS.hidden_states.overlong,
+        dtype=SETTINGS.hidden_states.dtype,
+        max_disk_gb=SETTINGS.hidden_states.max_disk_gb,
     script:
         "../scripts/check_disk_budget.py"

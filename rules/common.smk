@@ -1,33 +1,49 @@
 # Config validation, the shard list, wildcard constraints and get_* helpers. Nothing here touches the
 # network, a server, a GPU or a dataset: a dry run of 10,000 shards must plan in seconds.
+# The conda environment of every step is ../envs/pipeline.yaml (generated from envs/*.txt by
+# envs/conda_envs.py); Snakemake builds and uses it only under --use-conda (a cluster without the
+# project's virtualenvs), and ignores it otherwise.
 import sys
 
 from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
+from eagle3_pipeline.settings import as_params, build_settings, runtime_only
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
+# The config as typed, frozen sections. Params are rerun triggers (rerun-triggers in profiles/): a
+# rule passes as params only what its output depends on (as_params), and what a job needs only while
+# it runs (timeouts, pacing, how to reach a server whose identity is an input) as runtime_only(...),
+# an object Snakemake does not record (eagle3_pipeline.settings.RuntimeOnly): changing it reruns nothing.
+SETTINGS = build_settings(config)
+# generation.* that pace the requests without shaping an answer
+GENERATION_PACING = (
+    "concurrency",
+    "global_concurrency",
+    "retries",
+    "request_timeout_s",
+)
 
-RESULTS = f"results/{config['run']}"
+RESULTS = f"results/{SETTINGS.run}"
 LOGS = f"{RESULTS}/logs"
 WORK = f"{RESULTS}/work"
-SHARDS = shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
+SHARDS = shard_ids(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size)
 # hidden_states.max_disk_gb: shards per training window, from the config alone (None: no cap, every
 # shard's states kept). Under a cap, epoch e's states of window w are extracted, trained on by
 # train_draft_window and deleted; a cap below one shard is refused here, with the numbers.
 WINDOW = (
     window_shards(config, parse_time_hidden_size(config))
-    if config["hidden_states"]["max_disk_gb"] is not None
+    if SETTINGS.hidden_states.max_disk_gb is not None
     else None
 )
 WINDOWS = (
     [SHARDS[i : i + WINDOW] for i in range(0, len(SHARDS), WINDOW)] if WINDOW else []
 )
-EPOCHS = config["train"]["epochs"]
+EPOCHS = SETTINGS.train.epochs
 # The windows form one chain of epochs x windows training jobs, and Snakemake builds its DAG
 # recursively (about 3 Python frames per link, measured): room for the chain, as for a long DAG.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * len(WINDOWS)))
-if WINDOW and config["validate"]["baseline"]:
+if WINDOW and SETTINGS.validate.baseline:
     raise ConfigError(
         "hidden_states.max_disk_gb with validate.baseline: the baseline draft is not trained in "
         "windows; set validate.baseline: false (or hidden_states.max_disk_gb: null)"
@@ -35,6 +51,11 @@ if WINDOW and config["validate"]["baseline"]:
 # Where extraction writes: one folder per epoch under a cap (each epoch extracts anew)
 EPOCH_DIR = "epoch-{epoch}/" if WINDOW else ""
 STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
+# The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
+# is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
+# (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
+BASELINE = "baseline/"
+VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
 
 
 wildcard_constraints:
@@ -43,6 +64,8 @@ wildcard_constraints:
     split="train|validation",
     epoch=r"\d+",
     window=r"\d+",
+    # "(?:)" for the main draft alone: an empty constraint would mean none (any non-empty name)
+    variant="|".join(f"(?:{variant})" for variant in VARIANTS),
 
 
 def shard_files(*patterns):
@@ -61,13 +84,13 @@ def shard_files(*patterns):
 
 def get_unit_file_input():
     """The local unit file when the snapshot reads one (so the demo builder runs first)."""
-    unit_file = config["server"]["unit_file"]
-    return [unit_file] if config["server"]["host"] == "local" and unit_file else []
+    unit_file = SETTINGS.server.unit_file
+    return [unit_file] if SETTINGS.server.host == "local" and unit_file else []
 
 
 def get_dataset_input():
     """The dataset as a file input, unless it is remote (hf://)."""
-    path = config["dataset"]["path"]
+    path = SETTINGS.dataset.path
     return [] if "://" in path else [path]
 
 
@@ -75,8 +98,8 @@ def get_selection_params():
     """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up),
     and generation.history when own (its units are conversations; absent, older params still match).
     """
-    params = {key: config["dataset"][key] for key in ("path", "seed", "turns")}
-    if config["generation"]["history"] == "own":
+    params = as_params(SETTINGS.dataset, "path", "seed", "turns")
+    if SETTINGS.generation.history == "own":
         params["history"] = "own"
     return params
 
@@ -84,7 +107,7 @@ def get_selection_params():
 def get_selection_block_rows(wildcards):
     """Questions [start, stop) of the selection order held by block b (independent of num_samples)."""
     start, stop = selection_block_rows(
-        int(wildcards.block), config["dataset"]["shard_size"]
+        int(wildcards.block), SETTINGS.dataset.shard_size
     )
     return {"start": start, "stop": stop}
 
@@ -98,7 +121,7 @@ def get_selection_block(wildcards):
 def get_prompt_shard_rows(wildcards):
     """Shard k's rows of its selection block: questions [k * shard_size, min((k + 1) * shard_size,
     num_samples)) of the order, less the block's first question."""
-    size, total = config["dataset"]["shard_size"], config["dataset"]["num_samples"]
+    size, total = SETTINGS.dataset.shard_size, SETTINGS.dataset.num_samples
     start = int(wildcards.shard) * size
     block_start, _ = selection_block_rows(
         int(wildcards.shard) // SELECTION_BLOCK_SHARDS, size
@@ -110,16 +133,42 @@ def get_prompt_shard_rows(wildcards):
 
 
 def get_target_config():
-    return f"{config['target']['model']}/config.json"
+    return f"{SETTINGS.target.model}/config.json"
 
 
 get_prompt_shards = shard_files(f"{RESULTS}/prompts/shard-{{shard}}.parquet")
 get_generation_shards = shard_files(f"{RESULTS}/generations/shard-{{shard}}.parquet")
-get_hidden_state_shards = shard_files(
-    *(
-        f"{RESULTS}/hidden_states/{split}/shard-{{shard}}.safetensors"
-        for split in SPLITS
-    )
+
+
+def variant_files(*patterns):
+    """An input function giving, for the job's {variant}, each pattern's file for every shard (a
+    pattern's {variant} is the job's); lists made once per variant, as in shard_files.
+    """
+    files = {
+        variant: [
+            path
+            for pattern in patterns
+            for path in expand(pattern, shard=SHARDS, variant=variant)
+        ]
+        for variant in VARIANTS
+    }
+
+    def get_variant_files(wildcards):
+        return files[wildcards.variant]
+
+    return get_variant_files
+
+
+def variant_output(output, variant=BASELINE):
+    """A draft rule's output pattern (with {variant}) for one variant."""
+    return expand(output, variant=variant)[0]
+
+
+# A variant's training states: its own train split; validation is always the main draft's (the
+# target's own validation traces), so both drafts are measured on the same held-out data.
+get_draft_states = variant_files(
+    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors",
+    f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
 )
 
 
@@ -176,8 +225,8 @@ def get_final_outputs():
         f"{RESULTS}/traces/stats.json",
         f"{RESULTS}/draft/checkpoint/config.json",
         f"{RESULTS}/validation/offline.json",
-        f"{RESULTS}/report/acceptance.png",  # rule plot_validation: every picture of the report
+        f"{RESULTS}/report/acceptance.png",  # asks for every picture of the report (plot_validation)
     ]
-    if config["validate"]["serve_check"]:
+    if SETTINGS.validate.serve_check:
         outputs.append(f"{RESULTS}/validation/serve_check.json")
     return outputs

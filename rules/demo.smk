@@ -1,10 +1,10 @@
 # The embedded demo's tiny target (Llama, 8 layers, head_dim 64, its own byte-level BPE tokenizer and a
 # Kimi-style thinking template), fitted on the bundled sample, and the systemd unit that serves it.
-if config["demo"]["enabled"]:
+if SETTINGS.demo.enabled:
 
     rule build_demo_target:
         input:
-            sample=config["dataset"]["path"],
+            sample=SETTINGS.dataset.path,
             unit_template="config/demo/vllm-demo.service.in",
         output:
             config="resources/demo/target/config.json",
@@ -13,10 +13,12 @@ if config["demo"]["enabled"]:
             unit="resources/demo/vllm-demo.service",
         log:
             f"{LOGS}/build_demo_target.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 2
         params:
-            port=config["demo"]["port"],
-            fit_seconds=config["demo"]["fit_seconds"],
-            seed=config["demo"]["seed"],
+            port=SETTINGS.demo.port,
+            fit_seconds=SETTINGS.demo.fit_seconds,
+            seed=SETTINGS.demo.seed,
         script:
             "../scripts/build_demo_target.py"

@@ -7,6 +7,13 @@
 # and the preflight checks every server at once after each replica's identity check.
 from eagle3_pipeline.generate.payload import rule_params, sampling_params
 
+# How a shard job reaches and paces the server: the server's identity (an input) and the sampling
+# shape the answers; the unit's timeouts and the concurrency caps do not.
+GENERATION_RUNTIME = runtime_only(
+    server=SERVER,  # the primary's section (a shard sent to a replica: fleet.for_shard)
+    generation=as_params(SETTINGS.generation, *GENERATION_PACING),
+)
+
 
 rule preflight_generation:
     input:
@@ -26,10 +33,12 @@ rule preflight_generation:
         ),
     log:
         f"{LOGS}/preflight_generation.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(SERVER, {"ca_bundle": None}),
         generation=sampling_params(config["generation"]),
+        runtime=GENERATION_RUNTIME,
         state_dir=f"{WORK}/server",
         fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
     script:
@@ -46,12 +55,21 @@ rule generate_shard:
         f"{RESULTS}/generations/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/generate_shard/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         **get_server_resources(),
     params:
         server_json=rules.snapshot_server.output.server,
-        server=rule_params(SERVER, {"ca_bundle": None}),
-        generation=rule_params(config["generation"]),
+        # the sampling and generation.history (a no-op value left out: older params still match)
+        generation=rule_params(
+            {
+                key: value
+                for key, value in config["generation"].items()
+                if key not in GENERATION_PACING
+            }
+        ),
+        runtime=GENERATION_RUNTIME,
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",
         # which server shard k is sent to; a Fleet is no rerun trigger (Snakemake records builtins only)

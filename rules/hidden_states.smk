@@ -25,6 +25,8 @@ rule extract_hidden_states:
         metadata=[f"{STATES}/{split}/shard-{{shard}}.json" for split in SPLITS],
     log:
         f"{LOGS}/extract_hidden_states/{EPOCH_DIR}{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
     params:
@@ -52,3 +54,21 @@ rule extract_hidden_states:
         # to the GPUs the job sees (CPU when none); device_map mode starts one process that spreads
         # the target over all of them
         "../scripts/extract_hidden_states.py"
+
+
+# The baseline's states (validate.baseline): the same extraction on its own traces, train split only
+# (it validates on the main draft's validation states). A rule's outputs are fixed in number, so this
+# is extract_hidden_states with other traces and outputs rather than a {variant} of it; it needs no
+# disk check of its own (validate.baseline is refused under hidden_states.max_disk_gb).
+use rule extract_hidden_states as baseline_extract_hidden_states with:
+    input:
+        traces=[rules.baseline_traces.output[0]],
+        target=get_target_config(),
+        server_stopped=ancient(rules.stop_server.output[0]),
+    output:
+        states=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.safetensors"],
+        metadata=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.json"],
+    log:
+        f"{LOGS}/{BASELINE}extract_hidden_states/{{shard}}.log",
+    params:
+        work=f"{WORK}/{BASELINE}hidden_states/{{shard}}",

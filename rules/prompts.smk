@@ -16,6 +16,8 @@ rule prepare_prompts:
         skipped=f"{RESULTS}/prompts/skipped-{{block}}.parquet",
     log:
         f"{LOGS}/prepare_prompts/{{block}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         selection=get_selection_params(),
         rows=get_selection_block_rows,
@@ -36,6 +38,8 @@ rule write_prompt_shard:
         f"{RESULTS}/prompts/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/write_prompt_shard/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         rows=get_prompt_shard_rows,
     script:

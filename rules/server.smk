@@ -29,6 +29,21 @@ def get_replica_config(wildcards):
     return get_replica(wildcards).config
 
 
+def replica_params(*keys):
+    """An input function: these keys of the replica's section, recorded as params (rerun triggers)."""
+
+    def get(wildcards):
+        replica = get_replica_config(wildcards)
+        return {key: replica.get(key) for key in keys}
+
+    return get
+
+
+def get_replica_runtime(wildcards):
+    """The replica's whole section as run-time values (not recorded: see runtime_only)."""
+    return runtime_only(server=get_replica_config(wildcards))
+
+
 def get_replica_server_json(wildcards):
     return get_replica(wildcards).server_json
 
@@ -77,8 +92,12 @@ rule snapshot_server:
         identity=f"{RESULTS}/server/identity.json",
     log:
         f"{LOGS}/snapshot_server.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        server=SERVER,
+        # which unit, where, and its URL: what the snapshot records
+        server=as_params(SETTINGS.server, "host", "unit", "unit_file", "base_url"),
+        runtime=runtime_only(server=SERVER),
     script:
         "../scripts/snapshot_server.py"
 
@@ -94,8 +113,11 @@ rule snapshot_replica:
         f"{LOGS}/snapshot_replica/{{replica}}.log",
     wildcard_constraints:
         replica="|".join(REPLICAS) or "(?!)",
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        server=get_replica_config,
+        server=replica_params("host", "unit", "unit_file", "base_url"),
+        runtime=get_replica_runtime,
     script:
         "../scripts/snapshot_server.py"
 
@@ -110,6 +132,8 @@ rule check_replica:
         f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json",
     log:
         f"{LOGS}/check_replica/{{replica}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/check_replica.py"
 
@@ -122,8 +146,11 @@ rule stop_replica:
         f"{RESULTS}/server/replicas/{{replica}}/stopped.json",
     log:
         f"{LOGS}/stop_replica/{{replica}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        server=get_replica_config,
+        server=replica_params("manage", "stop_after_generation", "stop_foreign"),
+        runtime=get_replica_runtime,
         state_dir=get_replica_state_dir,
     script:
         "../scripts/stop_server.py"
@@ -140,8 +167,14 @@ rule stop_server:
         f"{RESULTS}/server/stopped.json",
     log:
         f"{LOGS}/stop_server.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        server=SERVER,
+        # what decides whether it stops the unit: the report says what it did
+        server=as_params(
+            SETTINGS.server, "manage", "stop_after_generation", "stop_foreign"
+        ),
+        runtime=runtime_only(server=SERVER),
         state_dir=f"{WORK}/server",
     script:
         "../scripts/stop_server.py"

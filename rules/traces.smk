@@ -15,6 +15,8 @@ rule filter_traces:
         validation=f"{RESULTS}/traces/shards/validation/shard-{{shard}}.parquet",
     log:
         f"{LOGS}/filter_traces/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         traces=config["traces"],
     script:
@@ -35,6 +37,8 @@ rule merge_traces:
         counts_plot=report(f"{RESULTS}/traces/plots/counts.png", category="Traces"),
     log:
         f"{LOGS}/merge_traces.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         traces=config["traces"],
     script:
@@ -49,5 +53,22 @@ rule split_traces:
         validation=f"{RESULTS}/traces/validation.parquet",
     log:
         f"{LOGS}/split_traces.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/split_traces.py"
+
+
+# The baseline's traces (validate.baseline): shard k's training rows answered with the dataset's
+# original answers instead of the target's; the draft's rules then run on them as variant baseline/.
+rule baseline_traces:
+    input:
+        rules.filter_traces.output.train,
+    output:
+        f"{RESULTS}/{BASELINE}traces/shards/train/shard-{{shard}}.parquet",
+    log:
+        f"{LOGS}/{BASELINE}baseline_traces/{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/baseline_traces.py"

@@ -13,16 +13,18 @@ rule vocab_map:
             {"traces": TRAIN_TRACES}
             if WINDOW
             else {
-                "metadata": shard_files(
-                    f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"
+                "metadata": variant_files(
+                    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.json"
                 )
             }
         ),
         target=get_target_config(),
     output:
-        f"{RESULTS}/draft/vocab_map.safetensors",
+        f"{RESULTS}/{{variant}}draft/vocab_map.safetensors",
     log:
-        f"{LOGS}/vocab_map.log",
+        f"{LOGS}/{{variant}}vocab_map.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         draft_vocab_size=config["draft"]["draft_vocab_size"],
         lengths=LENGTHS,
@@ -39,9 +41,11 @@ if WINDOW:
             f"{RESULTS}/draft/windows/plan.json",
         log:
             f"{LOGS}/plan_windows.log",
+        conda:
+            "../envs/pipeline.yaml"
         params:
             windows=WINDOWS,
-            train=config["train"],
+            train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
         script:
             "../scripts/plan_windows.py"
@@ -51,13 +55,15 @@ if WINDOW:
             states=get_window_states,
             previous=get_previous_window_state,
             plan=rules.plan_windows.output,
-            vocab_map=rules.vocab_map.output,
+            vocab_map=variant_output(rules.vocab_map.output[0], ""),  # the main draft
             target=get_target_config(),
             corpus=rules.merge_traces.output.stats,
         output:
             state=temp(window_state("{epoch}", "{window}")),
         log:
             f"{LOGS}/train_draft_window/epoch-{{epoch}}/{{window}}.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 1  # as train_draft
         resources:
             gpu=1,  # as train_draft
@@ -80,10 +86,13 @@ if WINDOW:
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:
-            weights=f"{RESULTS}/draft/trained/model.safetensors",
-            history=f"{RESULTS}/draft/trained/history.json",
+            # {variant}: the main draft only (the baseline is not trained in windows)
+            weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
+            history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
-            f"{LOGS}/train_draft.log",
+            f"{LOGS}/{{variant}}train_draft.log",
+        conda:
+            "../envs/pipeline.yaml"
         params:
             target=config["target"]["model"],
             draft=config["draft"],
@@ -95,23 +104,25 @@ else:
 
     rule train_draft:
         input:
-            states=get_hidden_state_shards,
+            states=get_draft_states,
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
             # the corpus-wide checks (an id in two shards) pass before training; extraction never waits
             corpus=rules.merge_traces.output.stats,
         output:
-            weights=f"{RESULTS}/draft/trained/model.safetensors",
-            history=f"{RESULTS}/draft/trained/history.json",
+            weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
+            history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
-            f"{LOGS}/train_draft.log",
+            f"{LOGS}/{{variant}}train_draft.log",
+        conda:
+            "../envs/pipeline.yaml"
         threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
             draft=config["draft"],
             train=config["train"],
-            work=f"{WORK}/train",  # the training state (resume); also the main-process port's key
+            work=f"{WORK}/{{variant}}train",  # the training state (resume); also the main-process port's key
         script:
             # a job file under work/ run by `accelerate launch`: DDP over the GPUs the job sees, one
             # CPU process without (eagle3_pipeline.launch)
@@ -123,11 +134,14 @@ rule export_draft:
         weights=rules.train_draft.output.weights,
         vocab_map=rules.vocab_map.output,
         target=get_target_config(),
-        hidden_states_metadata=f"{STATES.format(epoch=0)}/train/shard-{SHARDS[0]}.json",
+        # the variant's first training shard (its layer numbering and final-state kind)
+        hidden_states_metadata=f"{RESULTS}/{{variant}}hidden_states/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json",
     output:
-        config=f"{RESULTS}/draft/checkpoint/config.json",
-        weights=f"{RESULTS}/draft/checkpoint/model.safetensors",
+        config=f"{RESULTS}/{{variant}}draft/checkpoint/config.json",
+        weights=f"{RESULTS}/{{variant}}draft/checkpoint/model.safetensors",
     log:
-        f"{LOGS}/export_draft.log",
+        f"{LOGS}/{{variant}}export_draft.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/export_draft.py"

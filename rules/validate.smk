@@ -1,46 +1,71 @@
 # Does the served model accept the draft? Offline acceptance on held-out hidden states, and the draft
-# actually served by vLLM with its spec-decode counters read from /metrics.
+# actually served by vLLM with its spec-decode counters read from /metrics. Per {variant}: the main
+# draft and, with validate.baseline, the baseline (results/{run}/baseline/), on the same validation data.
 
 
 rule validate_offline:
     input:
         checkpoint=rules.export_draft.output.config,
-        states=get_validation_states(),
+        states=get_validation_states(),  # the main draft's: both variants on the same held-out data
         target=get_target_config(),
     output:
-        f"{RESULTS}/validation/offline.json",
+        f"{RESULTS}/{{variant}}validation/offline.json",
     log:
-        f"{LOGS}/validate_offline.log",
+        f"{LOGS}/{{variant}}validate_offline.log",
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
-        ttt_steps=config["draft"]["ttt_steps"],
+        ttt_steps=SETTINGS.draft.ttt_steps,
     script:
         "../scripts/validate_offline.py"
+
+
+# One draft server at a time (the local demo's port, or production's unit behind its drop-in), yet
+# without ordering the checks: either may fail alone. Snakemake schedules draft_server like cores;
+# its limit is 1 unless the command line sets one (`--resources draft_server=N`).
+if "draft_server" not in workflow.global_resources:
+    workflow.register_resource("draft_server", 1)
 
 
 rule serve_check:
     input:
         checkpoint=rules.export_draft.output.config,
-        validation=rules.split_traces.output.validation,
+        validation=rules.split_traces.output.validation,  # the main traces' validation questions
         server=rules.snapshot_server.output.server,
         offline=rules.validate_offline.output[0],  # served acceptance must match it (validate/served.py)
     output:
-        f"{RESULTS}/validation/serve_check.json",
+        f"{RESULTS}/{{variant}}validation/serve_check.json",
     log:
-        f"{LOGS}/serve_check.log",
+        f"{LOGS}/{{variant}}serve_check.log",
+    conda:
+        "../envs/pipeline.yaml"
+    resources:
+        draft_server=1,
     params:
-        server=SERVER,
-        generation=config["generation"],
-        validate=config["validate"],
-        work=f"{WORK}/serve_check",
+        # the requests' sampling and concurrency (the tokens/s compared) and the check's own keys;
+        # which server is an input (server.json), reaching and restarting it is run-time only
+        generation=sampling_params(config["generation"])
+        | as_params(SETTINGS.generation, "concurrency"),
+        validate=as_params(
+            SETTINGS.validate,
+            "num_speculative_tokens",
+            "max_questions",
+            "max_tokens",
+            "temperature",
+            "enforce_eager",
+            "served_offline_tolerance",
+            "speedup",
+        ),
+        runtime=runtime_only(
+            server=SERVER,
+            generation=as_params(SETTINGS.generation, "retries", "request_timeout_s"),
+            validate=as_params(SETTINGS.validate, "remote_dir"),
+        ),
+        work=f"{WORK}/{{variant}}serve_check",  # the vLLM log, pid file and drop-in state of this check
     script:
         "../scripts/serve_check.py"
-
-
-if config["validate"]["baseline"]:
-
-    include: "baseline.smk"
 
 
 # What plot_validation draws from: every stage's outputs; the serve checks and the baseline when configured.
@@ -49,16 +74,18 @@ REPORT_INPUTS = {
     "server": rules.snapshot_server.output.server,
     "stats": rules.merge_traces.output.stats,
     "traces": rules.merge_traces.output.traces,
-    "history": rules.train_draft.output.history,
-    "offline": rules.validate_offline.output[0],
+    "history": variant_output(rules.train_draft.output.history, ""),
+    "offline": variant_output(rules.validate_offline.output[0], ""),
 }
-if config["validate"]["serve_check"]:
-    REPORT_INPUTS["serve_check"] = rules.serve_check.output[0]
-if config["validate"]["baseline"]:
-    REPORT_INPUTS["baseline_history"] = rules.baseline_train_draft.output.history
-    REPORT_INPUTS["baseline_offline"] = rules.baseline_validate_offline.output[0]
-    if config["validate"]["serve_check"]:
-        REPORT_INPUTS["baseline_serve_check"] = rules.baseline_serve_check.output[0]
+if SETTINGS.validate.serve_check:
+    REPORT_INPUTS["serve_check"] = variant_output(rules.serve_check.output[0], "")
+if SETTINGS.validate.baseline:
+    REPORT_INPUTS["baseline_history"] = variant_output(rules.train_draft.output.history)
+    REPORT_INPUTS["baseline_offline"] = variant_output(rules.validate_offline.output[0])
+    if SETTINGS.validate.serve_check:
+        REPORT_INPUTS["baseline_serve_check"] = variant_output(
+            rules.serve_check.output[0]
+        )
 
 
 rule plot_validation:
@@ -97,5 +124,7 @@ rule plot_validation:
         ),
     log:
         f"{LOGS}/plot_validation.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/plot_validation.py"

@@ -9,8 +9,8 @@ stage(snakemake)
 
 preflight_generation(
     server_json_path=snakemake.params.server_json,
-    server_cfg=snakemake.params.server,
-    generation=snakemake.params.generation,
+    server_cfg=snakemake.params.runtime.section("server"),
+    generation=snakemake.params.runtime.section("generation", snakemake.params.generation),
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
     state_dir=snakemake.params.state_dir,

@@ -9,9 +9,10 @@ from eagle3_pipeline.validate.dropin import recover_leftover_dropin
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
-recover_leftover_dropin(snakemake.params.server)
+server_cfg = snakemake.params.runtime.section("server", snakemake.params.server)
+recover_leftover_dropin(server_cfg)
 snapshot_server(
-    snakemake.params.server,
+    server_cfg,
     unit_out=snakemake.output.unit,
     server_out=snakemake.output.server,
     identity_out=snakemake.output.identity,

@@ -11,6 +11,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 log = stage(snakemake)
 
 server_json = json.loads(Path(snakemake.input.server).read_text())
-report = stop(server_json, snakemake.params.server, Path(snakemake.params.state_dir))
+server_cfg = snakemake.params.runtime.section("server", snakemake.params.server)
+report = stop(server_json, server_cfg, Path(snakemake.params.state_dir))
 log.info("stop_server: %s", report)
 write_stop_report(report, snakemake.output[0])

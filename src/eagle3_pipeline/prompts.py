@@ -40,6 +40,7 @@ from typing import Any
 import polars as pl
 
 from eagle3_pipeline import io
+from eagle3_pipeline.settings import GENERATION_DEFAULTS, DatasetSettings, field_default
 
 log = logging.getLogger(__name__)
 
@@ -405,8 +406,14 @@ def prepare_prompts(
         DatasetError: the dataset cannot be read, or holds no usable question.
     """
     path = selection["path"]
-    history = selection.get("history", "none")
-    found = select(path, selection.get("turns", "first"), num_samples, selection.get("seed", 0), history)
+    history = selection.get("history", GENERATION_DEFAULTS.history)
+    found = select(
+        path,
+        selection.get("turns", field_default(DatasetSettings, "turns")),
+        num_samples,
+        selection.get("seed", field_default(DatasetSettings, "seed")),
+        history,
+    )
     first = start
     metadata = None  # write_prompt_shard reads the unit from here: its params stay as before history
     if history == "own":

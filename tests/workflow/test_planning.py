@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from support.workflow import KIMI_CONFIG, dry_run, job_counts, snakemake, write_config
+from support.workflow import KIMI_CONFIG, dry_run, job_counts, planned_jobs, snakemake, write_config
 
 PIPELINE_RULES = {
     "snapshot_server",
@@ -28,12 +28,6 @@ PIPELINE_RULES = {
     "validate_offline",
     "serve_check",
     "all",
-}
-# Lints we accept: the pipeline pins one virtualenv (envs/) instead of a conda env per rule, and
-# common.smk holds the get_* helpers next to wildcard_constraints, as DESIGN.md asks.
-ACCEPTED_LINTS = {
-    "Specify a conda environment or container for each rule.",
-    "Mixed rules and functions in same snakefile.",
 }
 
 
@@ -97,8 +91,35 @@ def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
     assert refused.returncode != 0 and "set validate.baseline: false" in refused.stdout + refused.stderr
 
 
-def test_lint_reports_only_accepted_lints():
-    result = snakemake("--lint")  # exits 1 whenever it prints a lint, accepted or not
-    assert "Lints for" in result.stderr or result.returncode == 0, result.stderr[-3000:]
-    titles = set(re.findall(r"^\s+\* (.+?):$", result.stderr + result.stdout, flags=re.MULTILINE))
-    assert titles - ACCEPTED_LINTS == set(), result.stderr[-5000:]
+def test_lint_is_clean():
+    result = snakemake("--lint")  # exits 1 whenever it prints a lint
+    output = result.stderr + result.stdout
+    titles = set(re.findall(r"^\s+\* (.+?):$", output, flags=re.MULTILINE))
+    assert result.returncode == 0 and not titles, output[-5000:]
+    assert "Congratulations, your workflow is in a good condition!" in output
+
+
+def test_the_baseline_is_the_draft_rules_variant_and_its_serve_check_stands_alone():
+    jobs, _ = planned_jobs(["--cores", "2"], "local")
+    checks = {job.wildcards.variant: job for job in jobs if job.rule.name == "serve_check"}
+    assert set(checks) == {"", "baseline/"}
+    main, baseline = checks[""], checks["baseline/"]
+    assert str(baseline.output[0]) == "results/demo/baseline/validation/serve_check.json"
+    assert str(main.output[0]) == "results/demo/validation/serve_check.json"  # the main paths as ever
+    # its own vLLM log and pid file (work folder) and a file as its log
+    assert (main.params.work, baseline.params.work) == (
+        "results/demo/work/serve_check",
+        "results/demo/work/baseline/serve_check",
+    )
+    assert list(map(str, baseline.log)) == ["results/demo/logs/baseline/serve_check.log"]
+    # never two draft servers at once, yet neither check waits on (or fails with) the other
+    assert not set(map(str, main.output)) & set(map(str, baseline.input))
+    assert not set(map(str, baseline.output)) & set(map(str, main.input))
+    assert main.resources["draft_server"] == baseline.resources["draft_server"] == 1
+    assert main.dag.workflow.global_resources["draft_server"] == 1
+    # the same rules: no second chain of baseline_* rules beyond its traces and their extraction
+    names = {job.rule.name for job in jobs}
+    assert {name for name in names if name.startswith("baseline")} == {
+        "baseline_traces",
+        "baseline_extract_hidden_states",
+    }

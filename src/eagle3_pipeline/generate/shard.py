@@ -30,6 +30,7 @@ from eagle3_pipeline.generate.journal import Journal, params_hash
 from eagle3_pipeline.generate.payload import Sampling, request_seed
 from eagle3_pipeline.generate.slots import SlotPool
 from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
+from eagle3_pipeline.settings import GENERATION_DEFAULTS, SERVER_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ def run_generation(
         RuntimeError: every request of a non-empty shard failed (wrong model name...).
     """
     records = _prompt_records(prompts)
-    history = generation.get("history", "none")
+    history = generation.get("history", GENERATION_DEFAULTS.history)
     shaping: dict[str, Any] = {"sampling": sampling.identity(), "identity": identity}
     if history == "own":
         shaping["history"] = history  # later turns carry the target's own answers
@@ -299,11 +300,13 @@ def run_generation(
                     base_url,
                     sampling,
                     api_key=api_key,
-                    retries=generation.get("retries", 5),
-                    request_timeout_s=generation.get("request_timeout_s", 1800),
+                    retries=generation.get("retries", GENERATION_DEFAULTS.retries),
+                    request_timeout_s=generation.get(
+                        "request_timeout_s", GENERATION_DEFAULTS.request_timeout_s
+                    ),
                     health_timeout_s=health_timeout_s,
                     revive=revive,
-                    concurrency=generation.get("concurrency", 64),
+                    concurrency=generation.get("concurrency", GENERATION_DEFAULTS.concurrency),
                     ca_bundle=ca_bundle,
                 )
                 asyncio.run(_generate(pending, client, generation, slots_dir, journal, progress))
@@ -333,9 +336,11 @@ async def _generate(
     journal: Journal,
     progress: _Progress,
 ) -> None:
-    pool = SlotPool(slots_dir, generation.get("global_concurrency", generation.get("concurrency", 64)))
+    pool = SlotPool(slots_dir, generation.get("global_concurrency", GENERATION_DEFAULTS.global_concurrency))
     try:
-        await _Workers(client, pool, generation.get("concurrency", 64), journal, progress).run(pending)
+        await _Workers(
+            client, pool, generation.get("concurrency", GENERATION_DEFAULTS.concurrency), journal, progress
+        ).run(pending)
     finally:
         pool.close()
         await client.close()
@@ -414,10 +419,10 @@ def generate_shard(
         identity=server_json["identity"],
         shard=shard,
         api_key=api_key(target_cfg),
-        health_timeout_s=target_cfg.get("start_timeout_s", 1800),
+        health_timeout_s=target_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
         slots_dir=slots_dir,  # the global cap per server (None: the primary's, next to the journal)
         # a managed server that dies mid-shard is started again (systemd would, with Restart=)
-        revive=start_server if target_cfg.get("manage", True) else None,
+        revive=start_server if target_cfg.get("manage", SERVER_DEFAULTS.manage) else None,
         ca_bundle=target_cfg.get("ca_bundle"),
     )
     write_output(frame, output_path)

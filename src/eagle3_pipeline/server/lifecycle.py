@@ -35,6 +35,7 @@ from eagle3_pipeline.server import auth_headers, secrets, tls_verify
 from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
+from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
 
 log = logging.getLogger(__name__)
 BASE_ENV_VARS = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
@@ -205,7 +206,7 @@ def state_lock(state_dir: Path) -> Iterator[None]:
 def uses_local_process(server_cfg: dict[str, Any]) -> bool:
     """True where the pipeline runs the unit's ExecStart itself (local, unit_file, no systemd)."""
     return (
-        server_cfg.get("host", "local") == "local"
+        server_cfg.get("host", SERVER_DEFAULTS.host) == "local"
         and bool(server_cfg.get("unit_file"))
         and not _has_systemd()
     )
@@ -241,7 +242,7 @@ class UnitWatch:
 
     def __init__(self, server_cfg: dict[str, Any], interval_s: float = 3.0) -> None:
         self.unit = server_cfg["unit"]
-        self.sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", True) else ""
+        self.sudo = "sudo -n " if server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo) else ""
         self.host = open_host(server_cfg)
         self.interval_s = interval_s
         self.state = "unknown"
@@ -329,7 +330,7 @@ def record_ownership(
     record = {
         "started_by_pipeline": started_by_pipeline,
         "unit": server_cfg["unit"],
-        "host": server_cfg.get("host", "local"),
+        "host": server_cfg.get("host", SERVER_DEFAULTS.host),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
     }
@@ -341,7 +342,7 @@ def record_ownership(
 
 def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: dict[str, str]) -> None:
     """Start the server, record that the pipeline started it, and wait for /health."""
-    timeout = float(server_cfg.get("start_timeout_s", 1800))
+    timeout = float(server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s))
     if uses_local_process(server_cfg):
         name = _process_name(server_cfg)
         proc = find_local(state_dir, name)
@@ -369,7 +370,7 @@ def server_url(server_json: dict[str, Any], server_cfg: dict[str, Any], state_di
     """The URL requests go to: server.base_url, or through the SSH tunnel, or the snapshot's."""
     if server_cfg.get("base_url"):
         return server_cfg["base_url"].rstrip("/")
-    if server_cfg.get("tunnel") and server_cfg.get("host", "local") != "local":
+    if server_cfg.get("tunnel") and server_cfg.get("host", SERVER_DEFAULTS.host) != "local":
         from eagle3_pipeline.server.tunnel import get_tunnel
 
         return get_tunnel(server_json, server_cfg, state_dir).url(auth_headers(server_cfg))
@@ -394,7 +395,7 @@ def ensure_running(server_json: dict[str, Any], server_cfg: dict[str, Any], stat
     if check_health(base_url, headers, verify=verify):
         with state_lock(state_dir):
             _record_foreign(server_cfg, Path(state_dir))
-    elif not server_cfg.get("manage", True):
+    elif not server_cfg.get("manage", SERVER_DEFAULTS.manage):
         raise ServerError(
             f"{base_url}/health does not answer and server.manage is false: start {server_cfg['unit']} "
             "yourself, or set server.manage: true"
@@ -417,8 +418,14 @@ def stop(server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Pat
     that start's. `server.stop_foreign: true` stops it whoever started it.
     """
     secrets.learn(server_json)  # a journal tail in an error hides the unit's secrets
-    report: dict[str, Any] = {"unit": server_cfg["unit"], "host": server_cfg.get("host", "local")}
-    if not (server_cfg.get("manage", True) and server_cfg.get("stop_after_generation", True)):
+    report: dict[str, Any] = {
+        "unit": server_cfg["unit"],
+        "host": server_cfg.get("host", SERVER_DEFAULTS.host),
+    }
+    if not (
+        server_cfg.get("manage", SERVER_DEFAULTS.manage)
+        and server_cfg.get("stop_after_generation", SERVER_DEFAULTS.stop_after_generation)
+    ):
         return {
             **report,
             "action": "left running",
@@ -442,7 +449,7 @@ def _stop_unit(server_cfg: dict[str, Any], state_dir: Path, owner: dict[str, Any
     try:
         current = watch.invocation_id()
         ours = bool(owner.get("started_by_pipeline")) and owner.get("invocation_id") in (None, current)
-        if not ours and not server_cfg.get("stop_foreign", False):
+        if not ours and not server_cfg.get("stop_foreign", SERVER_DEFAULTS.stop_foreign):
             why = (
                 "the pipeline did not start it" if not owner.get("started_by_pipeline")
                 else "it was restarted since the pipeline started it (another InvocationID)"
@@ -452,7 +459,7 @@ def _stop_unit(server_cfg: dict[str, Any], state_dir: Path, owner: dict[str, Any
                 "action": "left running",
                 "why": f"{why}; set server.stop_foreign: true to stop it anyway",
             }
-        state = watch.stop(float(server_cfg.get("stop_timeout_s", 600)))
+        state = watch.stop(float(server_cfg.get("stop_timeout_s", SERVER_DEFAULTS.stop_timeout_s)))
     finally:
         watch.close()
     (state_dir / OWNERSHIP_FILE).unlink(missing_ok=True)

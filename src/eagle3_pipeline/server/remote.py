@@ -24,6 +24,8 @@ import invoke
 import paramiko
 from fabric import Config, Connection
 
+from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
+
 log = logging.getLogger(__name__)
 
 
@@ -177,8 +179,8 @@ class RemoteHost:
     def __init__(self, destination: str, ssh_cfg: dict[str, Any], ssh_config_path: str | None = None) -> None:
         self.name = destination
         self.ssh_cfg = ssh_cfg
-        self.connect_timeout = float(ssh_cfg.get("connect_timeout_s", 10))
-        self.command_timeout = float(ssh_cfg.get("command_timeout_s", 60))
+        self.connect_timeout = float(ssh_cfg.get("connect_timeout_s", SSH_DEFAULTS.connect_timeout_s))
+        self.command_timeout = float(ssh_cfg.get("command_timeout_s", SSH_DEFAULTS.command_timeout_s))
         config = Config(runtime_ssh_path=ssh_config_path) if ssh_config_path else Config()
         self.connection = Connection(
             destination,
@@ -191,7 +193,7 @@ class RemoteHost:
     def _client(self, ssh_cfg: dict[str, Any]) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         path = _known_hosts_path(ssh_cfg)
-        if ssh_cfg.get("known_hosts", "strict") == "accept_new":
+        if ssh_cfg.get("known_hosts", SSH_DEFAULTS.known_hosts) == "accept_new":
             hashed = str(self.connection.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
             client.set_missing_host_key_policy(_AcceptNew(path, hashed))
         else:
@@ -232,7 +234,7 @@ class RemoteHost:
         ):
             self.connection.close()
             _refuse_revoked(_known_hosts_path(self.ssh_cfg), where, server_key)
-        keepalive = int(self.ssh_cfg.get("keepalive_s", 15))
+        keepalive = int(self.ssh_cfg.get("keepalive_s", SSH_DEFAULTS.keepalive_s))
         if keepalive and self.connection.transport is not None:
             self.connection.transport.set_keepalive(keepalive)
 
@@ -261,6 +263,6 @@ class RemoteHost:
 
 def open_host(server_cfg: dict[str, Any], ssh_config_path: str | None = None) -> LocalHost | RemoteHost:
     """The host named by `server.host`."""
-    if server_cfg.get("host", "local") == "local":
+    if server_cfg.get("host", SERVER_DEFAULTS.host) == "local":
         return LocalHost()
     return RemoteHost(server_cfg["host"], server_cfg.get("ssh", {}), ssh_config_path)

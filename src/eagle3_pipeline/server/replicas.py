@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3_pipeline.settings import SERVER_DEFAULTS
+
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # a slug: used in paths and as part of a resource name
 # keys of `server` that describe the fleet, not one server: never part of one server's config
 FLEET_KEYS = ("name", "max_shard_jobs", "replicas")
@@ -31,7 +33,10 @@ class ReplicaError(ValueError):
 
 def server_names(server_cfg: dict[str, Any]) -> list[str]:
     """Every server's name, the primary first, in config order (the assignment's order)."""
-    return [server_cfg.get("name", "main"), *(r["name"] for r in server_cfg.get("replicas") or [])]
+    return [
+        server_cfg.get("name", SERVER_DEFAULTS.name),
+        *(r["name"] for r in server_cfg.get("replicas") or []),
+    ]
 
 
 def primary_config(server_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +46,7 @@ def primary_config(server_cfg: dict[str, Any]) -> dict[str, Any]:
 
 def replica_config(server_cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """One server's config: the primary's, or a replica's location keys over the primary's others."""
-    if name == server_cfg.get("name", "main"):
+    if name == server_cfg.get("name", SERVER_DEFAULTS.name):
         return primary_config(server_cfg)
     for replica in server_cfg.get("replicas") or []:
         if replica["name"] == name:
@@ -53,7 +58,7 @@ def replica_config(server_cfg: dict[str, Any], name: str) -> dict[str, Any]:
 
 def shard_caps(server_cfg: dict[str, Any]) -> dict[str, int | None]:
     """Each server's max_shard_jobs (None: no cap), by name."""
-    caps = {server_cfg.get("name", "main"): server_cfg.get("max_shard_jobs")}
+    caps = {server_cfg.get("name", SERVER_DEFAULTS.name): server_cfg.get("max_shard_jobs")}
     caps |= {r["name"]: r.get("max_shard_jobs") for r in server_cfg.get("replicas") or []}
     return caps
 
@@ -71,7 +76,7 @@ def resource_name(name: str) -> str:
 def _location(config: dict[str, Any]) -> tuple[Any, ...]:
     if config.get("base_url"):
         return ("url", config["base_url"].rstrip("/"))
-    return (config.get("host", "local"), config["unit"], config.get("unit_file"))
+    return (config.get("host", SERVER_DEFAULTS.host), config["unit"], config.get("unit_file"))
 
 
 def config_problems(server_cfg: dict[str, Any]) -> list[str]:
@@ -178,7 +183,7 @@ class Fleet:
 def fleet(server_cfg: dict[str, Any], results: str, work: str) -> Fleet:
     """The run's servers and their paths (results/{run}/server/replicas/NAME/, work/server/replicas/NAME)."""
     primary = Server(
-        server_cfg.get("name", "main"),
+        server_cfg.get("name", SERVER_DEFAULTS.name),
         primary_config(server_cfg),
         f"{results}/server/server.json",
         f"{work}/server",

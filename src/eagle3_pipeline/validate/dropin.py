@@ -40,6 +40,7 @@ from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.remote import HostError
 from eagle3_pipeline.server.unit import ExecCommand, split_words
 from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
+from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
 from eagle3_pipeline.validate.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
 from eagle3_pipeline.validate.serving import ServeCheckError, with_speculative_draft
 
@@ -279,16 +280,21 @@ def recover_leftover_dropin(server_cfg: dict[str, Any]) -> list[dict[str, Any]]:
         return recover_leftover(
             host,
             server_cfg["unit"],
-            bool(server_cfg.get("ssh", {}).get("sudo", True)),
+            bool(server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo)),
             _restart_timeout(server_cfg),
         )
     finally:
         host.close()
 
 
+def _start_timeout_s(server_cfg: dict[str, Any]) -> float:
+    """server.start_timeout_s: how long production may take to answer /health again."""
+    return float(server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s))
+
+
 def _restart_timeout(server_cfg: dict[str, Any]) -> float:
     """A blocking restart stops the old server first (minutes for a tensor-parallel one)."""
-    return float(server_cfg.get("stop_timeout_s", 600)) + 120
+    return float(server_cfg.get("stop_timeout_s", SERVER_DEFAULTS.stop_timeout_s)) + 120
 
 
 def vllm_exec(cat_text: str, unit: str) -> ExecCommand:
@@ -312,8 +318,7 @@ def _production_check(
     def check() -> None:
         headers, verify = auth_headers(server_cfg), tls_verify(server_cfg)
         base_url = server_url(server_json, server_cfg, state_dir)
-        timeout_s = float(server_cfg.get("start_timeout_s", 1800))
-        wait_healthy(base_url, timeout_s, None, None, headers, verify=verify)
+        wait_healthy(base_url, _start_timeout_s(server_cfg), None, None, headers, verify=verify)
         check_model(base_url, server_json["served_model_name"], headers, verify)
 
     return check
@@ -340,7 +345,7 @@ def run_remote_serve_check(
     from eagle3_pipeline.validate import remote_checkpoint
     from eagle3_pipeline.validate.serving import measure
 
-    unit, sudo = server_cfg["unit"], bool(server_cfg.get("ssh", {}).get("sudo", True))
+    unit, sudo = server_cfg["unit"], bool(server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo))
     timeout_s = _restart_timeout(server_cfg)
     verify = _production_check(server_cfg, server_json, Path(state_dir))
     with interrupts_as_exceptions():
@@ -366,7 +371,7 @@ def run_remote_serve_check(
                 watch = UnitWatch(server_cfg)
                 try:
                     wait_healthy(
-                        base_url, float(server_cfg.get("start_timeout_s", 1800)), watch.journal, watch.alive,
+                        base_url, _start_timeout_s(server_cfg), watch.journal, watch.alive,
                         auth_headers(server_cfg), lambda: f"{unit} with the draft stopped ({watch.state})",
                         tls_verify(server_cfg),
                     )  # fmt: skip

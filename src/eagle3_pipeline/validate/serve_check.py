@@ -17,6 +17,7 @@ from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.settings import GENERATION_DEFAULTS, SERVER_DEFAULTS, VALIDATE_DEFAULTS
 from eagle3_pipeline.validate.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.validate.serving import (
     ServeCheckError,
@@ -135,16 +136,16 @@ def serve_check(
         "sampling": sampling,
         "state_dir": work_dir,
         "num_speculative_tokens": validate["num_speculative_tokens"],
-        "enforce_eager": validate.get("enforce_eager", True),
-        "concurrency": min(generation.get("concurrency", 8), len(questions)),
-        "request_timeout_s": generation.get("request_timeout_s", 600),
+        "enforce_eager": validate.get("enforce_eager", VALIDATE_DEFAULTS.enforce_eager),
+        "concurrency": min(generation.get("concurrency", GENERATION_DEFAULTS.concurrency), len(questions)),
+        "request_timeout_s": generation.get("request_timeout_s", GENERATION_DEFAULTS.request_timeout_s),
     }
     if uses_local_process(server_cfg):
         result = run_local_serve_check(
             server_cfg,
             **common,
             api_key=api_key(server_cfg),
-            start_timeout_s=server_cfg.get("start_timeout_s", 900),
+            start_timeout_s=server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
         )
     else:
         from eagle3_pipeline.validate.dropin import run_remote_serve_check
@@ -177,14 +178,14 @@ def local_speedup(
     """validate.speedup: the same questions, sampling and concurrency against the target alone."""
     from eagle3_pipeline.validate.served import run_local_without_draft, speedup
 
-    if not validate.get("speedup", True):
+    if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
         return {"speedup": None, "reason": "validate.speedup is false"}
     without = run_local_without_draft(
         server_cfg,
         common["questions"],
         _group_asker(server_cfg, common),
         str(Path(common["state_dir"]) / "without-draft"),
-        server_cfg.get("start_timeout_s", 900),
+        server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
     )
     figures = speedup(with_draft, without)
     log.info(
@@ -211,7 +212,7 @@ def production_speedup(
     from eagle3_pipeline.server.lifecycle import server_url
     from eagle3_pipeline.validate.served import speedup, time_by_source
 
-    if not validate.get("speedup", True):
+    if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
         return {"speedup": None, "reason": "validate.speedup is false"}
     base_url = server_url(server_json, server_cfg, Path(common["state_dir"]))
     if not check_health(base_url, auth_headers(server_cfg), verify=tls_verify(server_cfg)):

@@ -24,11 +24,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from eagle3_pipeline.settings import VALIDATE_DEFAULTS
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters
 
 Z = 3.0  # standard errors allowed on top of the systematic tolerance (about 1 in 370 per position)
-DEFAULT_TOLERANCE = 0.2  # validate.served_offline_tolerance's default: measured, docs/validation.md
+# validate.served_offline_tolerance's default (config/schema.yaml): measured, docs/validation.md
+DEFAULT_TOLERANCE = VALIDATE_DEFAULTS.served_offline_tolerance
 UNKNOWN_SOURCE = "unknown"
 
 

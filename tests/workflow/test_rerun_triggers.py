@@ -1,0 +1,102 @@
+"""Which config keys rerun which jobs, through Snakemake's own records of a finished run.
+
+Every output of the demo DAG is created and `snakemake --touch` records it as done (its params, its
+input set, its code), exactly what a real run leaves in .snakemake/metadata; then one key is changed
+and `snakemake -n` plans what it would rerun. Runtime-only knobs (timeouts, concurrency caps) plan
+nothing; toggling validate.baseline replans only the report (its inputs change), never the main serve
+check (which restarts the production unit); a key that shapes an output reruns from there (the
+control that shows the params are recorded at all).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.workflow import DEMO_CONFIG, job_counts, merge
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _snakemake(workdir: Path, *args: str) -> str:
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "1"]
+    result = subprocess.run(
+        [*command, "--configfile", "c.yaml", *args], cwd=workdir, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def _configure(workdir: Path, **sections: Any) -> None:
+    config = merge(yaml.safe_load(DEMO_CONFIG.read_text()), sections)
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def _planned(workdir: Path) -> dict[str, int]:
+    out = _snakemake(workdir, "-n", "--quiet", "rules")
+    return {} if "Nothing to be done" in out else dict(job_counts(out))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A workdir whose demo run is recorded as finished (every output present, metadata written)."""
+    workdir = tmp_path_factory.mktemp("recorded")
+    (workdir / "config").symlink_to(REPO / "config")
+    _configure(workdir)
+    plan = _snakemake(workdir, "-n")  # every job's block, its outputs listed
+    outputs = [f for line in re.findall(r"^\s+output: (.+)$", plan, re.MULTILINE) for f in line.split(", ")]
+    assert "results/demo/baseline/validation/serve_check.json" in outputs
+    for name in outputs:
+        path = workdir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    # read when the workflow is parsed and when it starts (the disk budget's figures)
+    target = {"hidden_size": 128, "num_hidden_layers": 8, "vocab_size": 1024, "model_type": "llama"}
+    (workdir / "resources/demo/target/config.json").write_text(json.dumps(target))
+    _snakemake(workdir, "--touch", "--forceall")  # every job, in DAG order: each one's record written
+    assert _planned(workdir) == {}
+    assert "missing provenance" not in _snakemake(workdir, "-n")
+    return workdir
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"generation": {"global_concurrency": 8}},
+        {"generation": {"retries": 2, "request_timeout_s": 60}},
+        {"server": {"start_timeout_s": 60, "stop_timeout_s": 30, "ssh": {"connect_timeout_s": 3}}},
+        {"validate": {"remote_dir": "/srv/drafts"}},
+    ],
+    ids=["global_concurrency", "pacing", "server_timeouts", "remote_dir"],
+)
+def test_runtime_knobs_rerun_nothing(finished, sections):
+    _configure(finished, **sections)
+    assert _planned(finished) == {}
+
+
+def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finished):
+    _configure(finished, generation={"concurrency": 4})  # the checks' tokens/s are measured at it
+    assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}
+
+
+def test_turning_the_baseline_off_reruns_no_main_job(finished):
+    _configure(finished, validate={"baseline": False})
+    assert _planned(finished) == {"plot_validation": 1, "all": 1}  # the report loses the baseline
+
+
+def test_a_serve_check_key_reruns_both_checks_and_the_report_only(finished):
+    _configure(finished, validate={"max_questions": 8})
+    assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}
+
+
+def test_a_sampling_key_reruns_generation(finished):
+    _configure(finished, generation={"max_tokens": 256})
+    planned = _planned(finished)
+    assert planned["generate_shard"] == 4 and planned["preflight_generation"] == 1
+    assert planned["serve_check"] == 2  # the checks send the same sampling
