@@ -8,6 +8,12 @@ import sys
 from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
+from eagle3_pipeline.server.replicas import (
+    assigned_server,
+    fleet,
+    resource_name,
+    shard_caps,
+)
 from eagle3_pipeline.settings import as_params, build_settings, runtime_only
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
@@ -230,3 +236,75 @@ def get_final_outputs():
     if SETTINGS.validate.serve_check:
         outputs.append(f"{RESULTS}/validation/serve_check.json")
     return outputs
+
+
+# server.replicas (server/replicas.py): more servers of the same model, shard k on server k mod n.
+
+FLEET = fleet(config["server"], RESULTS, WORK)
+REPLICAS = [server.name for server in FLEET.replicas]
+# the primary's own config: `server` less the fleet keys (name, max_shard_jobs, replicas), so that the
+# rules' params are what they were before replicas existed and adding one reruns nothing
+SERVER = FLEET.servers[0].config
+# server.max_shard_jobs caps as global resources (a --resources NAME=N given on the command line
+# wins): Snakemake's scheduler counts them over every job it runs or submits, on any node
+for _name, _cap in shard_caps(config["server"]).items():
+    if _cap is not None and resource_name(_name) not in workflow.global_resources:
+        workflow.global_resources[resource_name(_name)] = _cap
+
+
+def get_replica(wildcards):
+    return FLEET.servers[FLEET.names.index(wildcards.replica)]
+
+
+def get_replica_config(wildcards):
+    return get_replica(wildcards).config
+
+
+def replica_params(*keys):
+    """An input function: these keys of the replica's section, recorded as params (rerun triggers)."""
+
+    def get(wildcards):
+        replica = get_replica_config(wildcards)
+        return {key: replica.get(key) for key in keys}
+
+    return get
+
+
+def get_replica_runtime(wildcards):
+    """The replica's whole section as run-time values (not recorded: see runtime_only)."""
+    return runtime_only(server=get_replica_config(wildcards))
+
+
+def get_replica_state_dir(wildcards):
+    return get_replica(wildcards).state_dir
+
+
+def get_replica_unit_file_input(wildcards):
+    """A local replica's unit file (as get_unit_file_input for the primary)."""
+    replica = get_replica_config(wildcards)
+    local = replica["host"] == "local" and replica.get("unit_file")
+    return [replica["unit_file"]] if local else []
+
+
+def get_replica_files(pattern):
+    """An input function: `pattern` for every replica ([] without replicas: no new input)."""
+    files = [pattern.format(replica=name) for name in REPLICAS]
+
+    def get_files(wildcards):
+        return files
+
+    return get_files
+
+
+def get_server_resources():
+    """generate_shard's resources: vllm_NAME = 1 for the server shard k is sent to (k mod n), 0 for
+    the others. Resources are no rerun trigger: moving a shard to another replica reruns nothing.
+    """
+
+    def one(name):
+        def get(wildcards):
+            return int(assigned_server(int(wildcards.shard), FLEET.names) == name)
+
+        return get
+
+    return {resource_name(name): one(name) for name in FLEET.names}
