@@ -4,7 +4,7 @@
 # server that could not produce usable traces. Its output is small and holds only its findings, so a
 # rerun that finds the same writes the same bytes and triggers nothing.
 # With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs),
-# and the preflight checks every server at once after each replica's identity check.
+# and preflight_replicas checks every replica at once after its identity check (check_replica).
 from eagle3_pipeline.generate.payload import rule_params, sampling_params
 
 # How a shard job reaches and paces the server: the server's identity (an input) and the sampling
@@ -21,16 +21,8 @@ rule preflight_generation:
         # the first block only: it never changes as num_samples grows, so adding shards does not rerun
         # the preflight (and with it every generation shard); its prompts are the fit check's sample
         selection=f"{RESULTS}/prompts/selection-00000.parquet",
-        replicas=get_replica_files(
-            f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json"
-        ),
     output:
         f"{RESULTS}/generations/preflight.json",
-        # server.replicas: each replica's findings, checked (and started) beside the primary
-        replicas=expand(
-            f"{RESULTS}/generations/replicas/{{replica}}/preflight.json",
-            replica=REPLICAS,
-        ),
     log:
         f"{LOGS}/preflight_generation.log",
     conda:
@@ -40,17 +32,45 @@ rule preflight_generation:
         generation=sampling_params(config["generation"]),
         runtime=GENERATION_RUNTIME,
         state_dir=f"{WORK}/server",
-        fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
     script:
         "../scripts/preflight_generation.py"
+
+
+rule preflight_replicas:
+    input:
+        selection=rules.preflight_generation.input.selection,
+        replicas=get_replica_files(
+            f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json"
+        ),
+    output:
+        # one name whatever the replicas: the shards wait on it (ancient), so adding a replica reruns
+        # this job and no finished shard
+        summary=f"{RESULTS}/generations/replicas/preflight.json",
+        replicas=expand(
+            f"{RESULTS}/generations/replicas/{{replica}}/preflight.json",
+            replica=REPLICAS,
+        ),
+    log:
+        f"{LOGS}/preflight_replicas.log",
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        generation=sampling_params(config["generation"]),
+        runtime=GENERATION_RUNTIME,
+        fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
+    script:
+        "../scripts/preflight_replicas.py"
 
 
 rule generate_shard:
     input:
         prompts=f"{RESULTS}/prompts/shard-{{shard}}.parquet",
         identity=rules.snapshot_server.output.identity,
-        # ancient: a gate, not data; a preflight rerun (a replica added) does not rerun a finished shard
-        preflight=ancient(rules.preflight_generation.output[0]),
+        # the primary's preflight reruns with the sampling, and so do the shards; the replicas' is
+        # ancient: a replica added reruns that preflight, not a finished shard. Not both in one job:
+        # a job's rerun masks its dependents' own rerun triggers, and an ancient input hides them.
+        preflight=rules.preflight_generation.output[0],
+        replicas_preflight=ancient(rules.preflight_replicas.output.summary),
     output:
         f"{RESULTS}/generations/shard-{{shard}}.parquet",
     log:

@@ -1,5 +1,5 @@
 """Rule preflight_generation: one short request and the prompts' token counts, before any shard, against
-the server and each of server.replicas."""
+the server (server.replicas: rule preflight_replicas)."""
 
 from eagle3_pipeline.generate.preflight import preflight_generation
 from eagle3_pipeline.logs import stage
@@ -14,5 +14,4 @@ preflight_generation(
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
     state_dir=snakemake.params.state_dir,
-    replicas=list(zip(snakemake.params.fleet.replicas, snakemake.output.replicas, strict=True)),
 )

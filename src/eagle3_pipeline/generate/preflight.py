@@ -220,33 +220,54 @@ def preflight_generation(
     selection_path: str,
     output_path: str,
     state_dir: str,
-    replicas: list[tuple[Any, str]] | None = None,
 ) -> None:
     """The preflight_generation rule: start the server if needed, check it, write the findings.
 
     `generation` holds only the keys that shape a request (payload.sampling_params): changing the
-    concurrency does not rerun the preflight. `replicas` (server.replicas): (replicas.Server, output
-    path) pairs checked the same way at the same time, each server started in its own thread (a
-    managed 8-GPU server loads for many minutes: one after another would add those up).
+    concurrency does not rerun the preflight.
+    """
+    _preflight_one(server_json_path, server_cfg, state_dir, output_path, generation, selection_path)
+
+
+def preflight_replicas(
+    replicas: list[tuple[Any, str]],
+    generation: dict[str, Any],
+    selection: str,
+    summary_path: str,
+) -> None:
+    """The preflight_replicas rule: each of server.replicas checked as the primary is, all at once.
+
+    Args:
+        replicas: (replicas.Server, findings path) pairs; each server is started (when managed) in its
+            own thread, since a managed 8-GPU server loads for many minutes and one after another
+            would add those up.
+        generation: as preflight_generation's.
+        selection: the first selection block (the fit check's prompts).
+        summary_path: the replicas checked, by name: what the shard jobs wait for (no timestamp, so a
+            rerun that finds the same writes the same bytes).
+
+    Raises:
+        PreflightError: some replica failed; the message names every one that did.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    checks = [(server_json_path, server_cfg, state_dir, output_path, "primary")]
-    checks += [(r.server_json, r.config, r.state_dir, out, r.name) for r, out in replicas or []]
-    with ThreadPoolExecutor(len(checks)) as pool:
-        futures = [pool.submit(_preflight_one, *check[:4], generation, selection_path) for check in checks]
     problems = []
-    for check, future in zip(checks, futures, strict=True):
-        error = future.exception()
-        if error is not None:
-            log.error("preflight of server %s failed: %s", check[4], error)
-            problems.append((check[4], error))
-    if len(checks) > 1 and problems:
+    if replicas:
+        with ThreadPoolExecutor(len(replicas)) as pool:
+            futures = [
+                pool.submit(_preflight_one, r.server_json, r.config, r.state_dir, out, generation, selection)
+                for r, out in replicas
+            ]
+        for (replica, _), future in zip(replicas, futures, strict=True):
+            error = future.exception()
+            if error is not None:
+                log.error("preflight of replica %s failed: %s", replica.name, error)
+                problems.append((replica.name, error))
+    if problems:
         names = ", ".join(name for name, _ in problems)
         first = problems[0][1]
-        raise PreflightError(f"the preflight failed for server(s) {names}: {first}") from first
-    if problems:
-        raise problems[0][1]
+        raise PreflightError(f"the preflight failed for replica(s) {names}: {first}") from first
+    io.write_json({"replicas": [r.name for r, _ in replicas]}, summary_path, indent=1)
 
 
 def _preflight_one(
