@@ -57,8 +57,8 @@ def test_max_model_len_holds_the_longest_sequence_plus_one_token():
 
 
 def test_unknown_vllm_options_are_named():
-    with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm.*\['tp'\]"):
-        VllmOptions.from_dict({"tp": 8})
+    with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm.*'tp'"):
+        vllm_backend.vllm_options({"tp": 8})
 
 
 def test_interpreter_is_the_config_key_else_the_snapshot_else_an_error_naming_the_key(tmp_path):

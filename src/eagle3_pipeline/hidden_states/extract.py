@@ -38,6 +38,7 @@ from safetensors import safe_open
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import capture, sequences, storage
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
+from eagle3_pipeline.settings import HIDDEN_STATES_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,17 @@ class ExtractSettings:
     metadata: Path
     work: Path
     layers: list[Any] = field(default_factory=lambda: ["auto"])
-    max_seq_len: int = 16384
-    overlong: str = "truncate"
-    dtype: str = "bfloat16"
-    batch_tokens: int = 16384
-    compute_dtype: str = "auto"
-    device_map: bool = False
-    trust_remote_code: bool = False
-    backend: str = "transformers"  # or "vllm" (vllm_backend.py): the serving engine's own states
+    # the schema's defaults (settings.py), for a job built in code without them (tests)
+    max_seq_len: int = HIDDEN_STATES_DEFAULTS.max_seq_len
+    overlong: str = HIDDEN_STATES_DEFAULTS.overlong
+    dtype: str = HIDDEN_STATES_DEFAULTS.dtype
+    batch_tokens: int = HIDDEN_STATES_DEFAULTS.batch_tokens
+    compute_dtype: str = HIDDEN_STATES_DEFAULTS.compute_dtype
+    device_map: bool = HIDDEN_STATES_DEFAULTS.device_map
+    trust_remote_code: bool = HIDDEN_STATES_DEFAULTS.trust_remote_code
+    # "transformers" (in this process) or "vllm" (vllm_backend.py: the serving engine's own states); a
+    # rule's job file always names it (the schema's default is vllm), a job built in code runs here
+    backend: str = "transformers"
     vllm: dict[str, Any] = field(default_factory=dict)  # hidden_states.vllm (None values: snapshot)
     server_json: Path | None = None  # the served unit's snapshot: the vllm backend's engine settings
 
@@ -427,7 +431,7 @@ def extract_shards_vllm(
         log.info("vllm backend: rank %d has nothing to do", state.process_index)
         return [None] * len(jobs)
     first = jobs[0]
-    options = vllm_backend.VllmOptions.from_dict(first.vllm)
+    options = vllm_backend.vllm_options(first.vllm)
     snapshot = vllm_backend.read_snapshot(first.server_json)
     engine = vllm_backend.engine_settings(options, snapshot, first.max_seq_len)
     log.info(

@@ -22,12 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
 from eagle3_pipeline.server.secrets import REDACTED
+from eagle3_pipeline.settings import VllmEngineSettings, section
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +53,17 @@ class VllmBackendError(RuntimeError):
     """The vLLM backend cannot run as configured; the message names the key to fix."""
 
 
-@dataclass
-class VllmOptions:
-    """`hidden_states.vllm` from the config: None = from the snapshot (or vLLM's default)."""
+# `hidden_states.vllm` from the config, typed once in settings.py: None = from the snapshot (or vLLM's
+# default)
+VllmOptions = VllmEngineSettings
 
-    python: str | None = None
-    tensor_parallel_size: int | None = None
-    dtype: str | None = None
-    quantization: str | None = None
-    max_model_len: int | None = None
-    trust_remote_code: bool | None = None
-    enforce_eager: bool | None = None
-    gpu_memory_utilization: float | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> VllmOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data or {}) - known)
-        if unknown:
-            raise VllmBackendError(f"hidden_states.vllm: unknown key(s) {unknown}; known: {sorted(known)}")
-        return cls(**(data or {}))
+def vllm_options(data: dict[str, Any] | None) -> VllmOptions:
+    """`hidden_states.vllm` as read from a job file, refusing a key the schema does not know."""
+    try:
+        return section(VllmEngineSettings, data)
+    except TypeError as err:
+        raise VllmBackendError(f"hidden_states.vllm: {err}") from err
 
 
 def read_snapshot(path: Path | None) -> dict[str, Any] | None:
