@@ -4,6 +4,15 @@
 # polars, checked across shards (an id in two shards), counted, plotted and exported; nothing waits
 # for them but the report and the serve check.
 
+# The traces.* keys that decide which rows are kept and on which side of the split they land
+TRACE_FILTERS = as_params(
+    SETTINGS.traces,
+    "drop_truncated",
+    "drop_empty",
+    "drop_duplicates",
+    "validation_fraction",
+)
+
 
 rule filter_traces:
     input:
@@ -18,7 +27,7 @@ rule filter_traces:
     conda:
         "../envs/pipeline.yaml"
     params:
-        traces=config["traces"],
+        traces=TRACE_FILTERS,
     script:
         "../scripts/filter_traces.py"
 
@@ -40,7 +49,10 @@ rule merge_traces:
     conda:
         "../envs/pipeline.yaml"
     params:
-        traces=config["traces"],
+        traces=TRACE_FILTERS,
+        # a threshold the merge checks, not a property of its outputs: raising it after a refused
+        # merge reruns no shard's filter (and so no extraction downstream)
+        runtime=runtime_only(traces=as_params(SETTINGS.traces, "max_failed_fraction")),
     script:
         "../scripts/merge_traces.py"
 

@@ -3,6 +3,12 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
+# train.save_every_steps is how often the state is saved for a resume, not a property of the weights
+# (train.py leaves it out of the resume fingerprint too): run-time only, changing it reruns nothing
+TRAIN_PARAMS = {
+    k: v for k, v in as_params(SETTINGS.train).items() if k != "save_every_steps"
+}
+TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, "save_every_steps"))
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 
 
@@ -69,7 +75,8 @@ if WINDOW:
             gpu=1,  # as train_draft
         params:
             draft=config["draft"],
-            train=config["train"],
+            train=TRAIN_PARAMS,
+            runtime=TRAIN_RUNTIME,
             # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
             windows=len(WINDOWS),
@@ -96,7 +103,8 @@ if WINDOW:
         params:
             target=config["target"]["model"],
             draft=config["draft"],
-            train=config["train"],
+            train=TRAIN_PARAMS,
+            runtime=TRAIN_RUNTIME,
         script:
             "../scripts/finish_draft_training.py"
 
@@ -121,7 +129,8 @@ else:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
             draft=config["draft"],
-            train=config["train"],
+            train=TRAIN_PARAMS,
+            runtime=TRAIN_RUNTIME,
             work=f"{WORK}/{{variant}}train",  # the training state (resume); also the main-process port's key
         script:
             # a job file under work/ run by `accelerate launch`: DDP over the GPUs the job sees, one

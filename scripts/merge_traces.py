@@ -17,6 +17,6 @@ merge_traces(
         output.lengths_plot,
         output.counts_plot,
     ),
-    filters=TraceFilters.from_config(snakemake.params.traces),
+    filters=TraceFilters.from_config(snakemake.params.runtime.section("traces", snakemake.params.traces)),
     prompts=list(snakemake.input.prompts),
 )

@@ -72,8 +72,17 @@ def finished(tmp_path_factory) -> Path:
         {"generation": {"retries": 2, "request_timeout_s": 60}},
         {"server": {"start_timeout_s": 60, "stop_timeout_s": 30, "ssh": {"connect_timeout_s": 3}}},
         {"validate": {"remote_dir": "/srv/drafts"}},
+        {"traces": {"max_failed_fraction": 0.2}},  # raised after a refused merge
+        {"train": {"save_every_steps": 50}},
     ],
-    ids=["global_concurrency", "pacing", "server_timeouts", "remote_dir"],
+    ids=[
+        "global_concurrency",
+        "pacing",
+        "server_timeouts",
+        "remote_dir",
+        "max_failed_fraction",
+        "save_every",
+    ],
 )
 def test_runtime_knobs_rerun_nothing(finished, sections):
     _configure(finished, **sections)
@@ -100,3 +109,10 @@ def test_a_sampling_key_reruns_generation(finished):
     planned = _planned(finished)
     assert planned["generate_shard"] == 4 and planned["preflight_generation"] == 1
     assert planned["serve_check"] == 2  # the checks send the same sampling
+
+
+def test_a_filter_key_reruns_the_filters_and_the_merge(finished):
+    _configure(finished, traces={"drop_truncated": True})
+    planned = _planned(finished)
+    assert planned["filter_traces"] == 4 and planned["merge_traces"] == 1
+    assert "generate_shard" not in planned
