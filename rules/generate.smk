@@ -21,6 +21,8 @@ rule preflight_generation:
         # the first block only: it never changes as num_samples grows, so adding shards does not rerun
         # the preflight (and with it every generation shard); its prompts are the fit check's sample
         selection=f"{RESULTS}/prompts/selection-00000.parquet",
+        # ancient: adding a replica reruns that check, not this preflight (nor, below it, the shards)
+        replicas_checked=ancient(rules.check_replicas.output[0]),
     output:
         f"{RESULTS}/generations/preflight.json",
     log:
@@ -39,9 +41,7 @@ rule preflight_generation:
 rule preflight_replicas:
     input:
         selection=rules.preflight_generation.input.selection,
-        replicas=get_replica_files(
-            f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json"
-        ),
+        replicas_checked=rules.check_replicas.output[0],
     output:
         # one name whatever the replicas: the shards wait on it (ancient), so adding a replica reruns
         # this job and no finished shard

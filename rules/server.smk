@@ -59,6 +59,23 @@ rule check_replica:
         "../scripts/check_replica.py"
 
 
+rule check_replicas:
+    input:
+        get_replica_files(f"{RESULTS}/server/replicas/{{replica}}/same_as_primary.json"),
+    output:
+        # one name whatever the replicas (an empty list with none): the preflights wait on it, so no
+        # server is started before every replica is known to serve the primary's model
+        f"{RESULTS}/server/replicas/checked.json",
+    log:
+        f"{LOGS}/check_replicas.log",
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        names=REPLICAS,
+    script:
+        "../scripts/check_replicas.py"
+
+
 rule stop_replica:
     input:
         server=rules.snapshot_replica.output.server,

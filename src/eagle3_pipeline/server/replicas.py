@@ -234,3 +234,11 @@ def check_replica_files(
     )
     result = {"replica": name, "same_as_primary": True, "primary_identity": primary["identity"]}
     io.write_json(result, output, indent=1, sort_keys=True)
+
+
+def write_checked(names: list[str], output: str) -> None:
+    """check_replicas: the replicas whose identity check passed, by name (no timestamp: a rerun that
+    finds the same writes the same bytes)."""
+    from eagle3_pipeline import io
+
+    io.write_json({"replicas": list(names)}, output, indent=1)
