@@ -14,6 +14,7 @@ import pytest
 from snakemake.iocontainers import Namedlist
 from support.traces import IDENTITY, generation_rows, write_generation_shards, write_identity
 
+from eagle3_pipeline.settings import runtime_only
 from eagle3_pipeline.traces import (
     GENERATION_SCHEMA,
     TraceError,
@@ -443,7 +444,12 @@ def test_rule_script_reads_the_named_inputs_and_outputs(
             fromdict={"generations": generation_shards, "prompts": prompts, "server": str(server_identity)}
         ),
         output=SimpleNamespace(**{name: str(getattr(out, name)) for name in vars(out)}),
-        params=Namedlist(fromdict={"traces": {"drop_truncated": True, "validation_fraction": 0.2}}),
+        params=Namedlist(
+            fromdict={
+                "traces": {"drop_truncated": True, "validation_fraction": 0.2},
+                "runtime": runtime_only(),  # as rules/traces.smk (max_failed_fraction: none here)
+            }
+        ),
         log=[str(tmp_path / "merge_traces.log")],
     )
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # the script sends stderr to the log; restored after
