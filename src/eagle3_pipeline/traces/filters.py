@@ -17,6 +17,8 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline.settings import TRACES_DEFAULTS
+
 REASONS = ("failed", "skipped", "truncated", "no_token_ids", "empty", "duplicate")
 ROW_REASONS = REASONS[:-1]  # decided by the row alone; duplicate needs the whole shard
 DEDUP_KEY = ("system", "question", "reasoning", "content")
@@ -27,10 +29,10 @@ _BUCKETS = 1 << 64
 class TraceFilters:
     """The traces.* config section (see config/schema.yaml for each key)."""
 
-    drop_truncated: bool = False
-    drop_empty: bool = True
-    drop_duplicates: bool = True
-    validation_fraction: float = 0.05
+    drop_truncated: bool = TRACES_DEFAULTS.drop_truncated  # the schema's defaults (settings.py)
+    drop_empty: bool = TRACES_DEFAULTS.drop_empty
+    drop_duplicates: bool = TRACES_DEFAULTS.drop_duplicates
+    validation_fraction: float = TRACES_DEFAULTS.validation_fraction
     # merge_traces stops above it (merge.check_failed_fraction); None, the library default, checks
     # nothing: the config always sets it (schema default 0.01)
     max_failed_fraction: float | None = None
