@@ -96,11 +96,12 @@ def test_snapshot_outputs_and_log_have_no_secret(tmp_path: Path) -> None:
 def test_error_messages_are_scrubbed(tmp_path: Path) -> None:
     """An error about a file whose name carries a secret value still hides it."""
     unit_file = tmp_path / "vllm.service"
-    unit_file.write_text(UNIT + f"EnvironmentFile=/nonexistent/{SECRET_VALUES[1]}\n[broken\n")
+    secret = SECRET_VALUES[1]
+    unit_file.write_text(UNIT + f"EnvironmentFile=/nonexistent/{secret}\nExecStart=/x '{secret}\n")
     cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
     with pytest.raises(SnapshotError) as info:
         snapshot_server(cfg, *(str(tmp_path / n) for n in ("u", "s", "i")))
-    assert "expected Setting=value" in str(info.value)
+    assert "unbalanced ' quote" in str(info.value)
     for secret in SECRET_VALUES:
         assert secret not in str(info.value)
 

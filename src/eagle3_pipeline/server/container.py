@@ -27,7 +27,7 @@ ENGINES = ("docker", "podman", "nerdctl")
 VLLM_IMAGE = re.compile(
     r"^(?:[^/\s]+/)*vllm-openai(?:-[A-Za-z0-9_.-]+)?(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]{64})?$"
 )
-_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)$")
+_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+|rc\d+)?)$")  # v0.10.1.1 too
 # Options that take no value (docker and podman `run`); every other option takes one.
 BOOLEAN_OPTIONS = frozenset(
     {
