@@ -135,6 +135,15 @@ class ContainerRun:
                 return posixpath.normpath(source + path[len(target) :])
         return None
 
+    def container_path(self, host_path: str) -> str | None:
+        """Where the container sees a host path, through its bind mounts; None when none holds it."""
+        path = posixpath.normpath(host_path)
+        for source, target in sorted(self.mounts, key=lambda m: len(m[0]), reverse=True):
+            source = posixpath.normpath(source)
+            if path == source or path.startswith(source.rstrip("/") + "/"):
+                return posixpath.normpath(target + path[len(source) :])
+        return None
+
 
 def engine_at(argv: list[str]) -> int | None:
     """Index of the container engine word when argv runs `ENGINE [global options] [container] run`."""

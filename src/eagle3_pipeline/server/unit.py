@@ -56,6 +56,7 @@ class ExecCommand:
     prefixes: str
     raw: str
     words: list[str] | None = None
+    unresolved_specifiers: list[str] = field(default_factory=list)  # why each `%x` left stays as is
 
 
 @dataclass
@@ -259,7 +260,9 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
             for part in _split_at_semicolons(words):
                 unit.exec_start.append(_exec_command(command.prefixes, part, unit, what))
             return
+        before = len(unit.unresolved)
         command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
+        command.unresolved_specifiers = [u.why for u in unit.unresolved[before:]]
         command.raw = expand_specifiers(command.raw, unit.name, [], what)  # reported once, above
         unit.exec_start.append(command)
     elif key == "Environment":
@@ -298,8 +301,12 @@ def _split_at_semicolons(words: list[str]) -> list[list[str]]:
 def _exec_command(prefixes: str, words: list[str], unit: ServiceUnit, what: str) -> ExecCommand:
     """One command line of several on an ExecStart= line; its text re-quoted from its words."""
     raw = " ".join(systemd_word(w) for w in words)
+    before = len(unit.unresolved)
     expanded = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
-    return ExecCommand(prefixes=prefixes, raw=expand_specifiers(raw, unit.name, [], what), words=expanded)
+    return ExecCommand(
+        prefixes=prefixes, raw=expand_specifiers(raw, unit.name, [], what), words=expanded,
+        unresolved_specifiers=[u.why for u in unit.unresolved[before:]],
+    )  # fmt: skip
 
 
 def systemd_word(word: str) -> str:

@@ -77,13 +77,23 @@ def systemd_quote(word: str) -> str:
 def exec_start_with_draft(
     command: ExecCommand, checkpoint_dir: str, num_speculative_tokens: int, enforce_eager: bool
 ) -> str:
-    """The ExecStart value that runs `command` with the draft; its prefixes and `$VAR`s are kept.
+    """The ExecStart value that runs `command` with the draft; its prefixes and `$VAR`s are kept, and
+    its words are those systemd made (specifiers resolved per word: `%I` holding a space stays one word).
 
     Raises:
-        ServeCheckError: the command is not a vLLM server, or wraps it in a shell (`bash -c "..."`),
-            where added flags would land outside the vLLM command.
+        ServeCheckError: before anything is changed on the host, for a drop-in that cannot work: the
+            command is not a vLLM server, wraps it in a shell (`bash -c "..."`, where added flags would
+            land outside the vLLM command), uses a specifier the snapshot cannot resolve (`%h`: the
+            drop-in would carry it as a literal), or runs a container that does not mount the draft.
     """
-    words = split_words(command.raw, "ExecStart=")
+    if command.unresolved_specifiers:
+        why = "; ".join(command.unresolved_specifiers)
+        raise ServeCheckError(
+            f"ExecStart uses systemd specifiers the drop-in cannot carry over ({why}): write the value "
+            "out in the unit, or serve the draft through a second unit; nothing was changed"
+        )
+    words = command.words if command.words is not None else split_words(command.raw, "ExecStart=")
+    checkpoint_dir = _draft_path_in_container(words, checkpoint_dir)
     found = find_vllm(words)
     if found is None:
         raise ServeCheckError(
@@ -98,6 +108,30 @@ def exec_start_with_draft(
         words, checkpoint_dir, num_speculative_tokens, enforce_eager=enforce_eager
     )
     return command.prefixes + " ".join(systemd_quote(w) for w in served)
+
+
+def _draft_path_in_container(words: list[str], checkpoint_dir: str) -> str:
+    """The draft's path as the server sees it: through a container's bind mounts when the command runs
+    one (`docker run -v HOST:CONTAINER ...`); refused when no mount holds it."""
+    from eagle3_pipeline.server import container
+
+    if container.engine_at(words) is None:
+        return checkpoint_dir
+    run = container.parse_run(words, {}, _no_file)
+    if run is None:
+        return checkpoint_dir
+    inside = run.container_path(checkpoint_dir)
+    if inside is None:
+        raise ServeCheckError(
+            f"the unit's container ({run.image}) does not mount {checkpoint_dir}, where the draft is: set "
+            "validate.remote_dir to a folder under one of its -v/--mount sources "
+            f"({', '.join(s for s, _ in run.mounts) or 'none'}); nothing was changed"
+        )
+    return inside
+
+
+def _no_file(path: str) -> str:
+    raise OSError(f"{path} is not read here")
 
 
 def new_run_id() -> str:
