@@ -22,6 +22,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -59,11 +60,16 @@ class LocalProcess:
     pid: int
     pid_file: Path
     log_path: Path
+    filter_pid: int | None = None  # the process writing the log (see log_filter)
 
     def alive(self) -> bool:
         return _alive(self.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if self.filter_pid is not None and not self.alive():  # let the filter write the last lines
+            deadline = time.monotonic() + 5
+            while _alive(self.filter_pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         return tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 30) -> bool:
@@ -129,15 +135,23 @@ def launch_local(
     full_env.update(env)
     with open(log_path, "ab") as out:
         out.write(f"--- starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    redaction = state_dir / f"{name}.redaction.json"  # fingerprints only, for the log filter
+    io.write_text(json.dumps(secrets.REDACTOR.export_known()), redaction)
+    proc = subprocess.Popen(
+        argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    # vLLM prints its arguments (the API key too): the log is written through a scrubbing filter
+    log_filter = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_pipeline.server.log_filter", str(log_path), str(redaction)],
+        stdin=proc.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the filter holds the pipe: it ends when the server closes its output
     ticks = process_identity.start_ticks(proc.pid)
     io.write_text(f"{proc.pid} {ticks}\n", pid_file)  # the start time: a reused pid is never ours
     log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
-    return LocalProcess(proc.pid, pid_file, log_path)
+    return LocalProcess(proc.pid, pid_file, log_path, log_filter.pid)
 
 
 def find_local(state_dir: Path, name: str) -> LocalProcess | None:
