@@ -4,23 +4,28 @@ On the GPU box the target occupies every GPU, so the draft cannot be served besi
 installs a RUNTIME drop-in `/run/systemd/system/UNIT.d/zz-eagle3-serve-check.conf` (gone on reboot)
 that resets ExecStart and sets it to the unit's own command plus `--speculative-config` (and
 `--enforce-eager` when configured), runs `daemon-reload` and `restart`, measures, and in every case
-removes the drop-in, reloads, and puts the unit back as it was (restarted when it was active, stopped
-when it was not), then checks that production answers /health and serves its model again. Drop-ins
-of all unit folders are applied in file-name order, so `zz-` wins over the unit's own.
+puts the unit back as it was and verifies production. Drop-ins of all unit folders are applied in
+file-name order, so `zz-` wins over the unit's own.
 
-Safety, because this touches a production server:
-- the drop-in is written inside the guarded block, so a failure while writing it is restored too;
-- every restore step is checked (its exit status) and retried; a step that still fails raises an
-  error that lists the commands to run by hand;
-- SIGTERM (a SLURM cancel) and SIGINT become an exception while the check runs, so the restore runs;
-  during the restore further signals are deferred;
-- the drop-in's first line is a marker with our name, a run id and the unit's state before: at the
-  start of every run (snapshot and serve check) a leftover one (SIGKILL, a lost connection) is found
-  and restored before anything else, and a file at our path without the marker is refused;
+It is a state machine with a durable record on the host (`draft_dropin`, `restore_from_record`):
+- before any change: a unit with changes on disk systemd has not loaded (NeedDaemonReload=yes) is
+  refused; ActiveState (active, activating, reloading: running) and the ExecStart argv are read;
+- the lock is the host record `HOST_STATE_DIR/UNIT.serve-check.json`, created atomically (`ln`) and
+  naming its owner (host, pid, process start time); each phase (`locked`, `dropin`, `draft`,
+  `restoring`) is recorded before its action;
+- the restore removes the drop-in, reloads, starts production only if the draft may have run (never
+  re-issuing a start already under way), verifies that production runs its own ExecStart, not the
+  draft, and answers with its model, and removes the record LAST: a run killed anywhere leaves the
+  record, and the next run (snapshot or serve check) resumes from its phase, unless its owner may
+  still be running (another pipeline's live check is never touched);
+- SIGTERM, SIGINT and SIGHUP become an exception while the check runs; during the restore they are
+  deferred;
+- remote commands run in the C locale and nothing reads translated text (exit statuses, `systemctl
+  show` properties); what was written through sudo is read through sudo;
 - the checkpoint goes to a private folder with its sha256 checked on the host (`remote_checkpoint`);
 - the drop-in text travels on stdin, never on a command line.
 
-Needs on the host: `sudo -n` for mkdir, tee, rm and systemctl (server.ssh.sudo).
+Needs on the host: `sudo -n` for mkdir, tee, ln, mv, rm, cat and systemctl (server.ssh.sudo).
 """
 
 from __future__ import annotations
@@ -260,7 +265,8 @@ def _refuse_live(host: Any, path: str, record: dict[str, Any]) -> None:
 
 def _set(host: Any, path: str, record: dict[str, Any], sudo: bool, **fields: Any) -> None:
     record.update(fields)
-    _put_record(host, path, record, sudo)
+    if not record.get("legacy"):  # a drop-in restored without a record (see `restore`) writes none
+        _put_record(host, path, record, sudo)
 
 
 class _StepFailed(RuntimeError):
@@ -403,9 +409,9 @@ def restore(
 ) -> None:  # fmt: skip
     """Restore a unit from a drop-in alone (one written before the host record existed): as if the
     draft had run."""
-    record = {"unit": unit, "dropin": path, "phase": DRAFT, "was_active": was_active}
-    steps_record = f"{path}.legacy-restore"  # never written: the remove step of a missing file is a no-op
-    restore_from_record(host, record | {"run": "legacy"}, steps_record, sudo, timeout_s, verify)
+    record = {"unit": unit, "dropin": path, "phase": RESTORING, "was_active": was_active, "legacy": True}
+    no_record = f"{path}.no-record"  # never written: removing it is a no-op
+    restore_from_record(host, record | {"run": "legacy"}, no_record, sudo, timeout_s, verify)
 
 
 @contextlib.contextmanager
