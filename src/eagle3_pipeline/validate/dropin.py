@@ -65,7 +65,7 @@ RESTORE_RETRY_S = 2.0
 POLL_S = 1.0  # between two reads of ActiveState while production starts
 # The host record: written before any change, removed last (see draft_dropin). /run is a tmpfs: a
 # reboot clears it along with the runtime drop-in it describes.
-HOST_STATE_DIR = "/run/eagle3-pipeline"
+HOST_STATE_DIR = SERVER_DEFAULTS.host_state_dir  # server.host_state_dir
 # ActiveState values of a unit whose process runs or is starting (systemd.unit(5)); `is-active` exits
 # non-zero for `activating`, so the property is read instead.
 RUNNING_STATES = ("active", "activating", "reloading")
@@ -545,6 +545,7 @@ def recover_leftover_dropin(server_cfg: dict[str, Any]) -> list[dict[str, Any]]:
             server_cfg["unit"],
             bool(server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo)),
             _restart_timeout(server_cfg),
+            record_dir=server_cfg.get("host_state_dir"),
         )
     finally:
         host.close()
@@ -615,7 +616,8 @@ def run_remote_serve_check(
         host = open_host(server_cfg)
         folder = None
         try:
-            recover_leftover(host, unit, sudo, timeout_s, verify=verify)  # before anything else
+            record_dir = server_cfg.get("host_state_dir")
+            recover_leftover(host, unit, sudo, timeout_s, verify=verify, record_dir=record_dir)  # first
             cat_text = read_unit_text(host, server_cfg)
             command = vllm_exec(cat_text, unit)
             expected = remote_checkpoint.sha256_files(checkpoint_dir)
@@ -629,7 +631,7 @@ def run_remote_serve_check(
             with draft_dropin(
                 host, unit, exec_start, sudo, timeout_s,
                 before_restart=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
-                draft_path=checkpoint,
+                draft_path=checkpoint, record_dir=record_dir,
             ) as run_id:  # fmt: skip
                 base_url = server_url(server_json, server_cfg, Path(state_dir))
                 watch = UnitWatch(server_cfg)
