@@ -64,6 +64,7 @@ class ServerSettings:
     stop_after_generation: bool = True
     stop_foreign: bool = False
     stop_timeout_s: float = 600
+    host_state_dir: str = "/run/eagle3-pipeline"
     base_url: str | None = None
     api_key_env: str = "VLLM_API_KEY"
     api_key_file: str | None = None

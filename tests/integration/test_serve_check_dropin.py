@@ -59,7 +59,16 @@ class Unit:
         return (self.state / "calls").read_text().splitlines() if (self.state / "calls").exists() else []
 
     def systemctl_calls(self) -> list[str]:
-        return [c.removeprefix("systemctl ") for c in self.calls() if c.startswith(("systemctl", "loaded"))]
+        """The calls that act (reads such as `show` and `is-active` left out)."""
+        return [
+            c.removeprefix("systemctl ")
+            for c in self.calls()
+            if c.startswith(("systemctl", "loaded")) and not c.startswith(("systemctl show", "systemctl is-"))
+        ]
+
+    @property
+    def record(self) -> Path:
+        return self.units.parent / "run-eagle3" / f"{UNIT}.serve-check.json"
 
     def fail_next(self, action: str, times: int) -> None:
         (self.state / f"fail-{action}").write_text(str(times))
@@ -97,6 +106,8 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         (sshd_server.bin_dir / name).write_text(script)
         (sshd_server.bin_dir / name).chmod(0o755)
     monkeypatch.setattr(dropin, "RESTORE_RETRY_S", 0.1)
+    monkeypatch.setattr(dropin, "POLL_S", 0.1)
+    monkeypatch.setattr(dropin, "HOST_STATE_DIR", str(tmp_path / "run-eagle3"))
     fake = Unit(state, units, legacy, port)
     yield fake
     kill_stand_in_unit(state)
@@ -140,11 +151,12 @@ def test_dropin_lifecycle(host, unit, was_active):
         assert dropin.parse_marker(text) == {"run": run_id, "was_active": was_active}
     assert not unit.dropin.exists()
     calls = unit.systemctl_calls()
-    final = f"restart -- {UNIT}" if was_active else f"stop -- {UNIT}"
-    i = calls.index(f"is-active --quiet -- {UNIT}")
-    assert calls[i + 1] == "daemon-reload" and calls[i + 2].startswith('loaded: ExecStart="/usr/bin/vllm"')
-    assert calls[i + 3] == f"restart -- {UNIT}"
-    assert calls[i + 4 :] == ["daemon-reload", final]  # the reload after removal saw no drop-in
+    final = f"restart --no-block -- {UNIT}" if was_active else f"stop -- {UNIT}"
+    i = calls.index("daemon-reload")
+    assert calls[i + 1].startswith('loaded: ExecStart="/usr/bin/vllm"')
+    assert calls[i + 2] == f"restart -- {UNIT}"
+    assert calls[i + 3 :] == ["daemon-reload", final]  # the reload after removal saw no drop-in
+    assert not unit.record.exists()  # the host record, removed last
     assert unit.active() == was_active
 
 
@@ -162,7 +174,7 @@ def test_restore_when_writing_the_dropin_fails_midway(host, unit):
     with pytest.raises(ServeCheckError, match="systemctl restart"), _dropin(host, unit):
         pass
     assert not unit.dropin.exists()
-    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart -- {UNIT}"] and unit.active()
+    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"] and unit.active()
 
 
 def test_restore_steps_are_retried(host, unit):
@@ -178,7 +190,7 @@ def test_restore_steps_are_retried(host, unit):
         "daemon-reload",
         "daemon-reload",
         "daemon-reload",
-        f"restart -- {UNIT}",
+        f"restart --no-block -- {UNIT}",
     ]
 
 
@@ -187,9 +199,10 @@ def test_a_restore_that_keeps_failing_says_what_to_run(host, unit):
     with pytest.raises(ServeCheckError) as info, _dropin(host, unit):
         unit.fail_next("restart", 5)
     message = str(info.value)
-    assert "failed at systemctl restart" in message and "production may still run the draft" in message
+    assert f"failed at starting {UNIT}" in message and "production may still run the draft" in message
     assert f"sudo rm -f -- {unit.dropin}" in message and "sudo systemctl daemon-reload" in message
-    assert unit.systemctl_calls()[-3:] == [f"restart -- {UNIT}"] * 3  # checked, retried 3 times
+    assert unit.systemctl_calls()[-3:] == [f"restart --no-block -- {UNIT}"] * 3  # checked, retried 3 times
+    assert unit.record.exists()  # kept: the next run resumes the restore
 
 
 def test_production_identity_is_verified_after_the_restore(host, unit):
@@ -208,7 +221,7 @@ def test_sigterm_during_the_check_restores_production(host, unit):
         os.kill(os.getpid(), signal.SIGTERM)  # a SLURM cancel mid-measurement
         time.sleep(30)
     assert not unit.dropin.exists() and unit.active()
-    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart -- {UNIT}"]
+    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers put back
 
 
@@ -221,7 +234,7 @@ def test_a_leftover_dropin_is_restored_first(host, unit):
                              verify=unit.production_check())  # fmt: skip
     assert found == [{"path": str(unit.dropin), "run": "r1", "was_active": True}]
     assert not unit.dropin.exists() and unit.active()
-    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart -- {UNIT}"]
+    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
     assert recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units),)) == []
 
 
@@ -316,7 +329,7 @@ def test_a_whole_remote_check_that_fails_leaves_production_as_it_was(
         )  # fmt: skip
     calls = unit.systemctl_calls()
     (loaded,) = [i for i, c in enumerate(calls) if c.startswith("loaded: ")]  # only ours was ever loaded
-    assert calls[:2] == ["daemon-reload", f"restart -- {UNIT}"]  # the leftover restored first
+    assert calls[:2] == ["daemon-reload", f"restart --no-block -- {UNIT}"]  # the leftover restored first
     assert '"--speculative-config"' in calls[loaded] and str(base) in calls[loaded]  # the private folder
-    assert calls[-2:] == ["daemon-reload", f"restart -- {UNIT}"] and unit.active()
+    assert calls[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"] and unit.active()
     assert not unit.dropin.exists() and list(base.iterdir()) == []  # checkpoint folder removed

@@ -97,9 +97,13 @@ def test_dropin_resets() -> None:
     assert [c.raw for c in unit.exec_start] == ["/b"] and unit.environment_files == [("/e1", False)]
 
 
-def test_unit_error_names_file_and_line() -> None:
-    with pytest.raises(UnitError, match=r"f.service:3"):
-        merge_unit([("f.service", "[Service]\nUser=x\nnot an assignment\n")], "f.service")
+def test_a_line_without_equals_is_ignored_with_a_warning_naming_file_and_line() -> None:
+    unit = merge_unit([("f.service", "[Service]\nUser=x\nnot an assignment\n")], "f.service")
+    assert unit.user == "x" and unit.warnings == [
+        "f.service:3: missing '=' in 'not an assignment'; systemd ignores the line"
+    ]
+    with pytest.raises(UnitError, match="unbalanced"):
+        merge_unit([("f.service", "[Service]\nExecStart=/x 'open\n")], "f.service")
 
 
 def test_wrapper_script_unknown_variable_is_reported() -> None:

@@ -23,12 +23,40 @@ def _snakemake(workdir: Path, *args: str, timeout: float = 3600) -> subprocess.C
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout)
 
 
+# Fake secrets the demo's unit carries in this run (outside vLLM's flags too), none of which may appear
+# in any file the run writes; DEBUG_PASSWORD_CHECKS=1 checks that numbers are never redacted.
+SECRETS = ("hf_e2eFakeSecretToken0123456789abcdef", "e2e-key-one-1234", "e2e-key-two-5678",
+           "e2eCredentialValue99", "e2eDockerPass77", "e2eCurlPass88")  # fmt: skip
+SECRET_LINES = f"""Environment=HF_TOKEN={SECRETS[0]} E2E_API_KEYS={SECRETS[1]},{SECRETS[2]}
+Environment=DEBUG_PASSWORD_CHECKS=1
+SetCredential=e2e-cred:{SECRETS[3]}
+ExecStartPre=-/usr/bin/docker login -u ci -p {SECRETS[4]} registry.invalid
+ExecStartPost=-/usr/bin/curl -fsS -u alerts:{SECRETS[5]} http://127.0.0.1:9/started
+"""
+
+
+def _config_with_secret_unit(config: Path) -> None:
+    """config/ as the repository's, but the demo unit's template carries SECRET_LINES."""
+    config.mkdir()
+    for item in (ROOT / "config").iterdir():
+        if item.name != "demo":
+            (config / item.name).symlink_to(item)
+    (config / "demo").mkdir()
+    for item in (ROOT / "config" / "demo").iterdir():
+        if item.name != "vllm-demo.service.in":
+            (config / "demo" / item.name).symlink_to(item)
+    template = (ROOT / "config" / "demo" / "vllm-demo.service.in").read_text()
+    (config / "demo" / "vllm-demo.service.in").write_text(
+        template.replace("[Service]\n", "[Service]\n" + SECRET_LINES)
+    )
+
+
 @pytest.fixture(scope="module")
 def demo_workdir(tmp_path_factory) -> Path:
     if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
         pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
     workdir = tmp_path_factory.mktemp("demo")
-    (workdir / "config").symlink_to(ROOT / "config")
+    _config_with_secret_unit(workdir / "config")
     overrides = {
         "run": "e2e",
         # smaller than the demo default so that the suite fits CI; same code paths
@@ -110,3 +138,22 @@ def test_no_server_left_running(demo_run, demo_workdir: Path):
     for pid_file in pid_files:
         pid = int(pid_file.read_text().split()[0])
         assert not Path(f"/proc/{pid}").exists(), f"server {pid} ({pid_file}) still running"
+
+
+def test_no_secret_in_any_file_the_run_wrote(demo_run, demo_workdir: Path):
+    """Every file of the run (results/ with its logs, work folders and report, resources/ but the
+    unit itself, Snakemake's .snakemake/) is free of the unit's secrets; numbers stay numbers."""
+    unit = demo_workdir / "resources" / "demo" / "vllm-demo.service"
+    assert SECRETS[0] in unit.read_text()  # the run's server did carry them
+    files = [
+        path for path in demo_workdir.rglob("*")
+        if path.is_file() and not path.is_symlink() and path != unit
+        and (demo_workdir / "config") not in path.parents
+    ]  # fmt: skip
+    assert any(p.name == "server.json" for p in files) and any(p.suffix == ".log" for p in files)
+    for path in files:
+        content = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in content, f"{secret} in {path}"
+    server = json.loads((demo_workdir / "results" / "e2e" / "server" / "server.json").read_text())
+    assert server["tensor_parallel_size"] == 1 and server["env"]["DEBUG_PASSWORD_CHECKS"] == "<redacted>"

@@ -27,7 +27,7 @@ ENGINES = ("docker", "podman", "nerdctl")
 VLLM_IMAGE = re.compile(
     r"^(?:[^/\s]+/)*vllm-openai(?:-[A-Za-z0-9_.-]+)?(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]{64})?$"
 )
-_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)$")
+_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+|rc\d+)?)$")  # v0.10.1.1 too
 # Options that take no value (docker and podman `run`); every other option takes one.
 BOOLEAN_OPTIONS = frozenset(
     {
@@ -133,6 +133,15 @@ class ContainerRun:
             target = posixpath.normpath(target)
             if path == target or path.startswith(target.rstrip("/") + "/"):
                 return posixpath.normpath(source + path[len(target) :])
+        return None
+
+    def container_path(self, host_path: str) -> str | None:
+        """Where the container sees a host path, through its bind mounts; None when none holds it."""
+        path = posixpath.normpath(host_path)
+        for source, target in sorted(self.mounts, key=lambda m: len(m[0]), reverse=True):
+            source = posixpath.normpath(source)
+            if path == source or path.startswith(source.rstrip("/") + "/"):
+                return posixpath.normpath(target + path[len(source) :])
         return None
 
 

@@ -22,6 +22,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 import requests
 
 from eagle3_pipeline import io
-from eagle3_pipeline.server import auth_headers, secrets, tls_verify
+from eagle3_pipeline.server import auth_headers, process_identity, secrets, tls_verify
 from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
@@ -43,6 +44,9 @@ LOG_TAIL_LINES = 40
 JOURNAL_LINES = 50
 OWNERSHIP_FILE = "ownership.json"
 STOPPED_STATES = ("inactive", "failed", "unknown")  # `systemctl is-active` words for a unit not running
+# ActiveState values of a unit whose process runs or is being started: `systemctl start` then does
+# nothing, and `systemctl is-active` exits non-zero for the last two (systemd.unit(5), systemctl(1)).
+RUNNING_STATES = ("active", "activating", "reloading")
 
 
 class ServerError(RuntimeError):
@@ -56,11 +60,16 @@ class LocalProcess:
     pid: int
     pid_file: Path
     log_path: Path
+    filter_pid: int | None = None  # the process writing the log (see log_filter)
 
     def alive(self) -> bool:
         return _alive(self.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if self.filter_pid is not None and not self.alive():  # let the filter write the last lines
+            deadline = time.monotonic() + 5
+            while _alive(self.filter_pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         return tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 30) -> bool:
@@ -126,24 +135,38 @@ def launch_local(
     full_env.update(env)
     with open(log_path, "ab") as out:
         out.write(f"--- starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    io.write_text(f"{proc.pid}\n", pid_file)
+    redaction = state_dir / f"{name}.redaction.json"  # fingerprints only, for the log filter
+    io.write_text(json.dumps(secrets.REDACTOR.export_known()), redaction)
+    proc = subprocess.Popen(
+        argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    # vLLM prints its arguments (the API key too): the log is written through a scrubbing filter
+    log_filter = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_pipeline.server.log_filter", str(log_path), str(redaction)],
+        stdin=proc.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the filter holds the pipe: it ends when the server closes its output
+    ticks = process_identity.start_ticks(proc.pid)
+    io.write_text(f"{proc.pid} {ticks}\n", pid_file)  # the start time: a reused pid is never ours
     log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
-    return LocalProcess(proc.pid, pid_file, log_path)
+    return LocalProcess(proc.pid, pid_file, log_path, log_filter.pid)
 
 
 def find_local(state_dir: Path, name: str) -> LocalProcess | None:
-    """The process a pid file in state_dir names, when it is still alive."""
+    """The process a pid file in state_dir names, when it is still alive and still the same process
+    (its start time as recorded): a stale pid file, its pid reused by another program, names nothing."""
     pid_file = Path(state_dir) / f"{name}.pid"
     try:
-        pid = int(pid_file.read_text().strip())
+        pid_text, _, ticks_text = pid_file.read_text().strip().partition(" ")
+        pid, ticks = int(pid_text), int(ticks_text)
     except (OSError, ValueError):
-        return None
+        return None  # no file, or one without the start time: whose pid it is cannot be known
     proc = LocalProcess(pid, pid_file, Path(state_dir) / f"{name}.log")
+    if process_identity.start_ticks(pid) != ticks:
+        log.warning("%s names pid %d, now another process (or none): not ours", pid_file, pid)
+        return None
     return proc if proc.alive() else None
 
 
@@ -355,8 +378,17 @@ def _start(server_cfg: dict[str, Any], state_dir: Path, base_url: str, headers: 
     log.info("starting %s on %s with systemctl", server_cfg["unit"], server_cfg.get("host"))
     watch = UnitWatch(server_cfg)
     try:
-        watch.systemctl("start")
-        record_ownership(state_dir, True, server_cfg, invocation_id=watch.invocation_id())
+        before = watch.show("ActiveState", "InvocationID")
+        if before.get("ActiveState") in RUNNING_STATES:  # loading (health-gated start): someone else's
+            log.info("%s is already %s: waiting for it, not starting it", watch.unit, before["ActiveState"])
+            record_ownership(state_dir, False, server_cfg)
+        else:
+            watch.systemctl("start")
+            invocation = watch.invocation_id()
+            if invocation is None or invocation == before.get("InvocationID"):  # unknown: not ours
+                record_ownership(state_dir, False, server_cfg, invocation_id=invocation)
+            else:
+                record_ownership(state_dir, True, server_cfg, invocation_id=invocation)
         wait_healthy(
             base_url, timeout, watch.journal, watch.alive, headers,
             exited_why=lambda: f"{server_cfg['unit']} stopped running (systemd state {watch.state})",
@@ -448,7 +480,8 @@ def _stop_unit(server_cfg: dict[str, Any], state_dir: Path, owner: dict[str, Any
     watch = UnitWatch(server_cfg)
     try:
         current = watch.invocation_id()
-        ours = bool(owner.get("started_by_pipeline")) and owner.get("invocation_id") in (None, current)
+        recorded = owner.get("invocation_id")  # unknown (old systemd, a failed show): not ours
+        ours = bool(owner.get("started_by_pipeline")) and recorded is not None and recorded == current
         if not ours and not server_cfg.get("stop_foreign", SERVER_DEFAULTS.stop_foreign):
             why = (
                 "the pipeline did not start it" if not owner.get("started_by_pipeline")

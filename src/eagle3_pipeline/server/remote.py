@@ -29,6 +29,10 @@ from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
 log = logging.getLogger(__name__)
 
 
+C_LOCALE = "export LC_ALL=C; "  # prefixed to every remote command; sudo keeps LC_ALL (env_keep)
+MISSING_EXIT = 66  # read_file's exit status for a path that does not exist
+
+
 class HostError(RuntimeError):
     """The host could not be reached or a command on it failed; the message says what to do."""
 
@@ -55,7 +59,9 @@ class LocalHost:
     def run(self, command: str, timeout: float | None = 60, stdin: str | None = None) -> Result:
         in_stream = io.StringIO(stdin) if stdin is not None else False
         try:
-            res = invoke.run(command, hide=True, warn=True, in_stream=in_stream, timeout=timeout)
+            res = invoke.run(
+                command, hide=True, warn=True, in_stream=in_stream, timeout=timeout, env={"LC_ALL": "C"}
+            )
         except invoke.CommandTimedOut as err:
             raise HostError(f"local command timed out after {timeout} s: {command}") from err
         return Result(res.exited, res.stdout, res.stderr)
@@ -189,6 +195,10 @@ class RemoteHost:
             connect_kwargs={"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout},
         )
         self.connection.client = self._client(ssh_cfg)
+        hop = self.connection.gateway  # ProxyJump: each bastion gets the same host-key policy
+        while isinstance(hop, Connection):
+            hop.client = self._client(ssh_cfg)
+            hop = hop.gateway
 
     def _client(self, ssh_cfg: dict[str, Any]) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -239,21 +249,26 @@ class RemoteHost:
             self.connection.transport.set_keepalive(keepalive)
 
     def run(self, command: str, timeout: float | None = None, stdin: str | None = None) -> Result:
-        """Run command; `stdin` (closed after it) keeps data such as a drop-in off the command line."""
+        """Run command in the C locale (no translated messages, plain number formats: nothing here
+        depends on the host's language); `stdin` (closed after it) keeps data such as a drop-in off
+        the command line."""
         self.open()
         timeout = timeout or self.command_timeout
         in_stream = io.StringIO(stdin) if stdin is not None else False
         try:
-            res = self.connection.run(command, hide=True, warn=True, in_stream=in_stream, timeout=timeout)
+            res = self.connection.run(
+                f"{C_LOCALE}{command}", hide=True, warn=True, in_stream=in_stream, timeout=timeout
+            )
         except invoke.CommandTimedOut as err:
             raise HostError(f"command on {self.name} timed out after {timeout:g} s: {command}") from err
         return Result(res.exited, res.stdout, res.stderr)
 
     def read_file(self, path: str) -> str:
-        res = self.run(f"cat -- {shlex.quote(path)}")
+        q_path = shlex.quote(path)
+        res = self.run(f"test -e {q_path} || exit {MISSING_EXIT}; cat -- {q_path}")
         if res.ok:
             return res.stdout
-        if "No such file" in res.stderr:
+        if res.exited == MISSING_EXIT:  # told by the exit status, never by the (translated) message
             raise FileNotFoundError(f"{self.name}:{path} does not exist")
         raise OSError(f"cannot read {self.name}:{path}: {res.stderr.strip()}")
 

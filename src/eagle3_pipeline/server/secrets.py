@@ -1,11 +1,14 @@
 """Keeping tokens and keys out of every file, log, param, error message and remote command line.
 
-Three rules find a secret:
-- by name: variables and flags named like secrets (HF_TOKEN, *_KEY, *_TOKEN, *SECRET*, *PASSWORD*,
+Four rules find a secret:
+- by name: variables and flags named like secrets (HF_TOKEN, *_KEY(S), *_TOKEN(S), *SECRET*, *PASSWORD*,
   credentials, `--api-key`, `--hf-token`), in `NAME=value`, `--flag value`, `--flag=value` and
   `"name": "value"` / `'name': ['value']` (vLLM's own args dump) forms;
 - by shape: Hugging Face (`hf_`), OpenAI-style (`sk-`), GitHub (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`,
-  `github_pat_`) and AWS (`AKIA`, `ASIA`) tokens, `Bearer TOKEN`, `user:password@` in URLs, JWTs;
+  `github_pat_`) and AWS (`AKIA`, `ASIA`) tokens, `Bearer TOKEN`, `user:password@` and `:password@` in
+  URLs, JWTs;
+- by context: `X-API-Key:` and `Authorization: Basic` headers, `docker login -p`, `curl -u user:pass`,
+  systemd's `SetCredential=ID:VALUE`;
 - by value: every value the snapshot found under a secret name (or by shape) in the unit is
   remembered as a salted sha256 fingerprint (with its length), and any token of any text whose
   fingerprint matches is replaced, on token boundaries, so `8000` is hidden but `18000` is not.
@@ -13,7 +16,8 @@ Three rules find a secret:
 Only fingerprints are shared between jobs, never values: the snapshot writes them into server.json
 (`redaction`), and every job that can print server output (generation, serve check, stop) calls
 `learn(server_json)` before it talks to the server. Structured output is redacted as a structure
-(`redact_data`) before it is serialized, so a redacted number cannot break a JSON file.
+(`redact_data`) before it is serialized; numbers are never redacted (a secret-named variable set to
+`1` would otherwise hide every 1 of every file).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(
-    r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|$)|SECRET|PASSWORD|^HF_TOKEN$"
+    r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|$)"
+    r"|_(API_?)?KEYS(_|$)|SECRET|PASSWORD|^HF_TOKEN$"  # OPENAI_API_KEYS; not _TOKENS (batched tokens)
 )
 # Values shorter than this are hidden where they sit under a secret name, but not looked for in free
 # text: a 3-character secret would otherwise erase every such word of every log.
@@ -43,7 +48,20 @@ _SHAPES = (
     re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])"),
     re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
     re.compile(r"(?i)(\bbearer\s+)(?!<redacted>)[A-Za-z0-9._~+/=-]+"),
-    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]+:)(?!<redacted>@)[^/\s@'\"]+(?=@)"),
+    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*:)(?!<redacted>@)[^/\s@'\"]+(?=@)"),
+    # by context: a header that carries a credential, `docker login -p`, `curl -u user:password`,
+    # systemd's `SetCredential=ID:VALUE`
+    re.compile(
+        r"(?i)(\b(?:x-api-key|api-key|x-auth-token)\s*:\s*|\bauthorization:\s*basic\s+)(?!<redacted>)[^\s'\"]+"
+    ),
+    re.compile(
+        r"(\b(?:docker|podman|nerdctl|helm)\b[^\n;&|]*?\blogin\b[^\n;&|]*?\s(?:-p|--password)[\s=]+)"
+        r"(?!<redacted>)[^\s'\"]+"
+    ),  # fmt: skip
+    re.compile(
+        r"(\bcurl\b[^\n;&|]*?\s(?:-u|--user|--proxy-user)[\s=]*['\"]?[^\s:'\"]*:)(?!<redacted>)[^\s'\"]+"
+    ),
+    re.compile(r"(?m)(^\s*SetCredential(?:Encrypted)?=\s*[^:\s]+:)(?!<redacted>).+$"),
 )
 _NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
 _ASSIGNMENT = re.compile(
@@ -85,10 +103,11 @@ class Redactor:
         self._known: dict[str, dict[int, set[str]]] = {}  # salt -> length -> fingerprints
 
     def add(self, value: object) -> None:
-        """Remember a secret value (and each long word of a multi-word value) by fingerprint."""
+        """Remember a secret value (and each long word or list item of it) by fingerprint."""
         if not isinstance(value, str) or not value or value == REDACTED:
             return
-        for item in {value, *(part for part in value.split() if len(part) >= _PART_MIN_LEN)}:
+        parts = re.split(r"[\s,;]+", value)  # a list of keys (OPENAI_API_KEYS=a,b): each one alone too
+        for item in {value, *(part for part in parts if len(part) >= _PART_MIN_LEN)}:
             entry = (len(item), _fingerprint(self.salt, item))
             self._own.add(entry)
             self._known.setdefault(self.salt, {}).setdefault(entry[0], set()).add(entry[1])
@@ -96,6 +115,17 @@ class Redactor:
     def export(self) -> dict[str, Any]:
         """This redactor's own fingerprints, for server.json: `{"salt", "fingerprints": ["LEN:SHA256"]}`."""
         return {"salt": self.salt, "fingerprints": sorted(f"{n}:{h}" for n, h in self._own)}
+
+    def export_known(self) -> list[dict[str, Any]]:
+        """Every fingerprint this redactor knows (its own and learned ones), one table per salt, for a
+        process that scrubs on its behalf (`log_filter`)."""
+        return [
+            {
+                "salt": salt,
+                "fingerprints": sorted(f"{n}:{h}" for n, digests in table.items() for h in digests),
+            }
+            for salt, table in self._known.items()
+        ]
 
     def learn(self, redaction: dict[str, Any] | None) -> None:
         """Take in fingerprints exported by another process (server.json's `redaction`)."""
@@ -239,8 +269,8 @@ def redact_unit_text(text: str, redactor: Redactor = REDACTOR) -> str:
 
 def redact_data(data: Any, redactor: Redactor = REDACTOR) -> Any:
     """A copy of a JSON-like structure with secrets replaced, for writing as JSON: strings are
-    scrubbed, strings under a secret-named key replaced, and a number that is a remembered secret
-    becomes the string `<redacted>` (the file stays valid JSON, unlike a substring edit of its text)."""
+    scrubbed and strings under a secret-named key replaced; numbers are kept as they are (the file
+    stays valid JSON, unlike a substring edit of its text)."""
     if isinstance(data, dict):
         out = {}
         for key, value in data.items():
@@ -253,9 +283,7 @@ def redact_data(data: Any, redactor: Redactor = REDACTOR) -> Any:
         return [redact_data(item, redactor) for item in data]
     if isinstance(data, str):
         return redactor.scrub(data)
-    if isinstance(data, int | float) and not isinstance(data, bool) and redactor.matches(str(data)):
-        return REDACTED
-    return data
+    return data  # a number is never redacted: a secret such as `1` must not hide a tensor-parallel size
 
 
 def _is_text(value: Any) -> bool:

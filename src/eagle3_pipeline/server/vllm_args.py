@@ -71,8 +71,7 @@ def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | 
                 return argv[: i + 2], argv[i + 2 :], env
             if module == "vllm.entrypoints.cli.main" and argv[i + 2 : i + 3] == ["serve"]:
                 return argv[: i + 3], argv[i + 3 :], env
-        if base in SHELLS and "-c" in argv[i + 1 : i + 3]:
-            c_at = argv.index("-c", i + 1)
+        if base in SHELLS and (c_at := script_option_at(argv, i)) is not None:
             found = find_vllm(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
             if found:
                 args = found[1]
@@ -83,6 +82,30 @@ def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | 
             name, value = word.split("=", 1)
             env[name] = value
     return None
+
+
+def script_option_at(argv: list[str], shell_at: int) -> int | None:
+    """Index of the option that makes the shell at argv[shell_at] run a script string: `-c`, or a
+    cluster of short options holding `c` (`bash -lc '...'`, `sh -ec '...'`); None when it has none."""
+    for j in range(shell_at + 1, len(argv)):
+        word = argv[j]
+        if not word.startswith("-") or word.startswith("--") or word == "-":
+            return None
+        if "c" in word[1:]:
+            return j
+    return None
+
+
+def expand_shell_scripts(argv: list[str], env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:
+    """argv with the `sh -c` script's `$VAR`, `${VAR}` and `${VAR:-x}` replaced from `env`: systemd
+    passes the unit's Environment= and EnvironmentFile= variables to the shell, which expands them."""
+    for i, word in enumerate(argv):
+        if os.path.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
+            if c_at + 1 < len(argv):
+                script = _expand_shell(argv[c_at + 1], env, unresolved, f"{word} -c script")
+                return [*argv[: c_at + 1], script, *argv[c_at + 2 :]]
+            break
+    return argv
 
 
 def shell_words(script: str) -> list[str]:
@@ -177,7 +200,7 @@ def parse_command(
     or in a container) and read its flags, following `--config FILE` through `read_file(path)`."""
     unit_env = env or {}
     unresolved: list[Unresolved] = []
-    line = argv
+    line = expand_shell_scripts(argv, unit_env, unresolved)
     if _may_be_wrapper_script(argv):
         script = wrapper_script_line(argv, read_file, unit_env, unresolved)
         line = [argv[0], *script] if script else argv
@@ -255,8 +278,7 @@ def _shell_segments(argv: list[str]) -> list[list[str]]:
     """argv itself, then each simple command of a `sh -c` script it runs."""
     segments = [argv]
     for i, word in enumerate(argv):
-        if os.path.basename(word) in SHELLS and "-c" in argv[i + 1 : i + 3]:
-            c_at = argv.index("-c", i + 1)
+        if os.path.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
             segments += _split_operators(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
             break
     return segments

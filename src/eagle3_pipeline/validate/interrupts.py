@@ -1,8 +1,9 @@
-"""SIGTERM and SIGINT as exceptions, so that `finally` blocks that restore production run.
+"""SIGTERM, SIGINT and SIGHUP as exceptions, so that `finally` blocks that restore production run.
 
 SLURM cancels a job with SIGTERM (then SIGKILL after its KillWait, 30 s by default); Snakemake and a
-user at the terminal send SIGINT. By default SIGTERM ends Python without running `finally` blocks.
-Inside `interrupts_as_exceptions()` both raise `Interrupted`, which unwinds like any exception; inside
+user at the terminal send SIGINT; a closed terminal sends SIGHUP. By default SIGTERM and SIGHUP end
+Python without running `finally` blocks. Inside `interrupts_as_exceptions()` all three raise
+`Interrupted`, which unwinds like any exception; inside
 `deferred_interrupts()` (a restore in progress) they are only recorded, so the restore finishes.
 Signal handlers exist only in the main thread: elsewhere both are no-ops.
 """
@@ -16,11 +17,12 @@ import threading
 from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP: the terminal the check was started from closed (an SSH session to the login node dropped).
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT while the serve check held production: unwinds through the restore."""
+    """SIGTERM, SIGINT or SIGHUP while the serve check held production: unwinds through the restore."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
@@ -29,7 +31,7 @@ class Interrupted(BaseException):
 
 @contextlib.contextmanager
 def interrupts_as_exceptions() -> Iterator[None]:
-    """SIGTERM and SIGINT raise Interrupted inside the block (main thread only; elsewhere no-op)."""
+    """SIGTERM, SIGINT and SIGHUP raise Interrupted inside the block (main thread only; elsewhere no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

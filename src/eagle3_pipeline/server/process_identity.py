@@ -1,0 +1,51 @@
+"""Who a pid is: its start time (clock ticks after boot, /proc/PID/stat field 22) and a hash of its
+command line (/proc/PID/cmdline), so that a pid read from a file is signalled only when it is still the
+process that wrote it. The kernel reuses a pid once its process is gone, so a stale pid file may name
+anything; a pid with its start time names one process for good. See proc(5)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot; None when there is no such process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])  # field 22 of proc(5), counted after the `(comm)` field (3 onwards)
+
+
+def cmdline_sha256(pid: int) -> str | None:
+    """sha256 of the process's NUL-separated argv (hashed: argv may hold secrets); None when unknown."""
+    try:
+        return hashlib.sha256(Path(f"/proc/{pid}/cmdline").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def identity(pid: int | None = None) -> dict[str, Any]:
+    """{'host', 'pid', 'start_ticks', 'cmdline_sha256'} of a process (this one by default)."""
+    pid = os.getpid() if pid is None else pid
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "start_ticks": start_ticks(pid),
+        "cmdline_sha256": cmdline_sha256(pid),
+    }
+
+
+def is_running(record: dict[str, Any]) -> bool | None:
+    """True when the process a record names (`identity`) still runs on this machine, False when it is
+    gone (or its pid now belongs to another process), None when it ran on another machine (unknown)."""
+    if record.get("host") != socket.gethostname():
+        return None
+    pid = record.get("pid")
+    if not isinstance(pid, int) or record.get("start_ticks") is None:
+        return False
+    return start_ticks(pid) == record["start_ticks"]  # pid and start time name one process for good
