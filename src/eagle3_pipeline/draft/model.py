@@ -175,6 +175,8 @@ class Eagle3Draft(nn.Module):
 
     def project(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
         """[B, T, 3H_target] -> [B, T, H]: the step-0 hidden state."""
+        if torch.is_autocast_enabled(aux_hidden_states.device.type):  # fc casts it: no fp32 copy between
+            return self.fc(aux_hidden_states)
         return self.fc(aux_hidden_states.to(self.fc.weight.dtype))
 
     def step(
