@@ -254,3 +254,47 @@ def test_a_killed_window_resumes_to_the_same_state(job, tmp_path):
 
 def _steps_after(window_job: TrainJob) -> int:
     return torch.load(window_job.window.state, weights_only=False)["state"]["step"]
+
+
+def test_state_files_hold_what_a_resume_needs_and_at_most_two_exist(job, tmp_path, monkeypatch):
+    """A state file is the trained tensors, AdamW and the schedule (no frozen embeddings), of the size
+    budget.state_file_bytes counts under hidden_states.max_disk_gb; windowed training never has more
+    than two on disk (the previous window's and this window's latest)."""
+    from eagle3_pipeline import io
+    from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, STATE_FILES_AT_ONCE, state_file_bytes
+
+    jobs = _windowed(replace(job, train=job.train | {"epochs": 1, "save_every_steps": 1}), tmp_path / "w")
+    write_torch, seen = io.write_torch, []
+
+    def counting(blob, path):  # noqa: ANN001, ANN202
+        window = current.window
+        held = [
+            p for p in (window.previous, str(_state_path_of(current)), window.state) if p and Path(p).exists()
+        ]
+        seen.append(len(held) + (str(path) not in held))  # with the file being written
+        return write_torch(blob, path)
+
+    monkeypatch.setattr(io, "write_torch", counting)
+    for current in jobs:
+        assert main(current)
+    assert max(seen) <= STATE_FILES_AT_ONCE and len(seen) > len(jobs)  # mid-window saves included
+    assert not _state_path_of(jobs[-1]).exists()  # the window's file replaced the work folder's
+    blob = torch.load(jobs[-1].window.state, weights_only=False)
+    assert not any(name.startswith("embed_tokens.") for name in blob["model"])
+    target = json.loads((Path(job.target) / "config.json").read_text())
+    counted = state_file_bytes({"draft": {"draft_vocab_size": 64}}, target)
+    size = Path(jobs[-1].window.state).stat().st_size
+    assert counted - STATE_FILE_OVERHEAD <= size <= counted, (size, counted)
+
+
+def _state_path_of(window_job: TrainJob) -> Path:
+    return Path(window_job.work) / "state.pt"
+
+
+def test_a_window_whose_batches_differ_from_the_plan_is_refused(job, tmp_path):
+    first = _windowed(job, tmp_path / "w")[0]
+    plan = json.loads(Path(first.window.plan).read_text())
+    plan["batches"][0][0] += 1
+    Path(first.window.plan).write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="planned .* from the traces' token ids"):
+        main(first)

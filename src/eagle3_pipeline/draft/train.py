@@ -209,6 +209,11 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
     if not ctx.accelerator.is_main_process:
         return
     path = _state_path(ctx.job) if path is None else Path(path)
+    if ctx.job.window is not None:
+        # under a disk cap at most two state files exist (budget.STATE_FILES_AT_ONCE): the previous
+        # window's (this job's input) and this window's latest, so the last one goes first; killed
+        # before the new one is in place, the window starts again from the previous window's file
+        _state_path(ctx.job).unlink(missing_ok=True)
     blob = {
         "state": asdict(state),
         "model": ctx.accelerator.unwrap_model(ctx.model).exported_state_dict(),
@@ -373,6 +378,9 @@ def main_window(job: TrainJob) -> bool:
             "state files and rerun snakemake"
         )
     order = order_key(window.epoch, window.window)
+    check_planned_batches(
+        window.plan, window.epoch, window.window, len(train_data.batches(int(job.train["seed"]), order))
+    )
     log.info(
         "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
         window.epoch,
@@ -420,6 +428,23 @@ def main_window(job: TrainJob) -> bool:
     save_state(ctx, state, Path(window.state))
     accelerator.wait_for_everyone()
     return True
+
+
+def check_planned_batches(plan_path: str | Path, epoch: int, window: int, batches: int) -> None:
+    """The window's batches (all processes) are those plan_windows counted for it, on which the
+    learning-rate schedule's length rests.
+
+    Raises:
+        ValueError: they differ (the stored states are not the lengths the traces gave).
+    """
+    planned = json.loads(Path(plan_path).read_text())["batches"][epoch][window]
+    if planned != batches:
+        raise ValueError(
+            f"epoch {epoch} window {window}: {batches} batches from the stored hidden states, but "
+            f"{plan_path} planned {planned} from the traces' token ids, so the learning-rate schedule "
+            "would not end where planned; were the traces or hidden_states.max_seq_len changed after the "
+            "plan? Delete the draft/windows folder and rerun snakemake"
+        )
 
 
 def finish(job: TrainJob, state_path: str | Path) -> None:
