@@ -49,8 +49,9 @@ class Shape:
 # the Kimi-K2.5 example (config/examples/kimi-k2.5-8gpu.yaml): target width and vocabulary, draft.*
 # (64 heads of 128, 32,000 draft ids, 7 TTT steps) and train.batch_tokens
 KIMI = Shape(7168, 64, 128, 18432, 163840, 32000, 16384, 7)
-# every named size distinct (and none of them a size that is not named: 5 stat rows, <= 7 steps, hd/2)
-REDUCED = Shape(hidden=40, heads=3, head_dim=16, intermediate=56, vocab=200, draft_vocab=72, seq=151, steps=7)
+# every named size distinct (and none of them a size that is not named: 5 stat rows, <= 7 steps, hd/2,
+# nor a multiple of the attention block's rows, which a block's causal keys can be)
+REDUCED = Shape(hidden=40, heads=3, head_dim=16, intermediate=46, vocab=200, draft_vocab=72, seq=67, steps=7)
 CENSUS_BLOCKS = {"attention": 11, "loss": 13, "head": 17}  # rows per block in the census run
 SEQ_SLACK = 12  # sizes T - SEQ_SLACK..T are T less a few rows (a step's counted rows: T - 2 - k)
 
@@ -80,6 +81,9 @@ class Scaler:
         small, large = symbols(census, CENSUS_BLOCKS), symbols(target, target_blocks)
         if len(set(small.values()) | {census.seq}) != len(small) + 1:
             raise ValueError(f"census sizes are not distinct: {small}, T {census.seq}")
+        rows = CENSUS_BLOCKS["attention"]
+        if any(size % rows == 0 for name, size in small.items() if name != "Ca"):
+            raise ValueError(f"a census size is a multiple of the attention block's {rows} rows: {small}")
         self.by_size = {small[name]: large[name] for name in small}
         self.census, self.target = census, target
 

@@ -46,6 +46,7 @@ Prints one JSON line per measurement.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import resource
@@ -208,12 +209,14 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
         loss_of = training_loss if training else reference_loss
 
         def step(_: str) -> None:
+            gc.collect()  # tensors in reference cycles are freed now, not at an arbitrary later point
             census.phase = "activations"
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = loss_of(model, data, head, shape.steps)
             census.phase = "backward"
             loss.backward()
             del loss
+            gc.collect()
             for p in trainable:
                 census.track(p.grad, "grads")
             census.phase = "optimizer_step"
@@ -303,6 +306,7 @@ def memory_point(a: argparse.Namespace) -> None:
         seconds = one_step(model, data, head, a.ttt_steps, bf16=False)
     emit(
         {"measure": "train_step_memory", "attention": a.attention, "seq": a.seq, "ttt_steps": a.ttt_steps}
+        | {"checkpointing": a.checkpointing}
         | {"hidden": a.hidden, "heads": a.heads, "threads": a.threads_memory}
         | {"peak_step_mb": round(maxrss_mb() - before, 1), "peak_rss_mb": round(maxrss_mb(), 1)}
         | {"step_s": round(seconds, 2)}
@@ -313,7 +317,7 @@ def memory_table(a: argparse.Namespace, argv: list[str]) -> None:
     """One subprocess per (T, attention); dense points skipped past --max-dense-gb (projected)."""
     previous_dense: tuple[int, float] | None = None  # (T, peak step MB) of the last dense point
     for seq in [int(t) for t in a.lengths.split(",")]:
-        for attention in ("linear", "dense"):
+        for attention in ("linear",) if a.linear_only else ("linear", "dense"):
             if attention == "dense" and previous_dense is not None:
                 projected = previous_dense[1] * (seq / previous_dense[0]) ** 2
                 if projected > a.max_dense_gb * 1024:
@@ -321,6 +325,7 @@ def memory_table(a: argparse.Namespace, argv: list[str]) -> None:
                          | {"projected_peak_step_mb": round(projected)})  # fmt: skip
                     continue
             point = ["--point", "--attention", attention, "--seq", str(seq)]
+            point += ["--checkpointing"] if a.checkpointing and attention == "linear" else []
             command = [sys.executable, __file__, *argv, *point]
             out = subprocess.run(command, capture_output=True, text=True, check=False)
             if out.returncode != 0:
@@ -380,6 +385,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--shape", choices=["kimi"], default=None, help="kimi: one step at Kimi-K2.5's shape")
     p.add_argument("--kimi-seq", type=int, default=10240)
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each TTT step (train.* key)")
+    p.add_argument("--linear-only", action="store_true", help="--memory: skip the dense reference")
     p.add_argument("--census", action="store_true", help="peak memory per GPU at --shape, without a GPU")
     p.add_argument("--batch-tokens", type=int, default=None, help="--census: default the example's 16,384")
     a = p.parse_args(argv)
