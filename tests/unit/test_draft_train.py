@@ -298,3 +298,11 @@ def test_a_window_whose_batches_differ_from_the_plan_is_refused(job, tmp_path):
     Path(first.window.plan).write_text(json.dumps(plan))
     with pytest.raises(ValueError, match="planned .* from the traces' token ids"):
         main(first)
+
+
+def test_activation_checkpointing_reaches_the_model_and_not_the_resume_fingerprint(job):
+    from eagle3_pipeline.draft.train import fingerprint
+
+    checkpointed = replace(job, train=job.train | {"activation_checkpointing": True})
+    assert build_model(checkpointed)[0].checkpointing and not build_model(job)[0].checkpointing
+    assert fingerprint(checkpointed) == fingerprint(job)  # the same numbers: a run resumes across it
