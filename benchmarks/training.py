@@ -21,13 +21,24 @@ step up to T = 2,048, of the only step beyond (minutes each on 2 cores). A
 dense point whose projection from the previous length (x4 per doubling) exceeds `--max-dense-gb` is
 not run and printed as skipped, with the projection.
 
-`--shape kimi` runs one training step at the real Kimi-K2.5 draft shape (H 7,168, 64 heads of 128,
-MLP 18,432, vocabulary 163,840, draft vocabulary 32,000, T 10,240, 7 TTT steps, bf16 autocast) on
+`--census` runs the real training step (the path train.py runs: chunked loss, each TTT step
+checkpointed, frozen tensors in bf16; and today's former path beside it: whole-batch fp32 targets and
+logits, nothing checkpointed, the frozen embeddings in fp32, DDP's gradient buckets) at a reduced shape
+on the CPU under bf16 autocast, records every tensor allocation and free, and replays them at the named
+shape (`--shape kimi`: the Kimi-K2.5 example's width, vocabularies, 7 TTT steps and train.batch_tokens
+16,384; benchmarks/memory_census.py explains the method). One JSON line per path with
+`peak_gib_per_gpu`, its breakdown and the batch_tokens assumed; then the demo shape tracked directly
+beside its replay from the reduced shape (a check of the method), and the peak against T.
+
+`--shape kimi` (without --census) runs one training step at the real Kimi-K2.5 draft shape (H 7,168,
+64 heads of 128, MLP 18,432, vocabulary 163,840, draft vocabulary 32,000, T 10,240, 7 TTT steps, bf16
+autocast, `--checkpointing` as train.activation_checkpointing) on
 the first CUDA device and prints its peak GPU memory (torch.cuda.max_memory_allocated) and step time.
 
     .venv/bin/python benchmarks/training.py                       # demo shape (H 128, 2 x 64 heads)
     .venv/bin/python benchmarks/training.py --hidden 1024 --heads 8 --intermediate 2816 --vocab 32000
     .venv/bin/python benchmarks/training.py --memory              # H 256, 8 heads, T 1k..8k, 7 steps
+    .venv/bin/python benchmarks/training.py --census --shape kimi # no GPU: peak per GPU, breakdown
     .venv/bin/python benchmarks/training.py --shape kimi          # needs a GPU (about 80 GB)
 Prints one JSON line per measurement.
 """
@@ -35,19 +46,23 @@ Prints one JSON line per measurement.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
+from memory_census import KIMI, REDUCED, Census, Scaler, Shape, block_rows, census_blocks, gib, run_census
 
 from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
-from eagle3_pipeline.draft.ttt import Batch, target_distribution, ttt_loss
+from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_distribution, target_in_draft, ttt_loss
 
 log = logging.getLogger("benchmarks.training")
 
@@ -130,19 +145,146 @@ def draft_shape(a: argparse.Namespace) -> DraftConfig:
     )  # fmt: skip
 
 
+def training_loss(model: Eagle3Draft, data: Batch, head: dict, steps: int) -> torch.Tensor:
+    """The loss as train.py computes it: in-draft mask, normed step outputs, chunked soft cross-entropy."""
+    in_draft = target_in_draft(data.final_hidden_states, head["lm_head"], head["t2d"])
+    hidden = model(data.aux_hidden_states, data.input_ids, steps, logits=False)
+    return chunked_ttt_loss(hidden, model.lm_head.weight, data, head["target_head"], in_draft, 0.8)[0]
+
+
+def reference_loss(model: Eagle3Draft, data: Batch, head: dict, steps: int) -> torch.Tensor:
+    """The former path: [B, T, Vd] fp32 target probabilities and every step's logits."""
+    frozen = head["lm_head"], head["t2d"], head["draft_ids"]
+    probs, in_draft = target_distribution(data.final_hidden_states, *frozen)
+    return ttt_loss(model(data.aux_hidden_states, data.input_ids, steps), data, probs, in_draft, 0.8)[0]
+
+
 def one_step(model: Eagle3Draft, data: Batch, head: dict, steps: int, bf16: bool) -> float:
-    """Seconds of one training step: target distribution, forward over `steps`, loss, backward."""
+    """Seconds of one training step as train.py runs it: in-draft mask, forward over `steps`, loss,
+    backward."""
     start = time.perf_counter()
-    probs, in_draft = target_distribution(data.final_hidden_states, **head)
     device = data.input_ids.device.type
     with torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext():
-        logits = model(data.aux_hidden_states, data.input_ids, steps)
-    loss, _ = ttt_loss(logits, data, probs, in_draft, 0.8)
+        loss = training_loss(model, data, head, steps)
     loss.backward()
     model.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def frozen_head(c: DraftConfig, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """A random target head as train.build_model hands it over (lm_head, t2d, draft_ids, target_head)."""
+    lm_head = torch.randn(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+    ids = torch.arange(c.draft_vocab_size, device=device)
+    t2d = torch.ones(c.vocab_size, dtype=torch.bool, device=device)
+    return {"lm_head": lm_head, "t2d": t2d, "draft_ids": ids, "target_head": lm_head[ids]}
+
+
+def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], None]]:
+    """The census's training step at `shape` (memory_census.run_census): path "training" is train.py's
+    on a GPU (chunked loss, checkpointed steps, frozen tensors in bf16), "former" the path before them."""
+
+    def setup(census: Census) -> Callable[[str], None]:
+        c = DraftConfig(
+            hidden_size=shape.hidden, target_hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+            num_attention_heads=shape.heads, num_key_value_heads=shape.heads, head_dim=shape.head_dim,
+            rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=shape.seq, vocab_size=shape.vocab,
+            draft_vocab_size=shape.draft_vocab,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        training = path == "training"
+        model = Eagle3Draft(c, checkpointing=training)
+        model.embed_tokens.to(torch.bfloat16 if training else torch.float32)
+        head = frozen_head(c, torch.bfloat16, torch.device("cpu"))
+        data = synthetic_batch(c, 1, shape.seq)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)  # foreach: as on a GPU
+        for p in model.parameters():
+            census.track(p.data, "trainable" if p.requires_grad else "frozen")
+        for tensor in head.values():
+            census.track(tensor, "frozen")
+        for tensor in vars(data).values():
+            census.track(tensor, "batch")
+        loss_of = training_loss if training else reference_loss
+
+        def step(_: str) -> None:
+            gc.collect()  # tensors in reference cycles are freed now, not at an arbitrary later point
+            census.phase = "activations"
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_of(model, data, head, shape.steps)
+            census.phase = "backward"
+            loss.backward()
+            del loss
+            gc.collect()
+            for p in trainable:
+                census.track(p.grad, "grads")
+            census.phase = "optimizer_step"
+            torch.nn.utils.clip_grad_norm_(trainable, 0.5)
+            optimizer.step()
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if value.dim():
+                        census.track(value, "optimizer_state")
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    return setup
+
+
+def census_peak(
+    shape: Shape, path: str, target: Shape | None, phases: tuple[str, ...] = ()
+) -> tuple[int, dict[str, int], list[str]]:
+    """Peak live bytes of a training step at `target` replayed from `shape` (target None: `shape` itself,
+    tracked directly, the training code's own block sizes)."""
+    if target is None:
+        census = Census(None)
+        run_census(census, census_setup(shape, path))
+        return census.peak(phases)
+    census = Census(Scaler(shape, target, block_rows(target)))
+    with census_blocks():
+        run_census(census, census_setup(shape, path))
+    return census.peak(phases)
+
+
+def census(a: argparse.Namespace) -> None:
+    """The --census lines (see the module docstring)."""
+    torch.set_num_threads(a.threads_memory)
+    target = replace(KIMI, seq=a.batch_tokens or KIMI.seq)
+    trainable = trainable_bytes(target)
+    for path in ("training", "former"):
+        peak, parts, largest = census_peak(REDUCED, path, target)
+        if path == "former":  # DDP's buckets: a second fp32 copy of the gradients (not bucket views then)
+            peak, parts = peak + trainable, parts | {"ddp_buckets": trainable}
+        emit(
+            {"measure": "train_step_census", "path": path, "shape": a.shape, "batch_tokens": target.seq}
+            | {"ttt_steps": target.steps, "hidden": target.hidden, "heads": target.heads}
+            | {"head_dim": target.head_dim, "intermediate": target.intermediate, "vocab": target.vocab}
+            | {"draft_vocab": target.draft_vocab, "peak_gib_per_gpu": gib(peak)}
+            | {"breakdown_gib": {k: gib(v) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
+            | {"largest_at_peak": largest}  # census-shape [dims] with their replayed size
+        )
+    demo = Shape(hidden=128, heads=2, head_dim=64, intermediate=384, vocab=1024, draft_vocab=1024, seq=1024,
+                 steps=7)  # fmt: skip
+    tracked = census_peak(demo, "training", None)[0]
+    replayed = census_peak(REDUCED, "training", demo)[0]
+    emit({"measure": "train_step_census_check", "shape": "demo", "batch_tokens": demo.seq}
+         | {"tracked_peak_mib": round(tracked / 2**20, 2)}
+         | {"replayed_peak_mib": round(replayed / 2**20, 2)})  # fmt: skip
+    for seq in [int(t) for t in a.lengths.split(",")]:
+        at = replace(target, seq=seq)
+        peak, parts, _ = census_peak(REDUCED, "training", at, ("activations", "backward"))
+        fixed = sum(parts.get(k, 0) for k in ("trainable", "grads", "optimizer_state", "frozen"))
+        emit({"measure": "train_step_census_by_length", "shape": a.shape, "seq": seq}
+             | {"forward_backward_peak_gib": gib(peak), "beyond_weights_gib": gib(peak - fixed)})  # fmt: skip
+
+
+def trainable_bytes(shape: Shape) -> int:
+    """fp32 bytes of the draft's trained tensors at `shape`."""
+    h, q = shape.hidden, shape.heads * shape.head_dim
+    count = 3 * h * h + 2 * h * 3 * q + q * h + 3 * h * shape.intermediate + shape.draft_vocab * h + 4 * h
+    return 4 * count
 
 
 def maxrss_mb() -> float:
@@ -155,12 +297,8 @@ def memory_point(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads_memory)
     torch.manual_seed(0)
     c = draft_shape(a)
-    model = Eagle3Draft(c, attention=a.attention)
-    head = {
-        "lm_head": torch.randn(c.vocab_size, c.hidden_size),
-        "t2d": torch.ones(c.vocab_size, dtype=torch.bool),
-        "draft_ids": torch.arange(c.draft_vocab_size),
-    }
+    model = Eagle3Draft(c, attention=a.attention, checkpointing=a.checkpointing)
+    head = frozen_head(c, torch.float32, torch.device("cpu"))
     data = synthetic_batch(c, 1, a.seq)
     before = maxrss_mb()
     seconds = one_step(model, data, head, a.ttt_steps, bf16=False)
@@ -168,6 +306,7 @@ def memory_point(a: argparse.Namespace) -> None:
         seconds = one_step(model, data, head, a.ttt_steps, bf16=False)
     emit(
         {"measure": "train_step_memory", "attention": a.attention, "seq": a.seq, "ttt_steps": a.ttt_steps}
+        | {"checkpointing": a.checkpointing}
         | {"hidden": a.hidden, "heads": a.heads, "threads": a.threads_memory}
         | {"peak_step_mb": round(maxrss_mb() - before, 1), "peak_rss_mb": round(maxrss_mb(), 1)}
         | {"step_s": round(seconds, 2)}
@@ -178,7 +317,7 @@ def memory_table(a: argparse.Namespace, argv: list[str]) -> None:
     """One subprocess per (T, attention); dense points skipped past --max-dense-gb (projected)."""
     previous_dense: tuple[int, float] | None = None  # (T, peak step MB) of the last dense point
     for seq in [int(t) for t in a.lengths.split(",")]:
-        for attention in ("linear", "dense"):
+        for attention in ("linear",) if a.linear_only else ("linear", "dense"):
             if attention == "dense" and previous_dense is not None:
                 projected = previous_dense[1] * (seq / previous_dense[0]) ** 2
                 if projected > a.max_dense_gb * 1024:
@@ -186,6 +325,7 @@ def memory_table(a: argparse.Namespace, argv: list[str]) -> None:
                          | {"projected_peak_step_mb": round(projected)})  # fmt: skip
                     continue
             point = ["--point", "--attention", attention, "--seq", str(seq)]
+            point += ["--checkpointing"] if a.checkpointing and attention == "linear" else []
             command = [sys.executable, __file__, *argv, *point]
             out = subprocess.run(command, capture_output=True, text=True, check=False)
             if out.returncode != 0:
@@ -207,12 +347,9 @@ def kimi_step(a: argparse.Namespace) -> None:
     a.vocab, a.draft_vocab, a.seq = 163840, 32000, a.kimi_seq
     c = draft_shape(a)
     torch.manual_seed(0)
-    model = Eagle3Draft(c, attention=a.attention).to(device)
-    head = {
-        "lm_head": torch.randn(c.vocab_size, c.hidden_size, dtype=torch.bfloat16, device=device),
-        "t2d": torch.ones(c.vocab_size, dtype=torch.bool, device=device),
-        "draft_ids": torch.arange(c.draft_vocab_size, device=device),
-    }
+    model = Eagle3Draft(c, attention=a.attention, checkpointing=a.checkpointing).to(device)
+    model.embed_tokens.to(torch.bfloat16)  # frozen tensors in the training dtype, as train.py holds them
+    head = frozen_head(c, torch.bfloat16, device)
     data = synthetic_batch(c, 1, a.seq).to(device)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -247,7 +384,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--attention", choices=["linear", "dense"], default="linear")
     p.add_argument("--shape", choices=["kimi"], default=None, help="kimi: one step at Kimi-K2.5's shape")
     p.add_argument("--kimi-seq", type=int, default=10240)
+    p.add_argument("--checkpointing", action="store_true", help="checkpoint each TTT step (train.* key)")
+    p.add_argument("--linear-only", action="store_true", help="--memory: skip the dense reference")
+    p.add_argument("--census", action="store_true", help="peak memory per GPU at --shape, without a GPU")
+    p.add_argument("--batch-tokens", type=int, default=None, help="--census: default the example's 16,384")
     a = p.parse_args(argv)
+    if a.census:
+        if a.shape != "kimi":
+            raise SystemExit("--census needs --shape kimi")
+        return census(a)
     if a.point:
         return memory_point(a)
     if a.memory:

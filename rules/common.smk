@@ -5,7 +5,7 @@
 # project's virtualenvs), and ignores it otherwise.
 import sys
 
-from eagle3_pipeline.budget import parse_time_hidden_size, window_shards
+from eagle3_pipeline.budget import capped_window_shards, parse_time_hidden_size
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
 from eagle3_pipeline.server.replicas import (
@@ -36,9 +36,10 @@ WORK = f"{RESULTS}/work"
 SHARDS = shard_ids(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size)
 # hidden_states.max_disk_gb: shards per training window, from the config alone (None: no cap, every
 # shard's states kept). Under a cap, epoch e's states of window w are extracted, trained on by
-# train_draft_window and deleted; a cap below one shard is refused here, with the numbers.
+# train_draft_window and deleted; a cap below one shard is refused here, with the numbers. The cap
+# also holds the two training state files windowed training keeps at once (budget.py).
 WINDOW = (
-    window_shards(config, parse_time_hidden_size(config))
+    capped_window_shards(config, parse_time_hidden_size(config))
     if SETTINGS.hidden_states.max_disk_gb is not None
     else None
 )

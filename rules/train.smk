@@ -3,12 +3,14 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
-# train.save_every_steps is how often the state is saved for a resume, not a property of the weights
-# (train.py leaves it out of the resume fingerprint too): run-time only, changing it reruns nothing
+# train.save_every_steps (how often the state is saved for a resume) and train.activation_checkpointing
+# (recompute instead of keep: the same numbers) are not properties of the weights (train.py leaves them
+# out of the resume fingerprint too): run-time only, changing them reruns nothing
+TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing")
 TRAIN_PARAMS = {
-    k: v for k, v in as_params(SETTINGS.train).items() if k != "save_every_steps"
+    k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
-TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, "save_every_steps"))
+TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 
 

@@ -20,7 +20,10 @@ Two estimates:
 With `hidden_states.max_disk_gb` (a cap on the states held on disk at once) the shards are trained in
 windows of `window_shards` shards whose states are deleted once trained on: the disk holds at most one
 window, whatever the corpus size. A window is sized from the config alone (every sample of a shard as
-long as max_seq_len), so the cap is never exceeded; a cap smaller than one shard is refused.
+long as max_seq_len), so the cap is never exceeded; a cap smaller than one shard is refused. The cap
+also holds the training state files that windowed training keeps (STATE_FILES_AT_ONCE: the previous
+window's and the current one's, draft/train.py), each the draft's trained fp32 weights and AdamW's two
+fp32 moments (`state_file_bytes`: 14.3 GB for the Kimi-K2.5 example's draft).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROMPT_TOKENS = 512  # a typical open-perfectblend prompt once templated
 DEFAULT_HEADROOM = 0.05  # keep 5% of the estimate free on top, for metadata and partial shards
 GB = 1000**3  # hidden_states.max_disk_gb counts in powers of 1000, as disks are sold
+STATE_FILES_AT_ONCE = 2  # windowed training: the previous window's state file and the current one's
+STATE_BYTES_PER_PARAMETER = 12  # fp32 weights + AdamW's exp_avg and exp_avg_sq (fp32)
+STATE_FILE_OVERHEAD = 10**6  # schedule, position, history: well under a megabyte
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -117,12 +123,50 @@ def shard_bound_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
     return config["dataset"]["shard_size"] * hs["max_seq_len"] * bytes_per_token(hidden_size, hs["dtype"])
 
 
-def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
+def state_file_bytes(config: Mapping[str, Any], target: Mapping[str, Any]) -> int:
+    """Bytes of one training state file for the draft of `target` (its config.json, parsed) under
+    config draft.*: STATE_BYTES_PER_PARAMETER per trained parameter, plus STATE_FILE_OVERHEAD (the
+    frozen embeddings are not in it: draft/train.py)."""
+    from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, draft_config_from_target
+
+    draft = config.get("draft", {})
+    shape = {k: draft.get(k) for k in ("head_dim", "num_attention_heads", "num_key_value_heads")}
+    c = draft_config_from_target(dict(target), int(draft.get("draft_vocab_size", 32000)), **shape)
+    q, kv, h = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.hidden_size
+    parameters = NUM_AUX_LAYERS * c.target_hidden_size * h  # fc
+    parameters += 2 * h * (q + 2 * kv) + q * h  # q/k/v over 2H, o
+    parameters += 3 * h * c.intermediate_size + c.draft_vocab_size * h + 4 * h  # MLP, lm_head, 4 norms
+    return STATE_BYTES_PER_PARAMETER * parameters + STATE_FILE_OVERHEAD
+
+
+def parse_time_state_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
+    """One training state file's bytes when the workflow is parsed: from the target's config.json, the
+    demo's shape, or (no weights yet) an upper bound from the hidden size (an MLP 4 x hidden wide)."""
+    from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+
+    path = Path(config["target"]["model"]) / "config.json"
+    if path.exists():
+        target = json.loads(path.read_text())
+        target = target if "hidden_size" in target else target.get("text_config") or target
+        try:
+            return state_file_bytes(config, target)
+        except (KeyError, TypeError, ValueError):  # not a shape the draft reads: the bound below
+            pass
+    elif config.get("demo", {}).get("enabled"):
+        return state_file_bytes(config, DEMO_TARGET_SHAPE)
+    bound = {"hidden_size": hidden_size, "num_attention_heads": max(1, hidden_size // 128)}
+    bound["intermediate_size"] = 4 * hidden_size
+    bound["vocab_size"] = int(config.get("draft", {}).get("draft_vocab_size", 32000))
+    return state_file_bytes(config, bound)
+
+
+def window_shards(config: Mapping[str, Any], hidden_size: int, state_bytes: int = 0) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
-    Decided from the config alone, at parse time: floor(cap / 2B), B one shard's upper bound. Twice:
-    an extraction job holds its per-batch parts and its packed file at once until it ends, and on a
-    cluster every shard of a window may be extracted at the same time.
+    Decided from the config alone, at parse time: floor((cap - 2S) / 2B), B one shard's upper bound and
+    S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of them). Twice B: an extraction
+    job holds its per-batch parts and its packed file at once until it ends, and on a cluster every
+    shard of a window may be extracted at the same time.
 
     Raises:
         DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
@@ -131,18 +175,24 @@ def window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
     if cap_gb is None:
         return None
     bound = shard_bound_bytes(config, hidden_size)
-    shards = int(cap_gb * GB // (2 * bound))
+    states = STATE_FILES_AT_ONCE * state_bytes
+    shards = int(max(0, cap_gb * GB - states) // (2 * bound))
     if shards < 1:
         hs = config["hidden_states"]
+        held = (
+            f" plus {STATE_FILES_AT_ONCE} training state files of {format_bytes(state_bytes)}"
+            if state_bytes
+            else ""
+        )
         raise DiskBudgetError(
             f"hidden_states.max_disk_gb: {cap_gb} GB ({format_bytes(cap_gb * GB)}) cannot hold one shard's "
-            f"hidden states while it is extracted: one shard is at most dataset.shard_size "
+            f"hidden states while it is extracted{held}: one shard is at most dataset.shard_size "
             f"{config['dataset']['shard_size']:,} samples x hidden_states.max_seq_len {hs['max_seq_len']:,} "
             f"tokens x {bytes_per_token(hidden_size, hs['dtype']):,} B/token (4 states x hidden size "
             f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, counted twice while it "
             f"is extracted (its per-batch parts and packed file exist together until the job ends): "
             f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least "
-            f"{math.ceil(2 * bound / GB * 1000) / 1000:g} (rounded up), or lower "
+            f"{math.ceil((2 * bound + states) / GB * 1000) / 1000:g} (rounded up), or lower "
             "dataset.shard_size or hidden_states.max_seq_len."
         )
     return shards
@@ -309,7 +359,7 @@ def held_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[Budget, str
     peak, why = on_disk_at_once(config, budget)
     if peak == budget.total_bytes:
         return budget, why
-    window = window_shards(config, budget.hidden_size) or 0
+    window = capped_window_shards(config, budget.hidden_size) or 0
     samples = min(budget.samples, window * config["dataset"]["shard_size"])
     held = dataclasses.replace(
         budget, samples=samples, tokens=peak // budget.bytes_per_token, total_bytes=peak
@@ -321,19 +371,29 @@ def on_disk_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[int, str
     """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
 
     Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
-    2 x window_shards x one shard's upper bound (and never more than the whole corpus).
+    2 x window_shards x one shard's upper bound (and never more than the whole corpus), plus the
+    training state files held at once (STATE_FILES_AT_ONCE).
     """
-    window = window_shards(config, budget.hidden_size)
+    window = capped_window_shards(config, budget.hidden_size)
     if window is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
+    state = parse_time_state_bytes(config, budget.hidden_size)
     bound = 2 * window * shard_bound_bytes(config, budget.hidden_size)
     epochs = config["train"]["epochs"]
     why = (
         f"capped by hidden_states.max_disk_gb = {config['hidden_states']['max_disk_gb']} GB: windows of "
         f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
-        f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted)"
+        f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted) "
+        f"and {STATE_FILES_AT_ONCE} training state files of {format_bytes(state)}"
     )
-    return min(budget.total_bytes, bound), why
+    return min(budget.total_bytes, bound) + STATE_FILES_AT_ONCE * state, why
+
+
+def capped_window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
+    """`window_shards` with the training state files counted (what rules/common.smk plans with)."""
+    if config["hidden_states"].get("max_disk_gb") is None:
+        return None
+    return window_shards(config, hidden_size, parse_time_state_bytes(config, hidden_size))
 
 
 def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:

@@ -167,6 +167,7 @@ class TrainSettings:
     batch_tokens: int = 16384
     seed: int = 0
     save_every_steps: int = 500
+    activation_checkpointing: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,3 +290,4 @@ GENERATION_DEFAULTS = GenerationSettings()
 VALIDATE_DEFAULTS = ValidateSettings()
 HIDDEN_STATES_DEFAULTS = HiddenStatesSettings()
 TRACES_DEFAULTS = TracesSettings()
+TRAIN_DEFAULTS = TrainSettings()

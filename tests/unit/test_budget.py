@@ -16,6 +16,7 @@ from eagle3_pipeline.budget import (
     DiskBudgetError,
     budget_at_start,
     bytes_per_token,
+    capped_window_shards,
     check_disk_budget,
     check_free_space,
     estimate_from_config,
@@ -27,6 +28,7 @@ from eagle3_pipeline.budget import (
     main,
     on_disk_at_once,
     parse_time_hidden_size,
+    parse_time_state_bytes,
     shard_bound_bytes,
     tokens_from_lengths,
     window_shards,
@@ -142,8 +144,10 @@ def test_cli_prints_the_kimi_budget_and_says_it_does_not_fit(tmp_path, capsys):
     code = main([KIMI_CONFIG, "--hidden-size", "7168", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert "174,080,000 tokens" in out and "57,353 B" in out and "9.98 TB" in out
-    # the example caps the states on disk at 4,000 GB: windows of 17 shards, at most 3.99 TB (+5%)
-    assert "windows of 17 shards" in out and "10 extraction passes" in out
+    # the example caps the states on disk at 4,000 GB: windows of 16 shards (17 before the two training
+    # state files were counted), at most 3.76 TB of states and 2 x 16.93 GB of state files (+5%)
+    assert "windows of 16 shards" in out and "10 extraction passes" in out
+    assert "2 training state files of 16.93 GB" in out
     assert code == (0 if free_bytes(tmp_path) > 4.2e12 else 1)
 
 
@@ -198,7 +202,9 @@ def test_windows_are_sized_from_the_config_counting_each_shard_twice():
     assert window_shards(_capped(2 * bound / GB), 128) == 1
     assert window_shards(_capped(5 * bound / GB), 128) == 2  # floor(5B / 2B)
     peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_config(_capped(None), 128))
-    assert peak == 4 * bound <= 5 * bound and "windows of 2 shards" in why and "3 extraction passes" in why
+    state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
+    assert peak == 4 * bound + 2 * state <= 5 * bound and "windows of 2 shards" in why
+    assert "3 extraction passes" in why
 
 
 def test_a_cap_below_one_shard_is_refused_with_the_numbers():
@@ -210,12 +216,14 @@ def test_a_cap_below_one_shard_is_refused_with_the_numbers():
     assert "135.40 MB" in message and "270.79 MB" in message and "at least 0.271" in message
 
 
-def test_the_kimi_example_cap_holds_windows_of_17_shards():
+def test_the_kimi_example_cap_holds_windows_of_16_shards():
     config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
     assert config["hidden_states"]["max_disk_gb"] == 4000
-    assert window_shards(config, 7168) == 17  # 4,000 GB / (2 x 117.46 GB)
+    assert window_shards(config, 7168) == 17  # 4,000 GB / (2 x 117.46 GB), without state files
+    state = parse_time_state_bytes(config, 7168)  # no weights at hand: the bound from the hidden size
+    assert capped_window_shards(config, 7168) == 16  # (4,000 GB - 2 x 16.93 GB) / (2 x 117.46 GB)
     peak, _ = on_disk_at_once(config, estimate_from_config(config, 7168))
-    assert peak == 2 * 17 * 200 * 10240 * 57353 <= 4000 * GB
+    assert peak == 2 * 16 * 200 * 10240 * 57353 + 2 * state <= 4000 * GB
 
 
 def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
@@ -235,3 +243,34 @@ def test_a_shard_beyond_the_cap_is_refused_by_its_check(tmp_path):
     check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64, max_disk_gb=1e-5)  # 10 kB
     with pytest.raises(DiskBudgetError, match="more than hidden_states.max_disk_gb = 1e-06 GB"):
         check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64, max_disk_gb=1e-6)
+
+
+def test_the_cap_counts_two_training_state_files():
+    from eagle3_pipeline.budget import STATE_FILES_AT_ONCE
+
+    bound = shard_bound_bytes(_capped(None), 128)
+    state = parse_time_state_bytes(_capped(None), 128)  # the demo's draft: 12 B per trained parameter
+    assert 5 * 10**6 < state < 7 * 10**6
+    assert window_shards(_capped(4 * bound / GB), 128, state) == 1  # (4B - 2S) / 2B
+    assert window_shards(_capped((4 * bound + 2 * state) / GB), 128, state) == 2
+    with pytest.raises(DiskBudgetError, match="plus 2 training state files"):
+        window_shards(_capped((2 * bound + state) / GB), 128, state)
+    config = _capped((4 * bound + 2 * state) / GB)
+    assert capped_window_shards(config, 128) == 2
+    peak, why = on_disk_at_once(config, estimate_from_config(_capped(None), 128))
+    assert peak == 4 * bound + STATE_FILES_AT_ONCE * state <= config["hidden_states"]["max_disk_gb"] * GB
+    assert "2 training state files" in why
+
+
+def test_the_kimi_example_state_file_is_the_trained_tensors_and_adamw():
+    from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, state_file_bytes
+
+    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    kimi = {"hidden_size": 7168, "num_attention_heads": 64, "intermediate_size": 18432, "vocab_size": 163840}
+    kimi |= {"kv_lora_rank": 512}
+    # fc 3H x H, q/k/v 2H x 8,192 each, o 8,192 x H, MLP 3 x H x 18,432, lm_head 32,000 x H, 4 norms
+    parameters = 3 * 7168**2 + 2 * 7168 * 3 * 8192 + 8192 * 7168 + 3 * 7168 * 18432 + 32000 * 7168 + 4 * 7168
+    assert state_file_bytes(config, kimi) == 12 * parameters + STATE_FILE_OVERHEAD  # 14.3 GB
+    assert parse_time_state_bytes(config, 7168) >= state_file_bytes(
+        config, kimi
+    )  # no weights: an upper bound

@@ -58,7 +58,8 @@ def test_a_few_steps_lower_the_loss(job):
     optimizer, _ = build_optimizer(model, job.train, total_steps=1000)
     data = HiddenStateData(job.train_shards, 256)
     batch = data.collate(data.batches(seed=0, epoch=0)[0])
-    probs, in_draft = target_distribution(batch.final_hidden_states, **head)
+    frozen = head["lm_head"], head["t2d"], head["draft_ids"]
+    probs, in_draft = target_distribution(batch.final_hidden_states, *frozen)
     losses = []
     for _ in range(12):
         loss, _ = ttt_loss(model(batch.aux_hidden_states, batch.input_ids, 3), batch, probs, in_draft, 0.8)
@@ -112,9 +113,10 @@ def test_shards_split_by_their_folder():
         split_shards(["h/other/shard-00000.safetensors"])
 
 
-def _job_module(job: TrainJob, out: Path, **train: int) -> list[str]:
+def _job_module(job: TrainJob, out: Path, stop_after_steps: int | None = None, **train: int) -> list[str]:
     """`-m eagle3_pipeline.draft JOB.json` (what rule train_draft launches) for `job` writing under `out`."""
     moved = replace(job, work=str(out / "work"), weights=str(out / "model.safetensors"))
+    moved = replace(moved, stop_after_steps=stop_after_steps)
     moved = replace(moved, history=str(out / "history.json"), train=job.train | train)
     return ["-m", "eagle3_pipeline.draft", str(write_job(moved, out / "jobs" / "train_draft.json"))]
 
@@ -144,19 +146,29 @@ def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
 @pytest.mark.slow
 def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
     """torchrun with two CPU processes (gloo DDP): each takes half the batches; metrics are summed
-    over both, so the epoch counts every token once, and only the main process writes."""
+    over both, so the epoch counts every token once, and only the main process writes. Stopped after
+    one step (state saved mid-epoch) and started again, it reports the same metrics and weights."""
     assert main(job)
     out = tmp_path / "ddp"
     argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "18575"]
-    argv += _job_module(job, out)  # torchrun runs `python -m eagle3_pipeline.draft JOB.json` twice
     env = os.environ | {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, *argv], check=True, env=env, timeout=600, capture_output=True)
+    # torchrun runs `python -m eagle3_pipeline.draft JOB.json` twice
+    run = [sys.executable, *argv, *_job_module(job, out)]
+    subprocess.run(run, check=True, env=env, timeout=600, capture_output=True)
     single, ddp = json.loads(Path(job.history).read_text()), json.loads((out / "history.json").read_text())
     assert [r["step"] for r in ddp] == [r["step"] // 2 for r in single]  # half the steps per process
     for a, b in zip(single, ddp, strict=True):
         assert a["train"]["tokens"] == b["train"]["tokens"]
         assert a["validation"]["tokens"] == b["validation"]["tokens"]
     assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
+    resumed = tmp_path / "ddp-resumed"
+    for stop in (1, None):  # each rank holds its own partial sums when stopped: the file must hold both
+        run = [sys.executable, *argv, *_job_module(job, resumed, stop_after_steps=stop)]
+        subprocess.run(run, check=True, env=env, timeout=600, capture_output=True)
+    assert json.loads((resumed / "history.json").read_text()) == ddp
+    a, b = load_file(out / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hidden_states, tmp_path):
@@ -242,3 +254,55 @@ def test_a_killed_window_resumes_to_the_same_state(job, tmp_path):
 
 def _steps_after(window_job: TrainJob) -> int:
     return torch.load(window_job.window.state, weights_only=False)["state"]["step"]
+
+
+def test_state_files_hold_what_a_resume_needs_and_at_most_two_exist(job, tmp_path, monkeypatch):
+    """A state file is the trained tensors, AdamW and the schedule (no frozen embeddings), of the size
+    budget.state_file_bytes counts under hidden_states.max_disk_gb; windowed training never has more
+    than two on disk (the previous window's and this window's latest)."""
+    from eagle3_pipeline import io
+    from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, STATE_FILES_AT_ONCE, state_file_bytes
+
+    jobs = _windowed(replace(job, train=job.train | {"epochs": 1, "save_every_steps": 1}), tmp_path / "w")
+    write_torch, seen = io.write_torch, []
+
+    def counting(blob, path):  # noqa: ANN001, ANN202
+        window = current.window
+        held = [
+            p for p in (window.previous, str(_state_path_of(current)), window.state) if p and Path(p).exists()
+        ]
+        seen.append(len(held) + (str(path) not in held))  # with the file being written
+        return write_torch(blob, path)
+
+    monkeypatch.setattr(io, "write_torch", counting)
+    for current in jobs:
+        assert main(current)
+    assert max(seen) <= STATE_FILES_AT_ONCE and len(seen) > len(jobs)  # mid-window saves included
+    assert not _state_path_of(jobs[-1]).exists()  # the window's file replaced the work folder's
+    blob = torch.load(jobs[-1].window.state, weights_only=False)
+    assert not any(name.startswith("embed_tokens.") for name in blob["model"])
+    target = json.loads((Path(job.target) / "config.json").read_text())
+    counted = state_file_bytes({"draft": {"draft_vocab_size": 64}}, target)
+    size = Path(jobs[-1].window.state).stat().st_size
+    assert counted - STATE_FILE_OVERHEAD <= size <= counted, (size, counted)
+
+
+def _state_path_of(window_job: TrainJob) -> Path:
+    return Path(window_job.work) / "state.pt"
+
+
+def test_a_window_whose_batches_differ_from_the_plan_is_refused(job, tmp_path):
+    first = _windowed(job, tmp_path / "w")[0]
+    plan = json.loads(Path(first.window.plan).read_text())
+    plan["batches"][0][0] += 1
+    Path(first.window.plan).write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="planned .* from the traces' token ids"):
+        main(first)
+
+
+def test_activation_checkpointing_reaches_the_model_and_not_the_resume_fingerprint(job):
+    from eagle3_pipeline.draft.train import fingerprint
+
+    checkpointed = replace(job, train=job.train | {"activation_checkpointing": True})
+    assert build_model(checkpointed)[0].checkpointing and not build_model(job)[0].checkpointing
+    assert fingerprint(checkpointed) == fingerprint(job)  # the same numbers: a run resumes across it

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
+from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE, DEMO_TARGET_SHAPE
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,11 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=DEMO_HIDDEN_SIZE,
-        intermediate_size=384,
+        intermediate_size=DEMO_TARGET_SHAPE["intermediate_size"],
         num_hidden_layers=8,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
+        num_attention_heads=DEMO_TARGET_SHAPE["num_attention_heads"],
+        num_key_value_heads=DEMO_TARGET_SHAPE["num_key_value_heads"],
+        head_dim=DEMO_TARGET_SHAPE["head_dim"],
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,

@@ -16,7 +16,9 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-VOCAB_SIZE = 1024
+from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+
+VOCAB_SIZE = DEMO_TARGET_SHAPE["vocab_size"]
 BOS, PAD, EOS = "[BOS]", "[PAD]", "<|im_end|>"
 CHAT_TOKENS = ["<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", EOS]
 # Not "special": vLLM skips special tokens when it detokenizes, and the reasoning parser needs these.

@@ -120,8 +120,9 @@ class _LinearTTTAttention(torch.autograd.Function):
         delta = (_wide(grad_out) * _wide(out)).sum(-1)  # [B, nh, T]
         dq = torch.zeros_like(_wide(q))
         dk0, dv0 = torch.zeros_like(_wide(k0)), torch.zeros_like(_wide(v0))
-        dkeys = [torch.zeros_like(_wide(k)) for k in keys]
-        dvalues = [torch.zeros_like(_wide(v)) for v in values]
+        # each later step's gradients are written once per block, never accumulated: in their own dtype
+        dkeys = [torch.empty_like(k) for k in keys]
+        dvalues = [torch.empty_like(v) for v in values]
         block = block_size(batch, heads, seq_len)
         for start in range(0, seq_len, block):
             end = min(seq_len, start + block)
@@ -136,11 +137,11 @@ class _LinearTTTAttention(torch.autograd.Function):
             dk0[:, :, :end] += _wide(dscores.transpose(-1, -2) @ qb) * scale
             for j, (k, v) in enumerate(zip(keys, values, strict=True)):
                 p = diag_probs[..., j : j + 1]  # [B, nh, C, 1]
-                dvalues[j][:, :, start:end] = p * _wide(gb)
+                dvalues[j][:, :, start:end] = (p * _wide(gb)).to(v.dtype)
                 dp = (_wide(gb) * _wide(v[:, :, start:end])).sum(-1, keepdim=True)
                 ds = p * (dp - rows_delta) * scale
                 dq[:, :, start:end] += ds * _wide(k[:, :, start:end])
-                dkeys[j][:, :, start:end] = ds * _wide(qb)
+                dkeys[j][:, :, start:end] = (ds * _wide(qb)).to(k.dtype)
         grads = [dq, dk0, dv0, *dkeys, *dvalues]
         return tuple(g.to(t.dtype) for g, t in zip(grads, [q, k0, v0, *later], strict=True))
 

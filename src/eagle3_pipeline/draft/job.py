@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import launch
+from eagle3_pipeline.settings import TRAIN_DEFAULTS
 
 DRAFT_SHAPE_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")  # config draft.*, None: default
 
@@ -49,7 +50,8 @@ class WindowJob:
     state: str  # output: this (epoch, window)'s state file
 
 
-# train.* keys a job reads, typed (save_every_steps is left out of the resume fingerprint: train.py)
+# train.* keys a job reads, typed (RUNTIME_TRAIN_KEYS are left out of the resume fingerprint: train.py)
+RUNTIME_TRAIN_KEYS = ("save_every_steps", "activation_checkpointing")
 TRAIN_KEYS = {
     "epochs": int,
     "lr": float,
@@ -59,6 +61,7 @@ TRAIN_KEYS = {
     "batch_tokens": int,
     "seed": int,
     "save_every_steps": int,
+    "activation_checkpointing": bool,
 }
 
 
@@ -82,7 +85,9 @@ def job_settings(draft: Mapping[str, Any], train: Mapping[str, Any]) -> tuple[di
     """
     settings = {"ttt_steps": int(draft["ttt_steps"]), "step_weight_decay": float(draft["step_weight_decay"])}
     settings |= {key: int(draft[key]) for key in DRAFT_SHAPE_KEYS if draft.get(key) is not None}
-    return settings, {key: kind(train[key]) for key, kind in TRAIN_KEYS.items()}
+    defaults = {"activation_checkpointing": TRAIN_DEFAULTS.activation_checkpointing}  # newer keys: optional
+    typed = {key: kind(train[key] if key in train else defaults[key]) for key, kind in TRAIN_KEYS.items()}
+    return settings, typed
 
 
 def rule_job(

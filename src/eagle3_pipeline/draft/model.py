@@ -13,6 +13,11 @@ One draft step, as vLLM and SGLang run it (vllm/model_executor/models/llama_eagl
 Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
 keys causally and, at its own position only, the key of each step 1..k (attention.py: `ttt_attention`,
 in memory linear in T, and `ttt_attention_dense`, the quadratic reference).
+
+Training reads `hidden_states` (the normed outputs of every step, not their logits: the loss applies
+lm_head chunk by chunk, ttt.py) and may checkpoint each step (`checkpointing`): the step's activations
+are dropped after its forward and recomputed in the backward pass, so only its inputs, its keys and
+values and its output are kept across the steps.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from eagle3_pipeline.draft.attention import KVCache, ttt_attention, ttt_attention_dense
 from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
@@ -88,15 +94,24 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Appends this step's keys and values to `cache`."""
+        out, kv = self.attend(x, cos, sin, cache)
+        cache.append(kv)
+        return out
+
+    def attend(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(output, this step's (keys, values)) over the earlier steps' `cache`, left unchanged."""
         batch, seq_len, _ = x.shape
         q = self.q_proj(x).view(batch, seq_len, self.heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.heads // self.kv_heads  # grouped-query attention: share each kv head
-        cache.append((k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)))
-        out = self.attention(q, cache).transpose(1, 2).reshape(batch, seq_len, -1)  # [B, T, nh * hd]
-        return self.o_proj(out)
+        kv = (k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1))
+        out = self.attention(q, [*cache, kv]).transpose(1, 2).reshape(batch, seq_len, -1)  # [B, T, nh * hd]
+        return self.o_proj(out), kv
 
 
 class DraftMLP(nn.Module):
@@ -124,21 +139,33 @@ class DraftDecoderLayer(nn.Module):
     def forward(
         self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
     ) -> torch.Tensor:
+        """Appends this step's keys and values to `cache`."""
+        hidden, kv = self.run(embeds, hidden, cos, sin, cache)
+        cache.append(kv)
+        return hidden
+
+    def run(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(output, this step's keys and values), `cache` left unchanged."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        hidden = hidden + self.self_attn(x, cos, sin, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # pre-norm output, fed back
+        out, kv = self.self_attn.attend(x, cos, sin, cache)
+        hidden = hidden + out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), kv  # pre-norm output, fed back
 
 
 class Eagle3Draft(nn.Module):
     """fc over the three auxiliary target states, one decoder layer, norm, draft-vocabulary lm_head.
 
     embed_tokens is the target's, frozen, and never exported (vLLM and SGLang share the target's).
-    `attention` names the TTT attention form (ATTENTION); both give the same numbers.
+    `attention` names the TTT attention form (ATTENTION); both give the same numbers. `checkpointing`
+    recomputes each TTT step's activations in the backward pass instead of keeping them (same numbers).
     """
 
-    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
+    def __init__(self, config: DraftConfig, attention: str = "linear", checkpointing: bool = False) -> None:
         super().__init__()
         self.config = config
+        self.checkpointing = checkpointing
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(NUM_AUX_LAYERS * config.target_hidden_size, config.hidden_size, bias=False)
@@ -148,6 +175,8 @@ class Eagle3Draft(nn.Module):
 
     def project(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
         """[B, T, 3H_target] -> [B, T, H]: the step-0 hidden state."""
+        if torch.is_autocast_enabled(aux_hidden_states.device.type):  # fc casts it: no fp32 copy between
+            return self.fc(aux_hidden_states)
         return self.fc(aux_hidden_states.to(self.fc.weight.dtype))
 
     def step(
@@ -161,9 +190,30 @@ class Eagle3Draft(nn.Module):
         return hidden, self.lm_head(self.norm(hidden))
 
     def forward(
+        self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor, steps: int, logits: bool = True
+    ) -> list[torch.Tensor]:
+        """Training-time test: `steps` draft steps over whole sequences; -> logits [B, T, Vd] per step,
+        or with logits=False `hidden_states` (training applies lm_head inside the chunked loss)."""
+        normed = self.hidden_states(aux_hidden_states, input_ids, steps)
+        return [self.lm_head(h) for h in normed] if logits else normed
+
+    def _checkpointed_step(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step as a pure function of tensors (what torch.utils.checkpoint recomputes): cache is the
+        earlier steps' keys then their values; -> (hidden', norm(hidden'), keys, values)."""
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        half = len(cache) // 2
+        pairs = list(zip(cache[:half], cache[half:], strict=True))
+        hidden, (k, v) = self.midlayer.run(embeds, hidden, cos, sin, pairs)
+        return hidden, self.norm(hidden), k, v
+
+    def hidden_states(
         self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor, steps: int
     ) -> list[torch.Tensor]:
-        """Training-time test: `steps` draft steps over whole sequences; -> logits [B, T, Vd] per step.
+        """Training-time test: `steps` draft steps over whole sequences; -> norm(hidden') [B, T, H] per
+        step, whose lm_head gives the step's logits.
 
         Row i of step k is the draft's guess for token i + 2 + k, made from the target's features up to
         token i and k guesses of its own before: its input token is input_ids[i + 1 + k] (teacher-forced,
@@ -172,13 +222,33 @@ class Eagle3Draft(nn.Module):
         """
         hidden = self.project(aux_hidden_states)  # [B, T, H]
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        cache: KVCache = []
-        logits = []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        normed = []
+        recompute = self.checkpointing and torch.is_grad_enabled()
         for k in range(steps):
-            hidden, step_logits = self.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache)
-            logits.append(step_logits)
-        return logits
+            args = (shift_left(input_ids, 1 + k), hidden, positions + k, *keys, *values)
+            if recompute:  # non-reentrant: keeps the autocast state and nests with the attention's Function
+                out = checkpoint(self._checkpointed_step, *args, use_reentrant=False)
+            else:
+                out = self._checkpointed_step(*args)
+            hidden, step_normed, key, value = out
+            keys.append(key)
+            values.append(value)
+            normed.append(step_normed)
+        return normed
 
     def exported_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained tensors under their checkpoint names (no embeddings)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+
+    def load_trained(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load `exported_state_dict`'s tensors (the frozen embeddings stay as they are).
+
+        Raises:
+            ValueError: a trained tensor is missing, or one is not the draft's.
+        """
+        missing, unexpected = self.load_state_dict(tensors, strict=False)
+        missing = [k for k in missing if not k.startswith("embed_tokens.")]
+        if missing or unexpected:
+            raise ValueError(f"draft tensors missing: {missing}, unexpected: {unexpected}")

@@ -7,9 +7,14 @@
 The job file is draft/job.py's (written by the rules' thin scripts; eagle3_pipeline.launch).
 
 Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients. The
-training state (weights, optimiser, schedule, position in the epoch, history) is saved atomically under
-the work folder every train.save_every_steps steps and at each epoch's end; a run started again with
-the same inputs and settings resumes from it, and one with different ones starts afresh.
+training state (trained weights, optimiser, schedule, position in the epoch, the epoch's training sums
+over all processes, history; not the frozen embeddings, which are the target's) is saved atomically
+under the work folder every train.save_every_steps steps and at each epoch's end; a run started again
+with the same inputs and settings resumes from it, and one with different ones starts afresh.
+
+Memory (docs/training.md): the frozen embeddings and target lm_head are held in the training dtype
+(bf16 on GPU); the loss never holds logits for the whole batch (ttt.chunked_ttt_loss); with
+train.activation_checkpointing each TTT step's activations are recomputed in the backward pass.
 
 Under a disk cap (hidden_states.max_disk_gb) one job trains one window of shards of one epoch
 (`main_window`): it starts from the previous window's state file, trains over the window's batches,
@@ -25,21 +30,21 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
-from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, TrainJob
+from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, RUNTIME_TRAIN_KEYS, TrainJob
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
-from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, summarize, target_distribution, ttt_loss
+from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 from eagle3_pipeline.draft.windows import order_key, total_steps
 
@@ -54,7 +59,8 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0
     step: int = 0
-    epoch_stats: list[list[float]] | None = None  # running training sums of the epoch under way
+    # running training sums of the epoch under way: this process's in memory, all processes' in a file
+    epoch_stats: list[list[float]] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     validation_stats: list[list[float]] | None = None  # windowed: validation sums of the epoch's windows
     carried_stats: list[list[float]] | None = None  # windowed: training sums of the epoch's earlier windows
@@ -66,12 +72,20 @@ class Context:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    head: dict[str, torch.Tensor]  # lm_head, t2d, draft_ids: the frozen target side of the loss
+    head: dict[str, torch.Tensor]  # lm_head, t2d, target_head: the frozen target side of the loss
     job: TrainJob
 
 
-def build_model(job: TrainJob) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
-    """The draft (seeded init, target embeddings copied and frozen) and the frozen target head."""
+def build_model(
+    job: TrainJob, frozen_dtype: torch.dtype | None = None
+) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
+    """The draft (seeded init, target embeddings copied and frozen) and the frozen target head: lm_head
+    [V, H] (the in-draft mask), t2d, draft_ids, and target_head = lm_head[draft_ids] [Vd, H] (the loss's
+    targets).
+
+    frozen_dtype: the embeddings' and heads' dtype (the training dtype: bf16 on GPU); None keeps the
+    embeddings in fp32 and the head as the target stores it.
+    """
     target_config = read_target_config(job.target)
     d2t, t2d = load_vocab_map(job.vocab_map)
     shape = {k: job.draft.get(k) for k in DRAFT_SHAPE_KEYS}
@@ -81,10 +95,12 @@ def build_model(job: TrainJob) -> tuple[Eagle3Draft, dict[str, torch.Tensor]]:
             f"{job.vocab_map} does not fit the target vocabulary ({config.vocab_size}); rebuild it"
         )
     set_seed(int(job.train["seed"]))
-    model = Eagle3Draft(config)
+    model = Eagle3Draft(config, checkpointing=bool(job.train.get("activation_checkpointing")))
     embed, lm_head = load_target_embed_and_head(job.target)
-    model.embed_tokens.weight.data.copy_(embed.float())
-    head = {"lm_head": lm_head, "t2d": t2d, "draft_ids": draft_ids(d2t)}
+    model.embed_tokens.to(frozen_dtype or torch.float32).weight.data.copy_(embed)
+    lm_head = lm_head if frozen_dtype is None else lm_head.to(frozen_dtype)
+    ids = draft_ids(d2t)
+    head = {"lm_head": lm_head, "t2d": t2d, "draft_ids": ids, "target_head": lm_head[ids]}
     return model, head
 
 
@@ -106,11 +122,16 @@ def build_optimizer(
 
 
 def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, stats) of one batch: ttt.chunked_ttt_loss over the draft's normed step outputs."""
     batch = batch.to(ctx.accelerator.device)
-    probs, in_draft = target_distribution(batch.final_hidden_states, **ctx.head)
+    head = ctx.head
+    in_draft = target_in_draft(batch.final_hidden_states, head["lm_head"], head["t2d"])
+    draft = ctx.accelerator.unwrap_model(model)
     with ctx.accelerator.autocast():
-        logits = model(batch.aux_hidden_states, batch.input_ids, int(ctx.job.draft["ttt_steps"]))
-    return ttt_loss(logits, batch, probs, in_draft, float(ctx.job.draft["step_weight_decay"]))
+        # through the (DDP-)wrapped module's forward: DDP's gradient hooks expect a forward call
+        steps, decay = int(ctx.job.draft["ttt_steps"]), float(ctx.job.draft["step_weight_decay"])
+        hidden = model(batch.aux_hidden_states, batch.input_ids, steps, logits=False)
+        return chunked_ttt_loss(hidden, draft.lm_head.weight, batch, head["target_head"], in_draft, decay)
 
 
 def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: int | None = None) -> bool:
@@ -139,7 +160,7 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: i
                 ctx.scheduler.get_last_lr()[0],
             )
         if state.step % int(train["save_every_steps"]) == 0 or state.step == ctx.job.stop_after_steps:
-            save_state(ctx, state)
+            save_state(ctx, _with_total_stats(ctx, state))
         if state.step == ctx.job.stop_after_steps:
             return False
     return True
@@ -168,18 +189,34 @@ def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
     return None if stats is None else summarize(stats, float(ctx.job.draft["step_weight_decay"]))
 
 
+def _with_total_stats(ctx: Context, state: TrainState) -> TrainState:
+    """`state` with the epoch's training sums of every process (a collective: every process calls it),
+    as a state file holds them: a resumed run restores them on the main process alone (`_restore`)."""
+    acc = ctx.accelerator
+    if acc.num_processes == 1 or state.epoch_stats is None:
+        return state
+    total = acc.reduce(torch.tensor(state.epoch_stats, device=acc.device), reduction="sum")
+    return replace(state, epoch_stats=total.cpu().tolist())
+
+
 def _state_path(job: TrainJob) -> Path:
     return Path(job.work) / "state.pt"
 
 
 def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> None:
-    """Atomically write the training state (main process only), to the work folder by default."""
+    """Atomically write the training state (main process only), to the work folder by default: what a
+    resume needs, the trained tensors but not the frozen embeddings (the target's, loaded anew)."""
     if not ctx.accelerator.is_main_process:
         return
     path = _state_path(ctx.job) if path is None else Path(path)
+    if ctx.job.window is not None:
+        # under a disk cap at most two state files exist (budget.STATE_FILES_AT_ONCE): the previous
+        # window's (this job's input) and this window's latest, so the last one goes first; killed
+        # before the new one is in place, the window starts again from the previous window's file
+        _state_path(ctx.job).unlink(missing_ok=True)
     blob = {
         "state": asdict(state),
-        "model": ctx.accelerator.unwrap_model(ctx.model).state_dict(),
+        "model": ctx.accelerator.unwrap_model(ctx.model).exported_state_dict(),
         "optimizer": ctx.optimizer.state_dict(),
         "scheduler": ctx.scheduler.state_dict(),
     }
@@ -188,10 +225,13 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
 
 
 def _restore(ctx: Context, blob: dict[str, Any]) -> TrainState:
-    ctx.accelerator.unwrap_model(ctx.model).load_state_dict(blob["model"])
+    """Load a state file's tensors; -> its TrainState. The file's epoch sums are every process's: the
+    main process carries them on, the others start from zero (their sums are added at the epoch's end)."""
+    ctx.accelerator.unwrap_model(ctx.model).load_trained(blob["model"])
     ctx.optimizer.load_state_dict(blob["optimizer"])
     ctx.scheduler.load_state_dict(blob["scheduler"])
-    return TrainState(**blob["state"])
+    state = TrainState(**blob["state"])
+    return state if ctx.accelerator.is_main_process else replace(state, epoch_stats=None)
 
 
 def load_state(ctx: Context, fingerprint: str) -> TrainState:
@@ -216,7 +256,7 @@ def fingerprint(job: TrainJob) -> str:
     stamp = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
     if job.window is not None:
         stamp.append(("window", job.window.epoch, job.window.window, job.window.windows))
-    settings = {k: v for k, v in job.train.items() if k != "save_every_steps"}
+    settings = {k: v for k, v in job.train.items() if k not in RUNTIME_TRAIN_KEYS}
     text = json.dumps([stamp, job.draft, settings, job.target], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -242,7 +282,14 @@ def _accelerator(job: TrainJob) -> Accelerator:
     )
     if not use_gpu and job.cpu_threads > 0:
         torch.set_num_threads(job.cpu_threads)  # more threads than free cores slows OpenMP ops many-fold
-    return Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no")
+    # gradients as views into DDP's buckets: no second copy of the trained tensors' gradients
+    ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+    return Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no", kwargs_handlers=[ddp])
+
+
+def _frozen_dtype(accelerator: Accelerator) -> torch.dtype | None:
+    """The frozen tensors' dtype: bf16 under bf16 mixed precision (GPU), else as loaded (CPU, fp32)."""
+    return torch.bfloat16 if accelerator.mixed_precision == "bf16" else None
 
 
 def main(job: TrainJob) -> bool:
@@ -250,7 +297,7 @@ def main(job: TrainJob) -> bool:
     if job.window is not None:
         return main_window(job)
     accelerator = _accelerator(job)
-    model, head = build_model(job)
+    model, head = build_model(job, _frozen_dtype(accelerator))
     train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
     validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
     per_epoch = len(
@@ -315,7 +362,7 @@ def main_window(job: TrainJob) -> bool:
     if window is None:
         raise ValueError("main_window needs job.window")
     accelerator = _accelerator(job)
-    model, head = build_model(job)
+    model, head = build_model(job, _frozen_dtype(accelerator))
     train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
     validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
     optimizer, scheduler = build_optimizer(
@@ -331,6 +378,9 @@ def main_window(job: TrainJob) -> bool:
             "state files and rerun snakemake"
         )
     order = order_key(window.epoch, window.window)
+    check_planned_batches(
+        window.plan, window.epoch, window.window, len(train_data.batches(int(job.train["seed"]), order))
+    )
     log.info(
         "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
         window.epoch,
@@ -380,10 +430,27 @@ def main_window(job: TrainJob) -> bool:
     return True
 
 
+def check_planned_batches(plan_path: str | Path, epoch: int, window: int, batches: int) -> None:
+    """The window's batches (all processes) are those plan_windows counted for it, on which the
+    learning-rate schedule's length rests.
+
+    Raises:
+        ValueError: they differ (the stored states are not the lengths the traces gave).
+    """
+    planned = json.loads(Path(plan_path).read_text())["batches"][epoch][window]
+    if planned != batches:
+        raise ValueError(
+            f"epoch {epoch} window {window}: {batches} batches from the stored hidden states, but "
+            f"{plan_path} planned {planned} from the traces' token ids, so the learning-rate schedule "
+            "would not end where planned; were the traces or hidden_states.max_seq_len changed after the "
+            "plan? Delete the draft/windows folder and rerun snakemake"
+        )
+
+
 def finish(job: TrainJob, state_path: str | Path) -> None:
     """The trained weights and history.json from the last window's state file (no training)."""
     model, _ = build_model(job)
     blob = torch.load(state_path, map_location="cpu", weights_only=False)
-    model.load_state_dict(blob["model"])
+    model.load_trained(blob["model"])
     write_outputs(model, job, model.config, blob["state"]["history"])
     log.info("trained draft written from %s (%d epochs)", state_path, len(blob["state"]["history"]))
