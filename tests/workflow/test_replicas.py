@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
+from support.requirements import require
 from support.vllm_server import demo_target_dir
 from support.workflow import job_counts
 
@@ -92,8 +93,7 @@ def _span(log: Path) -> tuple[datetime, datetime]:
 def shared_run(tmp_path_factory):
     """One run whose 4 shards two servers share (primary `main`, replica `b`), capped at one shard
     job per server, with 4 cores offered; the servers are stopped by rule stop_server."""
-    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("the vLLM servers need .venv-vllm: run `make install`")
+    require("vllm")
     workdir = tmp_path_factory.mktemp("replicas")
     (workdir / "config").symlink_to(REPO / "config")
     target = demo_target_dir()
