@@ -182,7 +182,6 @@ def run_extraction_rule(workdir: Path, targets: list[str], *args: str) -> subpro
     directory with a PATH without the venv and no GPU, on the traces the test wrote itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
     env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
+    command = [*targets, "--configfile", "c.yaml", "--cores", "1", *args]
     command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+    return workdir_run(workdir, *command, timeout=1200, env=env)
