@@ -27,8 +27,10 @@ plan: install-pipeline
 test: install
 	source .venv/bin/activate && python -m pytest --durations=15 $(PYTEST_ARGS)
 
-# the edit loop: tests/unit only (no vLLM, no fit, no snakemake run; under 2 minutes on 2 cores)
-test-fast: install-pipeline
+# the edit loop: tests/unit only (no vLLM, no fit, no snakemake run; about 2 minutes on 2 cores); installs
+# .venv only when it is missing
+test-fast:
+	[ -x .venv/bin/python ] || $(MAKE) install-pipeline
 	source .venv/bin/activate && python -m pytest tests/unit --durations=15 $(PYTEST_ARGS)
 
 lint: install-pipeline
