@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm conda-envs demo plan test lint clean-demo
+.PHONY: install install-pipeline install-vllm conda-envs demo plan test test-fast lint clean-demo
 
 install: install-pipeline install-vllm
 
@@ -23,8 +23,15 @@ demo: install
 plan: install-pipeline
 	source .venv/bin/activate && snakemake -n
 
+# every tier (tests/unit, tests/integration, tests/workflow), the 15 slowest tests listed at the end
 test: install
 	source .venv/bin/activate && python -m pytest --durations=15 $(PYTEST_ARGS)
+
+# the edit loop: tests/unit only (no vLLM, no fit, no snakemake run; about 2 minutes on 2 cores); installs
+# .venv only when it is missing
+test-fast:
+	[ -x .venv/bin/python ] || $(MAKE) install-pipeline
+	source .venv/bin/activate && python -m pytest tests/unit --durations=15 $(PYTEST_ARGS)
 
 lint: install-pipeline
 	source .venv/bin/activate && ruff check src scripts tests benchmarks envs && ruff format --check src scripts tests benchmarks envs \

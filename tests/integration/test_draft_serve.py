@@ -131,8 +131,6 @@ def counter(metrics: str, name: str) -> float:
     ids=["d2t", "full-vocab", "non-default-layers"],
 )
 def test_exported_draft_serves_as_eagle3_in_vllm(servable_target, tmp_path, draft_vocab_size, layers, port):
-    if not VLLM_PYTHON.exists():
-        pytest.skip(".venv-vllm is not installed (make install-vllm)")
     checkpoint = exported_draft(Path(servable_target), tmp_path, draft_vocab_size, layers)
     log = tmp_path / "vllm.log"
     process = start_server(Path(servable_target), checkpoint, port, log)

@@ -60,8 +60,6 @@ def _settings(traces: dict[str, Path], target: Path, out: Path, backend: str) ->
 @pytest.fixture(scope="module")
 def both(hs_target, hs_tokenizer, tmp_path_factory, cpu_env):
     """Shard 0 of train and validation through each backend: {backend: (jobs, metas, seconds)}."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip("needs vLLM CPU in .venv-vllm (make install-vllm)")
     root = tmp_path_factory.mktemp("hs_vllm")
     rows = trace_rows(hs_tokenizer, 7, shard=0)
     traces = {

@@ -15,44 +15,26 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from support.vllm_server import copy_demo_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
 def demo_target(tmp_path_factory) -> Path:
-    """A copy of resources/demo/target when built (rule build_demo_target; copied, since a rebuild
-    replaces that folder), else one built here with a shorter fit."""
-    import shutil
+    """A private copy of the shared demo target (fitted once: support.vllm_server), since these checks
+    start and stop their own servers on it."""
+    return copy_demo_target(tmp_path_factory.mktemp("demo"))
 
-    built = REPO / "resources" / "demo" / "target"
-    root = tmp_path_factory.mktemp("demo")
-    try:
-        shutil.copytree(built, root / "target")
-        if all(
-            (root / "target" / name).exists()
-            for name in ("config.json", "model.safetensors", "tokenizer.json")
-        ):
-            return root / "target"
-    except (OSError, shutil.Error):
-        pass
-    shutil.rmtree(root / "target", ignore_errors=True)
-    from eagle3_pipeline.demo.fit import FitSettings
-    from eagle3_pipeline.demo.target import build_demo_target
 
-    build_demo_target(
-        REPO / "config/demo/sample.jsonl",
-        REPO / "config/demo/vllm-demo.service.in",
-        root / "target",
-        root / "unit.service",
-        18598,
-        FitSettings(seconds=60),
-        repo=REPO,
-    )
-    return root / "target"
+@pytest.fixture(scope="module")
+def training_traces(demo_target, tmp_path_factory) -> Path:
+    """The target's greedy replies to the first 32 questions (128 tokens), computed once for both tests."""
+    path = tmp_path_factory.mktemp("greedy") / "traces.parquet"
+    greedy_traces(demo_target, questions(32), 128).write_parquet(path)
+    return path
 
 
 def questions(count: int, skip: int = 0) -> list[dict]:
@@ -185,8 +167,7 @@ def train_draft(target: Path, traces: Path, work: Path, layers: list | None = No
     return checkpoint
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vLLM CPU venv (make install-vllm)")
-def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, tmp_path):
+def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, training_traces, tmp_path):
     import torch
     from support.validate_models import write_untrained_draft
 
@@ -201,8 +182,7 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, tmp_p
     }
     validation = questions(6, skip=300)
     check = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
-    greedy_traces(demo_target, questions(32), 128).write_parquet(tmp_path / "traces.parquet")
-    trained = train_draft(demo_target, tmp_path / "traces.parquet", tmp_path / "draft")
+    trained = train_draft(demo_target, training_traces, tmp_path / "draft")
     untrained = write_untrained_draft(tmp_path / "untrained", demo_target, draft_vocab_size=512)
 
     before = run_local_serve_check(server_cfg, untrained, validation, check, tmp_path / "state0", 3)
@@ -215,8 +195,7 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, tmp_p
     assert after["acceptance_length"] > before["acceptance_length"], (before, after)
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vLLM CPU venv (make install-vllm)")
-def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, tmp_path):
+def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, training_traces, tmp_path):
     """The rule's entry (`serve_check`) on a draft trained on NON-default layers: vLLM's served acceptance
     per position matches the offline simulation on the same questions, acceptance by source and the
     speedup are reported; another checkpoint served in its place is refused. The figures land in
@@ -229,8 +208,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, tmp_pat
     torch.set_num_threads(1)
     layers = [0, 2, 6]  # the 8-layer target's default (auto) is [1, 3, 4]
     max_tokens = 64
-    greedy_traces(demo_target, questions(32), 128).write_parquet(tmp_path / "traces.parquet")
-    trained = train_draft(demo_target, tmp_path / "traces.parquet", tmp_path / "draft", layers)
+    trained = train_draft(demo_target, training_traces, tmp_path / "draft", layers)
     config = json.loads((trained / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 7]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == layers

@@ -4,11 +4,11 @@ nothing, and no secret anywhere (outputs, logs, .snakemake metadata, Snakemake's
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.workflow import workdir_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = ("hf_ruleSecretToken77", "sk-rule-api-key-78")
@@ -20,9 +20,7 @@ TARGET = "results/srv/server/server.json"
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory",
-               str(workdir), "--configfile", "srv.yaml", "--cores", "1", *args]  # fmt: skip
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+    return workdir_run(workdir, "--configfile", "srv.yaml", "--cores", "1", *args, timeout=600)
 
 
 @pytest.fixture

@@ -20,8 +20,6 @@ PORT = 18534
 @pytest.fixture
 def demo_unit(tmp_path: Path) -> Path:
     """The demo's unit template rendered for the demo target on PORT."""
-    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("needs the vLLM CPU server in .venv-vllm (make install-vllm)")
     from support.vllm_server import UNIT_TEMPLATE, demo_target_dir
 
     from eagle3_pipeline.demo.target import render_unit

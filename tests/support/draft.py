@@ -13,6 +13,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
+from eagle3_pipeline.draft.export import export_checkpoint
+from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.hidden_states.storage import encode_metadata
 
 DEMO_TARGET = Path(__file__).resolve().parents[2] / "resources" / "demo" / "target"
@@ -142,3 +145,40 @@ def servable_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from support.hidden_states import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("servable_target"))
+
+
+# Export helpers shared by tests/unit/test_draft_export.py and its vLLM half in tests/integration/.
+def trained_weights(random_target, draft_vocab_size, path):
+    config = draft_config_from_target(read_target_config(random_target), draft_vocab_size)
+    tensors = Eagle3Draft(config).exported_state_dict()
+    save_file(tensors, str(path), metadata={"draft_config": json.dumps(config.to_dict())})
+    return config
+
+
+LAYER_CASES = [(8, [1, 3, 4]), (8, [0, 2, 6]), (61, [1, 29, 57]), (61, [2, 30, 58])]
+
+
+def export_with_layers(random_target, tmp_path, outputs: list[int]) -> dict:
+    """Export for shards whose metadata says they hold the outputs of `outputs` (0-indexed)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    metadata = tmp_path / "shard-00000.json"
+    metadata.write_text(json.dumps({"aux_layers": outputs, "aux_layers_vllm": [i + 1 for i in outputs]}))
+    build_vocab_map_for(random_target, tmp_path)
+    trained_weights(random_target, 40, tmp_path / "trained.safetensors")
+    out = tmp_path / "checkpoint"
+    export_checkpoint(
+        tmp_path / "trained.safetensors",
+        tmp_path / "vocab.safetensors",
+        random_target / "config.json",
+        metadata,
+        out / "config.json",
+        out / "model.safetensors",
+    )
+    return json.loads((out / "config.json").read_text())
+
+
+def build_vocab_map_for(random_target, tmp_path):
+    from eagle3_pipeline.draft.vocab import vocab_map
+
+    d2t, t2d = vocab_map(torch.arange(40), 96)  # the fixture target's vocabulary: 96
+    save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "vocab.safetensors"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.requirements import SSHD, require
 
 from eagle3_pipeline.ports import free_port
 
-SSHD = "/usr/sbin/sshd"
 ALIAS = "vllm-box"
 
 
@@ -83,10 +82,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:
 @pytest.fixture(scope="session")
 def sshd_server(tmp_path_factory: pytest.TempPathFactory):
     """A real sshd on 127.0.0.1 (session-wide); skipped with the reason when it cannot run here."""
-    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
-        pytest.skip("needs OpenSSH's sshd and ssh-keygen (Debian: apt-get install -y openssh-server)")
-    if os.geteuid() != 0:
-        pytest.skip("sshd test server needs root (privilege separation)")
+    require("ssh")
     root = tmp_path_factory.mktemp("sshd")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     host_key, user_key = root / "host_ed25519", root / "user_ed25519"

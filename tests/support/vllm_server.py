@@ -1,14 +1,18 @@
-"""Session fixture ``demo_vllm_server``: the real vLLM CPU server (.venv-vllm) serving the demo target.
+"""The suite's one vLLM launcher (`VllmServer`) and its shared session fixture ``demo_vllm_server``: the real
+vLLM CPU server (.venv-vllm) serving the demo target.
 
 The target is resources/demo/target when it is built (rule build_demo_target); otherwise it is built
-once into .pytest_cache/demo-target/<sample hash>/ with a short fit and reused by later sessions.
-The server runs the ExecStart of the demo's own unit template, on a free 127.0.0.1 port.
+once into .pytest_cache/demo-target/<sample hash>/ with a short fit and reused by later sessions (and by
+every test that needs a fitted target: `demo_target_dir()`, or `copy_demo_target` for a private copy).
+The shared server runs the ExecStart of the demo's own unit template, on a free 127.0.0.1 port. A test
+that must kill, restart or reconfigure its server starts its own `VllmServer` (support.generation_server).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.costs import COUNTER
+from support.requirements import VLLM_PYTHON, require  # noqa: F401 (VLLM_PYTHON: importable here, as before)
 
 from eagle3_pipeline.demo.fit import FitSettings
 from eagle3_pipeline.demo.target import (
@@ -29,12 +35,11 @@ from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SAMPLE = REPO / "config" / "demo" / "sample.jsonl"
 UNIT_TEMPLATE = REPO / "config" / "demo" / "vllm-demo.service.in"
 BUILT_TARGET = REPO / "resources" / "demo" / "target"
 TEST_FIT_SECONDS = 240.0  # CPU seconds, as the rule: less does not reliably close </think> and stop
-HEALTH_TIMEOUT_S = 300.0
+HEALTH_TIMEOUT_S = 600.0  # a loaded 2-core machine
 
 
 def demo_target_dir() -> Path:
@@ -44,6 +49,7 @@ def demo_target_dir() -> Path:
     key = hashlib.sha256(SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes()).hexdigest()[:12]
     cached = REPO / ".pytest_cache" / "demo-target" / key
     if not (cached / "target" / "model.safetensors").exists():
+        COUNTER.fits_in_process += 1
         build_demo_target(
             SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service", 18500,
             FitSettings(seconds=TEST_FIT_SECONDS), repo=REPO,
@@ -51,28 +57,43 @@ def demo_target_dir() -> Path:
     return cached / "target"
 
 
-class DemoServer:
-    """A real vLLM CPU server process; ``kill()`` and ``restart()`` serve tests that kill it mid-run."""
+def copy_demo_target(directory: Path) -> Path:
+    """A private copy of the demo target in `directory`/target (hard links where the file system allows:
+    nothing rewrites a target's files in place), for a test whose server must outlive a rebuild."""
+    return Path(shutil.copytree(demo_target_dir(), directory / "target", copy_function=_link_or_copy))
 
-    def __init__(self, target_dir: Path, port: int, log_path: Path) -> None:
-        self.target_dir = target_dir
-        self.port = port
-        self.log_path = log_path
-        self.model = SERVED_MODEL_NAME
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+class VllmServer:
+    """A real vLLM CPU server process (`command`, its own process group) answering on 127.0.0.1:`port`;
+    ``kill()``, ``start(wait=False)`` and ``restart()`` serve tests that kill it mid-run."""
+
+    def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path, model: str):
+        self.command, self.env, self.port, self.log_path = command, env, port, log_path
+        self.model = self.served_model_name = model
         self.base_url = f"http://127.0.0.1:{port}"
-        unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, target_dir, port)
-        parsed = merge_unit([("vllm-demo.service", unit)], "vllm-demo.service")  # the snapshot's parser
-        self.command = command_argv(parsed.exec_start[-1], parsed.environment, [])
-        self.env = {**os.environ, **parsed.environment}
         self.process: subprocess.Popen | None = None
+        self.starts = 0
 
-    def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
-        """Start the server and wait for /health; fail with the log's tail if it does not come up."""
+    def start(self, wait: bool = True, timeout_s: float = HEALTH_TIMEOUT_S) -> VllmServer:
+        """Start the server and (`wait`) wait for /health; fail with the log's tail if it does not come up."""
+        self.starts += 1
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
+        if wait:
+            self.wait_healthy(timeout_s)
+        return self
+
+    def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -112,6 +133,17 @@ class DemoServer:
         self.kill()
         self.start()
 
+
+class DemoServer(VllmServer):
+    """The demo target served by the ExecStart of the demo's own unit template (as a user's unit runs)."""
+
+    def __init__(self, target_dir: Path, port: int, log_path: Path) -> None:
+        unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, target_dir, port)
+        parsed = merge_unit([("vllm-demo.service", unit)], "vllm-demo.service")  # the snapshot's parser
+        command = command_argv(parsed.exec_start[-1], parsed.environment, [])
+        super().__init__(command, {**os.environ, **parsed.environment}, port, log_path, SERVED_MODEL_NAME)
+        self.target_dir = target_dir
+
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else "(no log)"
         return "\n".join(text.splitlines()[-lines:])
@@ -120,8 +152,7 @@ class DemoServer:
 @pytest.fixture(scope="session")
 def demo_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
     """The demo target served by the real vLLM CPU build on 127.0.0.1 (session-scoped)."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"{VLLM_PYTHON} missing: install the demo server with `make install-vllm`")
+    require("vllm")
     target = demo_target_dir()
     server = DemoServer(target, free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
     server.start()

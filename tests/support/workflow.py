@@ -1,13 +1,16 @@
-"""Running the real workflow in dry-run mode: temporary configs, `snakemake -n`, its job table.
+"""The suite's one way to run the real workflow: temporary configs, `snakemake` (dry runs and real runs
+from a scratch working directory), its job table, and a scratch directory seeded with the shared demo
+target so that no workflow test fits its own.
 
-Used by tests/workflow/ and benchmarks/planning.py. Nothing here executes a rule: a dry run needs the
-dataset file and the repository, no server, no SSH and no model weights.
+Used by tests/workflow/, tests/integration/ and benchmarks/planning.py. A dry run needs the dataset file
+and the repository, no server, no SSH and no model weights.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -52,16 +55,73 @@ def write_config(path: Path, base: Path = DEMO_CONFIG, **sections: Any) -> Path:
     return path
 
 
-def snakemake(*args: str, cwd: Path = REPO, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """Run the real snakemake CLI (this interpreter's) in the repository."""
+def snakemake(
+    *args: str, cwd: Path = REPO, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real snakemake CLI (this interpreter's) in the repository (or `cwd`)."""
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+
+
+def workdir_run(
+    workdir: Path, *args: str, timeout: float = 3600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The repository's workflow run from a scratch `workdir` (`--directory`): its results/ land there."""
+    command = ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
+    return snakemake(*command, cwd=workdir, timeout=timeout, env=env)
+
+
+def failure(result: subprocess.CompletedProcess[str], logs: Path) -> str:
+    """A failed run's message: snakemake's output and the tail of every job log under `logs`."""
+    tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted(logs.rglob("*.log")))
+    return (
+        f"snakemake failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}\n{tails}"
+    )
+
+
+def scratch_workdir(workdir: Path, port: int | None = None, unit_lines: str = "") -> Path:
+    """`workdir` made a place to run the workflow from: config/ linked in and, with `port`, the shared
+    demo target (support.vllm_server.demo_target_dir, fitted once) copied to resources/demo/target with
+    its unit rendered for `port`, so that rule build_demo_target has nothing to do (it is planned and run
+    from scratch by tests/workflow/test_demo_target_rule.py). `unit_lines` go into the demo unit's
+    [Service] section (config/demo/vllm-demo.service.in becomes a file of the workdir's own, written
+    before the target so that the rule still has nothing to do)."""
+    from support.vllm_server import UNIT_TEMPLATE, demo_target_dir
+
+    from eagle3_pipeline.demo.target import render_unit
+
+    template = UNIT_TEMPLATE.read_text()
+    if unit_lines:
+        template = template.replace("[Service]\n", "[Service]\n" + unit_lines)
+        _config_with_template(workdir / "config", template)
+    else:
+        (workdir / "config").symlink_to(REPO / "config")
+    if port is not None:
+        target = workdir / "resources" / "demo" / "target"
+        shutil.copytree(demo_target_dir(), target, copy_function=shutil.copyfile)  # fresh mtimes
+        unit = render_unit(template, REPO, target, port)
+        (workdir / "resources" / "demo" / "vllm-demo.service").write_text(unit)
+    return workdir
+
+
+def _config_with_template(config: Path, template: str) -> None:
+    """config/ as the repository's (links), but with its own demo unit template."""
+    config.mkdir()
+    for item in (REPO / "config").iterdir():
+        if item.name != "demo":
+            (config / item.name).symlink_to(item)
+    (config / "demo").mkdir()
+    for item in (REPO / "config" / "demo").iterdir():
+        if item.name != "vllm-demo.service.in":
+            (config / "demo" / item.name).symlink_to(item)
+    (config / "demo" / "vllm-demo.service.in").write_text(template)
 
 
 def dry_run(configfile: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -142,7 +202,6 @@ def run_extraction_rule(workdir: Path, targets: list[str], *args: str) -> subpro
     directory with a PATH without the venv and no GPU, on the traces the test wrote itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
     env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
+    command = [*targets, "--configfile", "c.yaml", "--cores", "1", *args]
     command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+    return workdir_run(workdir, *command, timeout=1200, env=env)

@@ -1,25 +1,21 @@
-"""The embedded demo: the bundled sample, the tiny target builder, and the target served by vLLM."""
+"""The embedded demo: the bundled sample, its reasoning text and the unit template (seconds, no fit).
+
+The builder's output (rule build_demo_target) is checked in tests/workflow/test_demo_target_rule.py and
+the fitted target, offline and served by vLLM, in tests/integration/test_demo_target.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
-import requests
-import torch
-from support.demo_check import greedy_replies
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3_pipeline.demo.fit import FitSettings, synthesise_reasoning
+from eagle3_pipeline.demo.fit import synthesise_reasoning
 from eagle3_pipeline.demo.sample import SOURCES, dumps_sample, generate_sample
 from eagle3_pipeline.demo.target import (
-    build_demo_target,
     load_rows,
     render_unit,
 )
-from eagle3_pipeline.demo.tokenizer import CHAT_TOKENS, THINK_TOKENS
 from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,93 +96,3 @@ def test_unit_template_renders_a_vllm_command(tmp_path):
     assert not parsed.unresolved and not parsed.warnings
     with pytest.raises(ValueError, match="@PORT@"):
         render_unit("ExecStart=@REPO@ @TARGET@", REPO, tmp_path, 1)
-
-
-@pytest.fixture(scope="module")
-def short_target(tmp_path_factory) -> Path:
-    """The builder end to end with a fit of a few seconds: right files and shapes, not a useful model."""
-    out = tmp_path_factory.mktemp("demo")
-    build_demo_target(
-        SAMPLE,
-        UNIT_TEMPLATE,
-        out / "target",
-        out / "vllm-demo.service",
-        18999,
-        FitSettings(seconds=2),
-        repo=REPO,
-    )
-    return out / "target"
-
-
-def test_builder_writes_a_loadable_llama(short_target):
-    names = {p.name for p in short_target.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
-    assert {"generation_config.json"} <= names and not list(short_target.parent.glob(".target*"))
-    model = AutoModelForCausalLM.from_pretrained(short_target)
-    config = model.config
-    assert config.num_hidden_layers >= 8 and config.head_dim == 64 and config.hidden_size == 128
-    assert config.vocab_size == 1024 and not config.tie_word_embeddings
-    tokenizer = AutoTokenizer.from_pretrained(short_target)
-    assert (
-        json.loads((short_target / "generation_config.json").read_text())["eos_token_id"]
-        == tokenizer.eos_token_id
-    )
-    ids = torch.tensor([tokenizer.encode("The answer is 42.", add_special_tokens=False)])
-    assert model(ids).logits.shape == (1, ids.shape[1], 1024)
-    assert (short_target.parent / "vllm-demo.service").read_text().count(str(short_target)) == 1
-
-
-def test_tokenizer_chat_tokens_and_template(short_target):
-    tokenizer = AutoTokenizer.from_pretrained(short_target)
-    assert len(tokenizer) == 1024 and tokenizer.eos_token == "<|im_end|>"
-    for token in CHAT_TOKENS + THINK_TOKENS:
-        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert prompt == (
-        "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"
-        "<|im_user|>user<|im_middle|>What is 2 + 2?<|im_end|>" + GENERATION_PROMPT
-    )
-    off = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=False)
-    assert off.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
-    reply = {"role": "assistant", "content": "4", "reasoning_content": "2 + 2 = 4"}
-    history = messages + [reply, {"role": "user", "content": "And 3 + 3?"}, dict(reply, content="6")]
-    text = tokenizer.apply_chat_template(history, tokenize=False)
-    assert text.count("<think></think>4<|im_end|>") == 1 and text.endswith(
-        "<think>2 + 2 = 4</think>6<|im_end|>"
-    )
-
-
-@pytest.mark.slow
-def test_fitted_target_thinks_then_answers():
-    if not (BUILT_TARGET / "model.safetensors").exists():
-        pytest.skip("resources/demo/target not built: snakemake --cores 2 resources/demo/vllm-demo.service")
-    questions = [
-        row["conversations"][-2 if row["conversations"][-1]["from"] == "gpt" else -1]["value"]
-        for row in load_rows(SAMPLE)[:8]
-    ]
-    replies = greedy_replies(BUILT_TARGET, questions, max_new_tokens=300)
-    good = [r for r in replies if r.closed_thinking and r.reasoning and r.content and r.finished]
-    assert len(good) >= 6, replies
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_vllm_serves_reasoning_and_answer(demo_vllm_server):
-    response = requests.post(
-        f"{demo_vllm_server.base_url}/v1/chat/completions",
-        json={
-            "model": demo_vllm_server.model,
-            "messages": [{"role": "user", "content": "What is 12 + 30?"}],
-            "max_tokens": 400,
-            "temperature": 0,
-            "return_token_ids": True,
-        },
-        timeout=120,
-    )
-    assert response.status_code == 200, response.text
-    body = response.json()
-    choice = body["choices"][0]
-    assert choice["message"].get("reasoning") and choice["message"]["content"], choice
-    assert choice["finish_reason"] == "stop"
-    assert body["prompt_token_ids"] and choice["token_ids"]

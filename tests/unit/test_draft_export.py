@@ -6,20 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from support.engine_rules import VLLM_PYTHON, sglang_fed_layers, vllm_fed_layers
+from safetensors.torch import load_file
+from support.draft import LAYER_CASES, export_with_layers, trained_weights
+from support.engine_rules import sglang_fed_layers
 
-from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import WEIGHT_KEYS, check_tensors, export_checkpoint, sglang_layer_ids
-from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import build_vocab_map
-
-
-def trained_weights(random_target, draft_vocab_size, path):
-    config = draft_config_from_target(read_target_config(random_target), draft_vocab_size)
-    tensors = Eagle3Draft(config).exported_state_dict()
-    save_file(tensors, str(path), metadata={"draft_config": json.dumps(config.to_dict())})
-    return config
 
 
 def export(draft_hidden_states, random_target, tmp_path, draft_vocab_size):
@@ -85,35 +77,6 @@ def test_wrong_key_names_are_refused(random_target, tmp_path):
 
 
 # (target layers N, the 0-indexed layer outputs the draft was trained on): `auto`, and others
-LAYER_CASES = [(8, [1, 3, 4]), (8, [0, 2, 6]), (61, [1, 29, 57]), (61, [2, 30, 58])]
-
-
-def export_with_layers(random_target, tmp_path, outputs: list[int]) -> dict:
-    """Export for shards whose metadata says they hold the outputs of `outputs` (0-indexed)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    metadata = tmp_path / "shard-00000.json"
-    metadata.write_text(json.dumps({"aux_layers": outputs, "aux_layers_vllm": [i + 1 for i in outputs]}))
-    build_vocab_map_for(random_target, tmp_path)
-    trained_weights(random_target, 40, tmp_path / "trained.safetensors")
-    out = tmp_path / "checkpoint"
-    export_checkpoint(
-        tmp_path / "trained.safetensors",
-        tmp_path / "vocab.safetensors",
-        random_target / "config.json",
-        metadata,
-        out / "config.json",
-        out / "model.safetensors",
-    )
-    return json.loads((out / "config.json").read_text())
-
-
-def build_vocab_map_for(random_target, tmp_path):
-    from eagle3_pipeline.draft.vocab import vocab_map
-
-    d2t, t2d = vocab_map(torch.arange(40), 96)  # the fixture target's vocabulary: 96
-    save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "vocab.safetensors"))
-
-
 @pytest.mark.parametrize(("num_layers", "outputs"), LAYER_CASES)
 def test_sglang_captures_the_layers_the_draft_was_trained_on(random_target, tmp_path, num_layers, outputs):
     config = export_with_layers(random_target, tmp_path, outputs)
@@ -127,32 +90,3 @@ def test_sglang_default_equals_auto_only_for_the_default_layers():
     assert sglang_layer_ids([2, 4, 5]) == [1, 3, 4]
     with pytest.raises(ValueError, match="embeddings"):
         sglang_layer_ids([0, 4, 5])
-
-
-@pytest.mark.vllm
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vLLM CPU venv (make install-vllm)")
-def test_vllm_feeds_the_layers_the_draft_was_trained_on(random_target, tmp_path):
-    """vLLM's own code (config parser, V1 runner, Model Runner V2, model default) on the exported
-    config.json, for `auto` and non-default layers."""
-    for k, (_, outputs) in enumerate(LAYER_CASES):
-        export_with_layers(random_target, tmp_path / str(k), outputs)
-    cases = [(tmp_path / str(k) / "checkpoint", n) for k, (n, _) in enumerate(LAYER_CASES)]
-    for (num_layers, outputs), fed in zip(LAYER_CASES, vllm_fed_layers(cases), strict=True):
-        # vLLM captures "the input of layer i" = the output of layer i - 1
-        assert [i - 1 for i in fed["v1"]] == outputs, (num_layers, fed)
-        assert [i - 1 for i in fed["v2"]] == outputs, (num_layers, fed)
-
-
-@pytest.mark.vllm
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vLLM CPU venv (make install-vllm)")
-def test_the_old_nested_only_config_is_served_wrong_by_model_runner_v2(tmp_path):
-    """Why the top-level key is written: with the ids only under eagle_config (this project's export
-    before), V1 (CPU) reads them but Model Runner V2 (GPU) falls back to its default."""
-    checkpoint = tmp_path / "old"
-    checkpoint.mkdir()
-    nested_only = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64}
-    nested_only |= {"num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 96}
-    nested_only |= {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}}
-    (checkpoint / "config.json").write_text(json.dumps(nested_only))
-    (fed,) = vllm_fed_layers([(checkpoint, 8)])
-    assert fed == {"v1": [1, 3, 7], "v2": [2, 4, 5]}

@@ -1,26 +1,37 @@
 """The embedded demo, end to end, in a scratch working directory: every rule from the server snapshot to
-the validated checkpoint runs for real (tiny target, real vLLM CPU server), then a second run does nothing.
+the validated checkpoint runs for real (the shared tiny target, real vLLM CPU server), then a second run
+does nothing. The run takes the shared demo target (no fit of its own; rule build_demo_target runs in
+test_demo_target_rule.py) and extracts on the transformers backend (the vLLM backend's rule runs in
+test_hidden_states_rule_vllm.py); the plan from an empty directory still holds every rule.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.workflow import failure, scratch_workdir
+from support.workflow import workdir_run as _snakemake
 
-ROOT = Path(__file__).resolve().parents[2]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+from eagle3_pipeline.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def _snakemake(workdir: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    command = [*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+def _overrides(port: int) -> dict:
+    return {
+        "run": "e2e",
+        # smaller than the demo default so that the suite fits CI; same code paths
+        "demo": {"port": port},
+        "dataset": {"num_samples": 96, "shard_size": 32},
+        "generation": {"max_tokens": 256},
+        "hidden_states": {"backend": "transformers"},
+        "train": {"epochs": 2},
+        "validate": {"max_questions": 8, "speedup": False},  # no test here reads the timing
+    }
 
 
 # Fake secrets the demo's unit carries in this run (outside vLLM's flags too), none of which may appear
@@ -35,38 +46,11 @@ ExecStartPost=-/usr/bin/curl -fsS -u alerts:{SECRETS[5]} http://127.0.0.1:9/star
 """
 
 
-def _config_with_secret_unit(config: Path) -> None:
-    """config/ as the repository's, but the demo unit's template carries SECRET_LINES."""
-    config.mkdir()
-    for item in (ROOT / "config").iterdir():
-        if item.name != "demo":
-            (config / item.name).symlink_to(item)
-    (config / "demo").mkdir()
-    for item in (ROOT / "config" / "demo").iterdir():
-        if item.name != "vllm-demo.service.in":
-            (config / "demo" / item.name).symlink_to(item)
-    template = (ROOT / "config" / "demo" / "vllm-demo.service.in").read_text()
-    (config / "demo" / "vllm-demo.service.in").write_text(
-        template.replace("[Service]\n", "[Service]\n" + SECRET_LINES)
-    )
-
-
 @pytest.fixture(scope="module")
 def demo_workdir(tmp_path_factory) -> Path:
-    if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
-    workdir = tmp_path_factory.mktemp("demo")
-    _config_with_secret_unit(workdir / "config")
-    overrides = {
-        "run": "e2e",
-        # smaller than the demo default so that the suite fits CI; same code paths
-        "demo": {"port": 18611},
-        "dataset": {"num_samples": 96, "shard_size": 32},
-        "generation": {"max_tokens": 256},
-        "train": {"epochs": 2},
-        "validate": {"max_questions": 8},
-    }
-    (workdir / "e2e.yaml").write_text(yaml.safe_dump(overrides))
+    port = free_port()
+    workdir = scratch_workdir(tmp_path_factory.mktemp("demo"), port, unit_lines=SECRET_LINES)
+    (workdir / "e2e.yaml").write_text(yaml.safe_dump(_overrides(port)))
     return workdir
 
 
@@ -74,14 +58,14 @@ def demo_workdir(tmp_path_factory) -> Path:
 def demo_run(demo_workdir: Path) -> subprocess.CompletedProcess:
     result = _snakemake(demo_workdir, "--configfile", "e2e.yaml", "--cores", "2")
     if result.returncode != 0:
-        logs = sorted((demo_workdir / "results" / "e2e" / "logs").rglob("*.log"))
-        tails = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in logs)
-        pytest.fail(f"demo run failed:\n{result.stderr[-6000:]}\n{tails}")
+        pytest.fail(failure(result, demo_workdir / "results" / "e2e" / "logs"))
     return result
 
 
-def test_dry_run_plans_everything_from_snapshot_to_checkpoint(demo_workdir: Path):
-    result = _snakemake(demo_workdir, "--configfile", "e2e.yaml", "-n", "--quiet", "rules")
+def test_dry_run_plans_everything_from_snapshot_to_checkpoint(tmp_path: Path):
+    workdir = scratch_workdir(tmp_path)  # empty: the target is built by the plan too
+    (workdir / "e2e.yaml").write_text(yaml.safe_dump(_overrides(free_port())))
+    result = _snakemake(workdir, "--configfile", "e2e.yaml", "-n", "--quiet", "rules")
     assert result.returncode == 0, result.stderr
     for rule in [
         "build_demo_target",

@@ -1,8 +1,10 @@
-"""Bounded disk, through Snakemake itself on the real demo pieces (a tiny target built by the rule, the
-real vLLM CPU server): with hidden_states.max_disk_gb below the corpus's states, a whole run (windows
+"""Bounded disk, through Snakemake itself on the real demo pieces (the shared tiny target, the real vLLM
+CPU server generating): with hidden_states.max_disk_gb below the corpus's states, a whole run (windows
 extracted, trained on and deleted, per epoch) never holds more than the cap, measured by a thread that
 polls the bytes under hidden_states/ and the extraction's work folders; the run ends in an exported,
-validated draft, and a second run does nothing."""
+validated draft, and a second run does nothing. The states are extracted on the transformers backend:
+the accounting (bytes per token) and the DAG are the backend's-independent parts under test, and the
+vLLM backend's extraction rule runs in test_hidden_states_rule_vllm.py."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.vllm_server import free_port
+from support.workflow import failure, scratch_workdir, workdir_run
 
 from eagle3_pipeline.budget import GB, STATE_FILES_AT_ONCE, bytes_per_token, state_file_bytes
 from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+from eagle3_pipeline.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 SHARD_SIZE, SAMPLES, MAX_SEQ_LEN, EPOCHS = 4, 24, 96, 2
@@ -61,21 +63,23 @@ class HighWater(threading.Thread):
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "2", *args]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=3600)
+    return workdir_run(workdir, "--configfile", "c.yaml", "--cores", "2", *args)
 
 
 def test_a_capped_run_never_holds_more_than_the_cap(tmp_path):
-    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
-    (tmp_path / "config").symlink_to(REPO / "config")
+    port = free_port()
+    scratch_workdir(tmp_path, port)
     config = {
         "run": "cap",
-        "demo": {"port": free_port(), "fit_seconds": 20},
+        "demo": {"port": port},
         "dataset": {"num_samples": SAMPLES, "shard_size": SHARD_SIZE},
         "generation": {"max_tokens": 64},
-        "hidden_states": {"max_seq_len": MAX_SEQ_LEN, "batch_tokens": 1024, "max_disk_gb": CAP_GB},
+        "hidden_states": {
+            "backend": "transformers",
+            "max_seq_len": MAX_SEQ_LEN,
+            "batch_tokens": 1024,
+            "max_disk_gb": CAP_GB,
+        },
         "train": {"epochs": EPOCHS, "batch_tokens": 256},
         # offline validation reads the last window's validation states: give it some in 8 questions
         "traces": {"validation_fraction": 0.5},
@@ -89,9 +93,7 @@ def test_a_capped_run_never_holds_more_than_the_cap(tmp_path):
     peak = watch.stop()
     sys.stderr.write(f"high-water {peak:,} B ({watch.polls} polls), cap {CAP_GB * GB:,.0f} B\n")
     if run.returncode != 0:
-        logs = sorted((results / "logs").rglob("*.log"))
-        tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs)
-        pytest.fail(f"capped run failed (high-water {peak:,} B):\n{run.stderr[-5000:]}\n{tails}")
+        pytest.fail(f"capped run failed (high-water {peak:,} B): {failure(run, results / 'logs')}")
 
     # what the corpus's states take: every shard's metadata of the first epoch (the files are gone)
     metadata = sorted((results / "hidden_states" / "epoch-0").rglob("shard-*.json"))

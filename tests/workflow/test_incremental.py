@@ -1,20 +1,20 @@
-"""Only stale work rebuilt, through Snakemake itself on the real demo pieces (a tiny target built by the
-rule, the real vLLM CPU server): after `dataset.num_samples` is raised, the plan holds the new shards'
-prompt, generation, trace, budget and extraction jobs and nothing of the done shards (counted), and a
-run of it leaves the done shards' hidden states untouched."""
+"""Only stale work rebuilt, through Snakemake itself on the real demo pieces (the shared tiny target, the
+real vLLM CPU server generating, states extracted on the transformers backend): after
+`dataset.num_samples` is raised, the plan holds the new shards' prompt, generation, trace, budget and
+extraction jobs and nothing of the done shards (counted), and a run of it leaves the done shards' hidden
+states untouched."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from support.vllm_server import free_port
-from support.workflow import job_counts
+from support.workflow import failure, job_counts, scratch_workdir, workdir_run
 
-REPO = Path(__file__).resolve().parents[2]
+from eagle3_pipeline.ports import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 SHARD_SIZE = 4
@@ -23,10 +23,10 @@ SHARD_SIZE = 4
 def _config(workdir: Path, num_samples: int, port: int) -> None:
     config = {
         "run": "inc",
-        "demo": {"port": port, "fit_seconds": 20},  # a rough target: enough to generate and extract
+        "demo": {"port": port},
         "dataset": {"num_samples": num_samples, "shard_size": SHARD_SIZE},
         "generation": {"max_tokens": 32},
-        "hidden_states": {"max_seq_len": 256, "batch_tokens": 1024},
+        "hidden_states": {"backend": "transformers", "max_seq_len": 256, "batch_tokens": 1024},
     }
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
 
@@ -34,13 +34,9 @@ def _config(workdir: Path, num_samples: int, port: int) -> None:
 def _snakemake(workdir: Path, num_samples: int, *args: str) -> subprocess.CompletedProcess:
     shards = -(-num_samples // SHARD_SIZE)
     targets = [f"results/inc/hidden_states/train/shard-{k:05d}.safetensors" for k in range(shards)]
-    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "2", *args]
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1800)
+    result = workdir_run(workdir, *targets, "--configfile", "c.yaml", "--cores", "2", *args, timeout=1800)
     if result.returncode != 0:
-        logs = sorted((workdir / "results" / "inc" / "logs").rglob("*.log"))
-        tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs)
-        pytest.fail(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}\n{tails}")
+        pytest.fail(failure(result, workdir / "results" / "inc" / "logs"))
     return result
 
 
@@ -50,10 +46,8 @@ def _states(workdir: Path) -> dict[str, int]:
 
 
 def test_raising_num_samples_extracts_only_the_new_shards(tmp_path):
-    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("the demo vLLM server needs .venv-vllm: run `make install`")
-    (tmp_path / "config").symlink_to(REPO / "config")
     port = free_port()
+    scratch_workdir(tmp_path, port)
     _config(tmp_path, 8, port)
     _snakemake(tmp_path, 8)
     before = _states(tmp_path)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from support.workflow import job_counts
+from support.workflow import job_counts, workdir_run
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,9 +21,7 @@ def snakemake(workdir: Path, dataset: dict, *args: str) -> subprocess.CompletedP
     config = {"run": "p", "demo": {"enabled": False}, "dataset": dataset}
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
     targets = [f"results/p/prompts/shard-{k:05d}.parquet" for k in range(shards)]
-    command = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", "c.yaml", "--cores", "1", *args]
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+    result = workdir_run(workdir, *targets, "--configfile", "c.yaml", "--cores", "1", *args, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -10,15 +10,15 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
+from support.requirements import require
 from support.vllm_server import demo_target_dir
-from support.workflow import job_counts
+from support.workflow import failure, job_counts, workdir_run
 
 from eagle3_pipeline.demo.target import render_unit
 
@@ -71,13 +71,9 @@ def _replica_b(workdir: Path) -> list[dict]:
 
 
 def _snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", "c.yaml", *args]  # fmt: skip
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1500)
+    result = workdir_run(workdir, "--configfile", "c.yaml", *args, timeout=1500)
     if check and result.returncode != 0:
-        logs = sorted((workdir / "results" / RUN / "logs").rglob("*.log"))
-        tails = "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in logs)
-        pytest.fail(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}\n{tails}")
+        pytest.fail(failure(result, workdir / "results" / RUN / "logs"))
     return result
 
 
@@ -92,8 +88,7 @@ def _span(log: Path) -> tuple[datetime, datetime]:
 def shared_run(tmp_path_factory):
     """One run whose 4 shards two servers share (primary `main`, replica `b`), capped at one shard
     job per server, with 4 cores offered; the servers are stopped by rule stop_server."""
-    if not (REPO / ".venv-vllm" / "bin" / "python").exists():
-        pytest.skip("the vLLM servers need .venv-vllm: run `make install`")
+    require("vllm")
     workdir = tmp_path_factory.mktemp("replicas")
     (workdir / "config").symlink_to(REPO / "config")
     target = demo_target_dir()

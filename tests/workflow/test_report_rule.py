@@ -5,31 +5,19 @@ the HTML report holds them with their captions."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from support.validate_results import write_finished_results
+from support.workflow import workdir_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "results/report/report/acceptance.png"
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(ROOT / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--allowed-rules",
-        "plot_validation",
-        *args,
-    ]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+    return workdir_run(workdir, "--allowed-rules", "plot_validation", *args, timeout=600)
 
 
 @pytest.mark.slow

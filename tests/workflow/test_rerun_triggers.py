@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.workflow import DEMO_CONFIG, job_counts, merge
+from support.workflow import DEMO_CONFIG, job_counts, merge, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _snakemake(workdir: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "1"]
-    result = subprocess.run(
-        [*command, "--configfile", "c.yaml", *args], cwd=workdir, capture_output=True, text=True, timeout=600
-    )
+    command = ["--snakefile", str(REPO / "Snakefile"), "--cores", "1", "--configfile", "c.yaml", *args]
+    result = snakemake(*command, cwd=workdir, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 

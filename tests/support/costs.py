@@ -1,0 +1,79 @@
+"""Count the suite's expensive setup: vLLM process starts (servers and extraction engines) and demo-target
+fits, whoever starts them (a fixture, the pipeline's own code, or a Snakemake job the test runs).
+
+A daemon thread polls /proc once a second for processes descended from this pytest process whose
+command line names a vLLM server, a vLLM extraction worker or the demo-target builder; each one is
+counted once (by pid and start time). vLLM takes many seconds to start and a fit minutes, so none is
+missed. tests/conftest.py prints the counts at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+KINDS = {
+    "vllm server": ("vllm.entrypoints.openai.api_server", "vllm serve"),
+    "vllm extraction engine": ("eagle3_pipeline.hidden_states.vllm_worker",),
+    "demo-target fit": ("build_demo_target",),  # the rule's script (Snakemake names it after the rule)
+}
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, start time, command line) of every process readable in /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "(comm)": state, ppid, ..., starttime (22nd)
+        table[int(entry.name)] = (int(fields[1]), fields[19], cmdline)
+    return table
+
+
+class CostCounter(threading.Thread):
+    """The vLLM starts and fits of this process's descendants; `fits_in_process` counts our own."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        super().__init__(daemon=True, name="cost-counter")
+        self.interval_s, self.root = interval_s, os.getpid()
+        self.seen: dict[tuple[int, str], str] = {}
+        self.fits_in_process = 0
+        self._done = threading.Event()
+
+    def _descends(self, pid: int, table: dict[int, tuple[int, str, str]]) -> bool:
+        while pid in table and pid > 1:
+            pid = table[pid][0]
+            if pid == self.root:
+                return True
+        return False
+
+    def poll(self) -> None:
+        table = _processes()
+        for pid, (_, start, cmdline) in table.items():
+            kind = next((k for k, marks in KINDS.items() if any(m in cmdline for m in marks)), None)
+            if kind and (pid, start) not in self.seen and self._descends(pid, table):
+                parent = table.get(table[pid][0], (0, "", ""))[2]
+                if not any(m in parent for m in KINDS[kind]):  # a child of the same command: counted once
+                    self.seen[pid, start] = kind
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self.poll()
+
+    def stop(self) -> Counter[str]:
+        self._done.set()
+        self.join(timeout=5)
+        self.poll()
+        counts = Counter(self.seen.values())
+        counts["demo-target fit"] += self.fits_in_process
+        return counts
+
+
+COUNTER = CostCounter()
