@@ -16,6 +16,8 @@ from safetensors.torch import save_file
 from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft.train import TrainJob
+from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.hidden_states.storage import encode_metadata
 
 DEMO_TARGET = Path(__file__).resolve().parents[2] / "resources" / "demo" / "target"
@@ -182,3 +184,35 @@ def build_vocab_map_for(random_target, tmp_path):
 
     d2t, t2d = vocab_map(torch.arange(40), 96)  # the fixture target's vocabulary: 96
     save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "vocab.safetensors"))
+
+
+# The training job of tests/unit/test_draft_train.py and its process-level half in tests/integration/.
+TRAIN = {
+    "epochs": 2,
+    "lr": 3e-3,
+    "warmup_ratio": 0.1,
+    "weight_decay": 0.0,
+    "grad_clip": 0.5,
+    "batch_tokens": 256,
+    "seed": 0,
+    "save_every_steps": 100,
+}
+
+
+@pytest.fixture
+def draft_train_job(draft_hidden_states, random_target, tmp_path) -> TrainJob:
+    vocab = tmp_path / "vocab_map.safetensors"
+    build_vocab_map([p.with_suffix(".json") for p in draft_hidden_states["train"]], 96, 64, vocab)
+    return TrainJob(
+        train_shards=[str(p) for p in draft_hidden_states["train"]],
+        validation_shards=[str(p) for p in draft_hidden_states["validation"]],
+        vocab_map=str(vocab),
+        target=str(random_target),
+        draft={"ttt_steps": 3, "step_weight_decay": 0.8},
+        train=dict(TRAIN),
+        work=str(tmp_path / "work"),
+        weights=str(tmp_path / "out" / "model.safetensors"),
+        history=str(tmp_path / "out" / "history.json"),
+        # torch's thread count is process-wide and earlier tests change it; float sums differ with it
+        cpu_threads=1,
+    )
