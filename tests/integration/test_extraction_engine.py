@@ -25,7 +25,15 @@ from eagle3_pipeline.hidden_states.extract import ExtractSettings
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-ENGINE = {"python": str(VLLM_PYTHON), "dtype": "bfloat16", "max_model_len": 512, "enforce_eager": True}
+# one request in flight at a time: slow enough that the kill below lands mid-run (the same settings for
+# every job: an engine started with other settings would be replaced, not shared)
+ENGINE = {
+    "python": str(VLLM_PYTHON),
+    "dtype": "bfloat16",
+    "max_model_len": 512,
+    "enforce_eager": True,
+    "max_in_flight_tokens": 1,
+}
 
 
 @pytest.fixture()
@@ -58,14 +66,14 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
         meta_b = extract.extract_shards([second])[0]
         start_id = meta_a["engine"]["start_id"]
         assert meta_b["engine"]["start_id"] == start_id
-        assert meta_a["engine"]["runner"] == "v1" and meta_a["engine"]["connector"] == "SyncHiddenStatesConnector"
+        assert (
+            meta_a["engine"]["runner"] == "v1"
+            and meta_a["engine"]["connector"] == "SyncHiddenStatesConnector"
+        )
         assert meta_a["engine"]["max_model_len"] == 512 and meta_a["engine"]["max_num_batched_tokens"] == 512
 
         # a job of one sample per batch, fed one request at a time so that the kill lands mid-run
-        killed = _job(
-            tmp_path, write_traces(tmp_path / "c.parquet", rows[8:]), hs_target, "c", engine_dir,
-            max_in_flight_tokens=1,
-        )  # fmt: skip
+        killed = _job(tmp_path, write_traces(tmp_path / "c.parquet", rows[8:]), hs_target, "c", engine_dir)
         killed = dataclasses.replace(killed, batch_tokens=1)
         failure: list[BaseException] = []
 
@@ -82,6 +90,7 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
         while not list(parts.glob("batch-*.safetensors")) and time.monotonic() < deadline:
             time.sleep(0.01)
         info = json.loads((engine_dir / "process.json").read_text())
+        assert info["start_id"] == start_id  # still the first jobs' engine
         os.killpg(info["pid"], signal.SIGKILL)
         thread.join(timeout=120)
         assert failure and isinstance(failure[0], engine.EngineError), failure

@@ -43,7 +43,9 @@ def test_a_data_parallel_unit_without_tp_is_refused_naming_the_key_and_the_gpu_c
 def test_a_data_parallel_unit_with_tp_set_here_keeps_expert_parallelism():
     engine = vllm_backend.engine_settings(VllmOptions(tensor_parallel_size=8), DP_EP_UNIT, 10240)
     assert engine["tensor_parallel_size"] == 8 and engine["gpus"] == 8
-    assert engine["enable_expert_parallel"] is True and engine["sources"]["enable_expert_parallel"] == "snapshot"
+    assert (
+        engine["enable_expert_parallel"] is True and engine["sources"]["enable_expert_parallel"] == "snapshot"
+    )
     assert engine["max_model_len"] == 10241
 
 

@@ -5,6 +5,7 @@ run of it leaves the done shards' hidden states untouched."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,7 @@ def test_raising_num_samples_extracts_only_the_new_shards(tmp_path):
     assert len(after) == 4 * 2
     assert {name: after[name] for name in before} == before  # the done shards' states were not rewritten
     assert "Nothing to be done" in _snakemake(tmp_path, 16, "-n").stdout
+    # one extraction engine per snakemake call, whatever the shards: the first run's and the second's
+    metadata = (tmp_path / "results" / "inc" / "hidden_states").rglob("*.json")
+    starts = {json.loads(path.read_text())["engine"]["start_id"] for path in metadata}
+    assert len(starts) == 2, starts
