@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -421,6 +422,8 @@ def serve(directory: Path) -> None:
     """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
     threading.Thread(target=_heartbeat, args=(directory / "heartbeat",), daemon=True).start()
     spec = json.loads((directory / "spec.json").read_text())
+    # a folder of this engine's own under the staging folder: removed whole when it exits
+    spec["staging_dir"] = str(Path(spec["staging_dir"]) / spec["start_id"])
     Path(spec["staging_dir"]).mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     cuda = _is_cuda()
@@ -430,6 +433,7 @@ def serve(directory: Path) -> None:
     io.write_json(record, directory / "ready.json")
     server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
     server.run(llm, record)
+    shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
     log.info("engine %s done: %s", spec["start_id"], server.stats(start))
 
 
