@@ -126,6 +126,7 @@ def main() -> None:
     )
     parser.add_argument("--tokens-per-shard", type=int, default=1100)
     parser.add_argument("--batch-tokens", type=int, default=512)
+    parser.add_argument("--target", type=Path, help="default: the demo's (resources/demo/target)")
     parser.add_argument("--random-target", action="store_true")
     parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
     args = parser.parse_args()
@@ -141,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_engine_") as tmp:
         work = Path(tmp)
         built = DEMO_TARGET if (DEMO_TARGET / "config.json").exists() and not args.random_target else None
-        target = built or random_target(work / "target", 512, 8, 32000)
+        target = args.target or built or random_target(work / "target", 512, 8, 32000)
         emit(measure="setup", target=str(target), shards=args.shards, tokens_per_shard=args.tokens_per_shard)
         results = {}
         for mode in ("drain", "stream"):

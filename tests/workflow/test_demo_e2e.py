@@ -110,3 +110,19 @@ def test_no_server_left_running(demo_run, demo_workdir: Path):
     for pid_file in pid_files:
         pid = int(pid_file.read_text().split()[0])
         assert not Path(f"/proc/{pid}").exists(), f"server {pid} ({pid_file}) still running"
+
+
+def test_one_extraction_engine_served_every_shard_and_was_stopped(demo_run, demo_workdir: Path):
+    """Issue 22: the main and baseline shards' states come from at most 2 engine starts (one per run,
+    unless its idle timeout ran out between them), and the engine is stopped before training."""
+    results = demo_workdir / "results" / "e2e"
+    metadata = [
+        *(results / "hidden_states").rglob("shard-*.json"),
+        *(results / "baseline").rglob("shard-*.json"),
+    ]
+    engines = [json.loads(path.read_text())["engine"] for path in metadata if "hidden_states" in str(path)]
+    assert len(engines) >= 8  # 4 shards x 2 splits, and the baseline's
+    assert len({engine["start_id"] for engine in engines}) <= 2, {e["start_id"] for e in engines}
+    stopped = json.loads((results / "work" / "hidden_states" / "engine" / "stopped.json").read_text())
+    assert stopped["stopped"] in ("exited", "terminated") and stopped["busy_fraction"] is not None
+    assert not (results / "work" / "hidden_states" / "engine" / "process.json").exists()
