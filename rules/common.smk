@@ -64,7 +64,9 @@ STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
 # with batches to run and stopped by stop_extraction_engine, which the GPU training rules wait on.
 VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
 ENGINE_ROOT = f"{WORK}/hidden_states/engine"
-ENGINE_DIR = ENGINE_ROOT + ("/epoch-{epoch}-window-{window}" if WINDOW else "")
+ENGINE_DIR = (
+    f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
+)
 # hidden_states.vllm keys that pace or place the engine without changing a state: run-time only
 ENGINE_RUNTIME_KEYS = (
     "staging_dir",

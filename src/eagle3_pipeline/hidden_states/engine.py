@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ HEARTBEAT_STALE_S = 60.0  # a heartbeat older than this is a dead (or frozen) en
 POLL_S = 0.2
 
 
-class EngineError(RuntimeError):
+class EngineError(VllmBackendError):
     """The extraction engine could not start, died, or failed a request; the message says what to do."""
 
 
