@@ -233,9 +233,11 @@ def get_engine_runtime(wildcards):
     """The extraction job's engine: its folder and the run-time keys (not recorded: see runtime_only)."""
     options = config["hidden_states"]["vllm"]
     where = engine_dir(wildcards.get("epoch"), wildcards.shard) if VLLM_ENGINE else None
+    scope = where.removeprefix(f"{WORK}/hidden_states/") if where else None
     return runtime_only(
         engine={
             "dir": where,
+            "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,
             **{key: options.get(key) for key in ENGINE_RUNTIME_KEYS},
         }
     )

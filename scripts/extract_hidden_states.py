@@ -26,10 +26,11 @@ jobs = rule_jobs(
     batch_tokens=params.batch_tokens,
     trust_remote_code=params.trust_remote_code,
     backend=params.backend,
-    vllm={**params.vllm, **{k: v for k, v in engine.items() if k != "dir"}},
+    vllm={**params.vllm, **{k: v for k, v in engine.items() if k not in ("dir", "log")}},
     server_json=params.server_json,
     device_map=params.launch_mode == "device_map",
     engine_dir=engine["dir"],
+    engine_log=engine["log"],
 )
 job_file = write_jobs(jobs, f"{params.work}/job.json")
 exec_job(

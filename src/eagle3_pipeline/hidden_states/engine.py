@@ -10,7 +10,7 @@ An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window
     queue/        requests: one JSON per client job (its batches and their part files)
     done/         one JSON per finished request ({ok, error, tokens, ...})
     stats.json    busy seconds (time in engine steps) and wall seconds since ready
-    engine.log    the engine's own log
+    engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
     stop          asks the engine to exit once its queue is empty
 
 The first extraction job that has batches to run starts the engine (`ensure_engine`, detached from
@@ -58,7 +58,7 @@ class EngineError(VllmBackendError):
 
 def fingerprint(spec: dict[str, Any]) -> str:
     """What an engine runs (not where it stages): a running engine with another one is replaced."""
-    keep = {k: v for k, v in spec.items() if k not in ("start_id", "staging_dir", "idle_timeout_s")}
+    keep = {k: v for k, v in spec.items() if k not in ("start_id", "staging_dir", "idle_timeout_s", "log")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -108,9 +108,14 @@ def engine_alive(directory: Path, info: dict[str, Any] | None = None) -> bool:
     return age < HEARTBEAT_STALE_S
 
 
-def log_tail(directory: Path, lines: int = 40) -> str:
+def log_path(directory: Path, info: dict[str, Any] | None = None) -> Path:
+    """The engine's log: where its start put it (process.json), else the folder's engine.log."""
+    return Path((info or _read(directory / "process.json") or {}).get("log") or directory / "engine.log")
+
+
+def log_tail(directory: Path, lines: int = 40, info: dict[str, Any] | None = None) -> str:
     try:
-        return "\n".join((directory / "engine.log").read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(log_path(directory, info).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no engine log)"
 
@@ -126,7 +131,9 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
     start_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     spec = {**spec, "start_id": start_id}
     io.write_json(spec, directory / "spec.json", indent=None)
-    with open(directory / "engine.log", "a") as sink:
+    log_file = Path(spec.get("log") or directory / "engine.log")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as sink:
         sink.write(f"\n=== engine {start_id} starting ===\n")
         sink.flush()
         process = subprocess.Popen(
@@ -144,14 +151,10 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
         "fingerprint": fingerprint(spec),
         "started_at": time.time(),
         "python": python,
+        "log": str(log_file),
     }
     io.write_json(info, directory / "process.json")
-    log.info(
-        "extraction engine %s started (pid %d): its log is %s",
-        start_id,
-        process.pid,
-        directory / "engine.log",
-    )
+    log.info("extraction engine %s started (pid %d): its log is %s", start_id, process.pid, log_file)
     return info
 
 
@@ -182,7 +185,7 @@ def ensure_engine(
         if not engine_alive(directory, info):
             raise EngineError(
                 f"the extraction engine {info['start_id']} exited before it was ready; its log "
-                f"({directory / 'engine.log'}) ends with:\n{log_tail(directory)}"
+                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
             )
         time.sleep(POLL_S)
     raise EngineError(f"the extraction engine {info['start_id']} was not ready after {start_timeout_s:.0f} s")
@@ -217,7 +220,7 @@ def submit(directory: Path, ready: dict[str, Any], request: dict[str, Any]) -> d
             raise EngineError(
                 f"the extraction engine {ready['start_id']} (pid {info.get('pid')}) died while running "
                 f"this job's batches; rerun: a new engine starts and the parts saved are kept. Its log "
-                f"({directory / 'engine.log'}) ends with:\n{log_tail(directory)}"
+                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
             )
         time.sleep(POLL_S)
         info = _read(directory / "process.json") or {}

@@ -70,6 +70,7 @@ class ExtractSettings:
     # the vllm backend's engine folder, shared by the jobs of one engine (engine.py); None: a private
     # engine for this call, stopped when it returns (tests, benchmarks)
     engine_dir: Path | None = None
+    engine_log: Path | None = None  # the engine's own log (None: engine_dir/engine.log)
 
 
 @dataclass
@@ -532,6 +533,8 @@ def run_on_engine(
         options.idle_timeout_s,
         mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
     )
+    if settings.engine_log and not private:
+        full["log"] = str(settings.engine_log)
     directory.mkdir(parents=True, exist_ok=True)
     env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
     try:
