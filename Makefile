@@ -25,7 +25,7 @@ plan: install-pipeline
 
 # extraction's cost before a run, one JSON object: make cost CONFIG=config/examples/kimi-k2.5-8gpu.yaml
 CONFIG ?= config/config.yaml
-cost: install-pipeline
+cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
 	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG)
 
 test: install
