@@ -47,6 +47,7 @@ def emit(**record) -> None:
 def shard_requests(target: Path, work: Path, shards: int, tokens: int, batch_tokens: int) -> list[dict]:
     """One request per shard (its batches and part files), from synthetic server-style traces."""
     info = extract.target_info(target)
+    work.mkdir(parents=True, exist_ok=True)
     requests = []
     for k in range(shards):
         traces = synthetic_traces(work / f"traces-{k}.parquet", info.vocab_size, tokens, seed=k)
