@@ -428,6 +428,9 @@ def serve(directory: Path) -> None:
     start = time.perf_counter()
     cuda = _is_cuda()
     llm = make_engine(spec, cuda)  # includes vLLM's import
+    # this process only reads, normalises and writes while the engine core (its own processes) runs
+    # the model: one intra-op thread, so that it never competes with the engine for the cores
+    torch.set_num_threads(1)
     record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
     log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
     io.write_json(record, directory / "ready.json")
