@@ -115,6 +115,7 @@ def run(mode: str, target: Path, work: Path, requests: list[dict], args: argpars
         "busy_s": report.get("busy_s"),
         "engine_wall_s": report.get("wall_s"),
         "busy_fraction": report.get("busy_fraction"),
+        "busy_fraction_working": report.get("busy_fraction_working"),
     }
 
 
@@ -161,6 +162,8 @@ def main() -> None:
             measure="summary",
             busy_fraction_before=before["busy_fraction"],
             busy_fraction_after=after["busy_fraction"],
+            busy_fraction_working_before=before["busy_fraction_working"],
+            busy_fraction_working_after=after["busy_fraction_working"],
             tokens_per_s_after_start_before=before["tokens_per_s_after_start"],
             tokens_per_s_after_start_after=after["tokens_per_s_after_start"],
             tokens_per_s_per_shard_jobs=round(per_shard_jobs, 1),

@@ -254,12 +254,14 @@ class Server:
         self.busy_s = 0.0  # wall time with requests in the engine
         self.tokens = 0
         self.requests = 0
+        self.first_request = self.last_done = 0.0  # perf_counter: the span with work to do
 
     def _take_requests(self, record: dict[str, Any]) -> None:
         for path in sorted((self.directory / "queue").glob("*.json"), key=lambda p: p.stat().st_mtime):
             data = json.loads(path.read_text())
             path.unlink()
             request = Request(data)
+            self.first_request = self.first_request or time.perf_counter()
             for target in request.records:
                 storage.write_json(record, Path(target))
             log.info("request %s: %d batches", request.name, len(request.batches))
@@ -286,6 +288,7 @@ class Server:
                 storage.write_json(data, path)
         io.write_json(result, self.directory / "done" / f"{request.name}.json", indent=None)
         self.requests += 1
+        self.last_done = time.perf_counter()
 
     def _writer(self, finisher: Finisher) -> None:
         while True:
@@ -328,10 +331,14 @@ class Server:
 
     def stats(self, ready_at: float) -> dict[str, Any]:
         wall = time.perf_counter() - ready_at
+        working = self.last_done - self.first_request if self.last_done else 0.0
         return {
             "busy_s": round(self.busy_s, 3),
             "wall_s": round(wall, 3),
             "busy_fraction": round(self.busy_s / wall, 4) if wall > 0 else None,
+            # from the first request taken to the last one answered (no wait for clients counted)
+            "working_s": round(working, 3),
+            "busy_fraction_working": round(self.busy_s / working, 4) if working > 0 else None,
             "tokens": self.tokens,
             "requests": self.requests,
             "mode": self.spec.get("mode", "stream"),
