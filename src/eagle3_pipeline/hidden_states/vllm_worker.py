@@ -20,6 +20,7 @@ process) keeps stepping the next requests meanwhile. `mode: drain` runs the form
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -444,6 +445,8 @@ def serve(directory: Path) -> None:
     server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
     server.run(llm, record)
     shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
+    with contextlib.suppress(OSError):  # the staging folder itself, once no engine uses it
+        Path(spec["staging_dir"]).parent.rmdir()
     log.info("engine %s done: %s", spec["start_id"], server.stats(start))
 
 
