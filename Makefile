@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm conda-envs demo plan test test-fast lint clean-demo
+.PHONY: install install-pipeline install-vllm conda-envs demo plan cost test test-fast lint clean-demo
 
 install: install-pipeline install-vllm
 
@@ -22,6 +22,11 @@ demo: install
 
 plan: install-pipeline
 	source .venv/bin/activate && snakemake -n
+
+# extraction's cost before a run, one JSON object: make cost CONFIG=config/examples/kimi-k2.5-8gpu.yaml
+CONFIG ?= config/config.yaml
+cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
+	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG)
 
 # every tier (tests/unit, tests/integration, tests/workflow), the 15 slowest tests listed at the end
 test: install

@@ -4,9 +4,11 @@
 # envs/conda_envs.py); Snakemake builds and uses it only under --use-conda (a cluster without the
 # project's virtualenvs), and ignores it otherwise.
 import sys
+from pathlib import Path
 
 from eagle3_pipeline.budget import capped_window_shards, parse_time_hidden_size
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
+from eagle3_pipeline.hidden_states.engine import stop_all
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
 from eagle3_pipeline.server.replicas import (
     assigned_server,
@@ -58,6 +60,26 @@ if WINDOW and SETTINGS.validate.baseline:
 # Where extraction writes: one folder per epoch under a cap (each epoch extracts anew)
 EPOCH_DIR = "epoch-{epoch}/" if WINDOW else ""
 STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
+# The vllm backend's extraction engine (hidden_states/engine.py): one long-lived engine serves every
+# extraction job of its scope (the run, or under a cap one epoch's window), started by the first job
+# with batches to run and stopped by stop_extraction_engine, which the GPU training rules wait on.
+VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
+ENGINE_ROOT = f"{WORK}/hidden_states/engine"
+ENGINE_DIR = (
+    f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
+)
+# hidden_states.vllm keys that pace or place the engine without changing a state: run-time only
+ENGINE_RUNTIME_KEYS = (
+    "staging_dir",
+    "max_in_flight_tokens",
+    "max_clients",
+    "idle_timeout_s",
+)
+if VLLM_ENGINE and "extraction_clients" not in workflow.global_resources:
+    # jobs feeding one engine at once (one plans or packs while another's batches run)
+    workflow.global_resources["extraction_clients"] = (
+        SETTINGS.hidden_states.vllm.max_clients
+    )
 # The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
 # is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
 # (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
@@ -199,6 +221,67 @@ def get_extraction_gate(wildcards):
     if not WINDOW:
         return []
     return previous_window_state(int(wildcards.epoch), int(wildcards.shard) // WINDOW)
+
+
+def engine_dir(epoch=None, shard=None):
+    """The extraction engine folder of shard `shard` (of epoch `epoch` under a cap)."""
+    if not WINDOW:
+        return ENGINE_DIR
+    return ENGINE_DIR.format(epoch=epoch, window=int(shard) // WINDOW)
+
+
+def get_engine_runtime(wildcards):
+    """The extraction job's engine: its folder and the run-time keys (not recorded: see runtime_only)."""
+    options = config["hidden_states"]["vllm"]
+    where = engine_dir(wildcards.get("epoch"), wildcards.shard) if VLLM_ENGINE else None
+    scope = where.removeprefix(f"{WORK}/hidden_states/") if where else None
+    return runtime_only(
+        engine={
+            "dir": where,
+            "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,
+            **{key: options.get(key) for key in ENGINE_RUNTIME_KEYS},
+        }
+    )
+
+
+def get_engine_stopped(wildcards):
+    """What a GPU training job waits for: the extraction engine of its states stopped (its GPUs free)."""
+    if not VLLM_ENGINE:
+        return []
+    if not WINDOW:
+        return [f"{ENGINE_ROOT}/stopped.json"]
+    folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
+    return [f"{folder}/stopped.json"]
+
+
+def get_engine_clients(wildcards):
+    """The extraction jobs one engine serves (their metadata): its stop rule runs after all of them."""
+    if WINDOW:
+        return [
+            f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.json"
+            for split in SPLITS
+            for k in WINDOWS[int(wildcards.window)]
+        ]
+    files = [
+        f"{RESULTS}/hidden_states/{split}/shard-{k}.json"
+        for split in SPLITS
+        for k in SHARDS
+    ]
+    if SETTINGS.validate.baseline:  # the baseline's extraction shares the engine
+        files += [
+            f"{RESULTS}/{BASELINE}hidden_states/train/shard-{k}.json" for k in SHARDS
+        ]
+    return files
+
+
+def stop_engines():
+    """onsuccess/onerror: no extraction engine outlives the snakemake call that started it."""
+    if VLLM_ENGINE and Path(ENGINE_ROOT).exists():
+        for report in stop_all(Path(ENGINE_ROOT)):
+            if report.get("stopped"):
+                print(
+                    f"extraction engine {report.get('start_id')}: {report['stopped']}"
+                )
 
 
 def get_previous_window_state(wildcards):

@@ -28,7 +28,11 @@ rule extract_hidden_states:
     conda:
         "../envs/pipeline.yaml"
     resources:
-        gpu=1,  # a 1T MoE needs all 8: raise it in the workflow profile (set-resources)
+        # transformers: the job runs the target (a 1T MoE needs all 8: set-resources in the profile).
+        # vllm: the job is a client of the extraction engine, which holds the GPUs from its start to
+        # stop_extraction_engine (training waits on it); the clients share it up to max_clients.
+        gpu=0 if VLLM_ENGINE else 1,
+        extraction_clients=1 if VLLM_ENGINE else 0,
     params:
         # vllm: one process, vLLM starts its own tensor-parallel workers on the job's GPUs
         launch_mode=(
@@ -38,7 +42,12 @@ rule extract_hidden_states:
             else "ddp"
         ),
         backend=config["hidden_states"]["backend"],
-        vllm=config["hidden_states"]["vllm"],
+        vllm={
+            key: value
+            for key, value in config["hidden_states"]["vllm"].items()
+            if key not in ENGINE_RUNTIME_KEYS
+        },
+        runtime=get_engine_runtime,  # the engine's folder and pacing: no rerun trigger
         # the snapshot exists: the traces come from generation, which needs it
         server_json=rules.snapshot_server.output.server,
         layers=config["hidden_states"]["layers"],
@@ -72,3 +81,32 @@ use rule extract_hidden_states as baseline_extract_hidden_states with:
         f"{LOGS}/{BASELINE}extract_hidden_states/{{shard}}.log",
     params:
         work=f"{WORK}/{BASELINE}hidden_states/{{shard}}",
+
+
+if VLLM_ENGINE:
+
+    localrules:
+        stop_extraction_engine,  # where the engine runs (inside a SLURM job each client owns its own)
+
+    # The extraction engine's end: after every extraction job it serves (the main shards, and the
+    # baseline's; under a cap, one epoch's window), before the GPU training rules (get_engine_stopped).
+    # Its report is a normal file: new shards rerun it (their engine is stopped again), nothing else.
+    rule stop_extraction_engine:
+        input:
+            get_engine_clients,
+        output:
+            f"{ENGINE_DIR}/stopped.json",
+        log:
+            f"{LOGS}/stop_extraction_engine/{ENGINE_DIR.removeprefix(WORK + '/')}.log",
+        conda:
+            "../envs/pipeline.yaml"
+        script:
+            "../scripts/stop_extraction_engine.py"
+
+
+onsuccess:
+    stop_engines()
+
+
+onerror:
+    stop_engines()

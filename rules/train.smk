@@ -62,6 +62,8 @@ if WINDOW:
         input:
             states=get_window_states,
             previous=get_previous_window_state,
+            # the window's extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
+            engine_stopped=get_engine_stopped,
             plan=rules.plan_windows.output,
             vocab_map=variant_output(rules.vocab_map.output[0], ""),  # the main draft
             target=get_target_config(),
@@ -115,6 +117,8 @@ else:
     rule train_draft:
         input:
             states=get_draft_states,
+            # the extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
+            engine_stopped=get_engine_stopped,
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
             # the corpus-wide checks (an id in two shards) pass before training; extraction never waits

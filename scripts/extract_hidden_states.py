@@ -10,6 +10,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
 params = snakemake.params
+engine = params.runtime.section("engine")  # the engine's folder and run-time keys (not recorded)
 jobs = rule_jobs(
     traces=snakemake.input.traces,
     outputs=snakemake.output.states,
@@ -25,9 +26,11 @@ jobs = rule_jobs(
     batch_tokens=params.batch_tokens,
     trust_remote_code=params.trust_remote_code,
     backend=params.backend,
-    vllm=params.vllm,
+    vllm={**params.vllm, **{k: v for k, v in engine.items() if k not in ("dir", "log")}},
     server_json=params.server_json,
     device_map=params.launch_mode == "device_map",
+    engine_dir=engine["dir"],
+    engine_log=engine["log"],
 )
 job_file = write_jobs(jobs, f"{params.work}/job.json")
 exec_job(
@@ -36,5 +39,5 @@ exec_job(
     snakemake.resources.gpu,
     params.work,
     snakemake.log[0],
-    mode=params.launch_mode,
+    mode="client" if params.backend == "vllm" else params.launch_mode,  # vllm: the engine holds the GPUs
 )

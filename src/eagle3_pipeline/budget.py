@@ -208,13 +208,22 @@ def parse_time_hidden_size(config: Mapping[str, Any]) -> int:
     from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
 
     path = Path(config["target"]["model"]) / "config.json"
+    stated = config["target"].get("hidden_size")
     if path.exists():
-        return hidden_size_of(json.loads(path.read_text()))
+        found = hidden_size_of(json.loads(path.read_text()))
+        if stated and stated != found:
+            raise DiskBudgetError(
+                f"target.hidden_size {stated} differs from {path}'s {found}: fix or remove target.hidden_size"
+            )
+        return found
+    if stated:
+        return int(stated)
     if config.get("demo", {}).get("enabled"):
         return DEMO_HIDDEN_SIZE
     raise DiskBudgetError(
         f"hidden_states.max_disk_gb needs the target's hidden size when the workflow is parsed, but "
-        f"{path} does not exist: point target.model at the target's weights folder"
+        f"{path} does not exist: point target.model at the target's weights folder, or set "
+        "target.hidden_size"
     )
 
 

@@ -132,6 +132,8 @@ def launch_argv(
 def describe(gpus: int, visible: int, mode: str) -> str:
     """One log line saying what the job asked for, what it has, and what is started."""
     usable = clamp_processes(gpus, visible)
+    if mode == "client":
+        return f"one client process ({visible} GPU(s) visible, left to the engine it feeds)"
     if usable <= 0:
         what = "1 CPU process"
     elif mode == "device_map":
@@ -189,9 +191,12 @@ def exec_job(
         gpus: GPUs Snakemake gave the job (`resources.gpu`).
         job_key: Identifies the job (its work folder); picks the main-process port.
         log_path: The job's log; the launched processes' stdout and stderr are appended to it.
-        mode: ddp or device_map.
+        mode: ddp or device_map; or client: one plain process, no accelerate (a client of a process
+            that holds the GPUs itself, such as the vllm backend's extraction engine).
     """
     argv = ["-m", module, str(job_file)]
+    if mode == "client":
+        _exec(gpus, mode, lambda visible: [sys.executable, *argv], log_path)
     _exec(gpus, mode, lambda visible: launch_argv(gpus, job_key, argv, visible, mode), log_path)
 
 

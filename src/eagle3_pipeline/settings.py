@@ -118,6 +118,7 @@ class TracesSettings:
 @dataclass(frozen=True)
 class TargetSettings:
     model: str  # required: no default
+    hidden_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,15 @@ class VllmEngineSettings:
     trust_remote_code: bool | None = None
     enforce_eager: bool | None = None
     gpu_memory_utilization: float | None = None
+    enable_expert_parallel: bool | None = None
+    max_num_batched_tokens: int | None = None
+    cuda_graphs: bool = False
+    connector: str = "auto"
+    staging_dir: str | None = None
+    max_in_flight_tokens: int | None = None
+    max_clients: int = 2
+    idle_timeout_s: float = 900
+    allow_untested_version: bool = False
 
 
 @dataclass(frozen=True)

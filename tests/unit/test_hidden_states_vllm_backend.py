@@ -28,8 +28,10 @@ def test_engine_settings_come_from_the_snapshot():
     engine = vllm_backend.engine_settings(VllmOptions(), SNAPSHOT, 10240)
     assert engine["tensor_parallel_size"] == 8 and engine["dtype"] == "bfloat16"
     assert engine["quantization"] == "compressed-tensors" and engine["trust_remote_code"] is True
-    assert engine["max_model_len"] == 262144 and engine["enforce_eager"] is True
-    assert set(engine["sources"].values()) == {"snapshot", "default"}
+    assert engine["enforce_eager"] is True and engine["gpus"] == 8
+    # the unit's 262k context is not inherited: extraction needs max_seq_len + 1, and a step sized to it
+    assert engine["max_model_len"] == 10241 and engine["max_num_batched_tokens"] == 10241
+    assert engine["sources"]["max_model_len"] == "default" and engine["cuda_graphs"] is False
 
 
 def test_config_overrides_the_snapshot_and_null_keeps_it():
@@ -51,7 +53,7 @@ def test_without_a_snapshot_vllm_defaults_apply():
 def test_max_model_len_holds_the_longest_sequence_plus_one_token():
     demo = {"max_model_len": 2048, "args": {}}
     engine = vllm_backend.engine_settings(VllmOptions(), demo, 2048)
-    assert engine["max_model_len"] == 2049 and engine["sources"]["max_model_len"] == "max_seq_len"
+    assert engine["max_model_len"] == 2049 and engine["sources"]["max_model_len"] == "default"
     with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm\.max_model_len 2048.*>= 2049"):
         vllm_backend.engine_settings(VllmOptions(max_model_len=2048), demo, 2048)
 

@@ -1,8 +1,8 @@
 """The embedded demo, end to end, in a scratch working directory: every rule from the server snapshot to
 the validated checkpoint runs for real (the shared tiny target, real vLLM CPU server), then a second run
 does nothing. The run takes the shared demo target (no fit of its own; rule build_demo_target runs in
-test_demo_target_rule.py) and extracts on the transformers backend (the vLLM backend's rule runs in
-test_hidden_states_rule_vllm.py); the plan from an empty directory still holds every rule.
+test_demo_target_rule.py) and extracts through the demo's default, the vllm backend: one extraction
+engine serves the main and the baseline shards; the plan from an empty directory still holds every rule.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def _overrides(port: int) -> dict:
         "demo": {"port": port},
         "dataset": {"num_samples": 96, "shard_size": 32},
         "generation": {"max_tokens": 256},
-        "hidden_states": {"backend": "transformers"},
         "train": {"epochs": 2},
         "validate": {"max_questions": 8, "speedup": False},  # no test here reads the timing
     }
@@ -141,3 +140,19 @@ def test_no_secret_in_any_file_the_run_wrote(demo_run, demo_workdir: Path):
             assert secret.encode() not in content, f"{secret} in {path}"
     server = json.loads((demo_workdir / "results" / "e2e" / "server" / "server.json").read_text())
     assert server["tensor_parallel_size"] == 1 and server["env"]["DEBUG_PASSWORD_CHECKS"] == "<redacted>"
+
+
+def test_one_extraction_engine_served_every_shard_and_was_stopped(demo_run, demo_workdir: Path):
+    """Issue 22: the main and baseline shards' states come from at most 2 engine starts (one per run,
+    unless its idle timeout ran out between them), and the engine is stopped before training."""
+    results = demo_workdir / "results" / "e2e"
+    metadata = [
+        *(results / "hidden_states").rglob("shard-*.json"),
+        *(results / "baseline").rglob("shard-*.json"),
+    ]
+    engines = [json.loads(path.read_text())["engine"] for path in metadata if "hidden_states" in str(path)]
+    assert len(engines) >= 8  # 4 shards x 2 splits, and the baseline's
+    assert len({engine["start_id"] for engine in engines}) <= 2, {e["start_id"] for e in engines}
+    stopped = json.loads((results / "work" / "hidden_states" / "engine" / "stopped.json").read_text())
+    assert stopped["stopped"] in ("exited", "terminated") and stopped["busy_fraction"] is not None
+    assert not (results / "work" / "hidden_states" / "engine" / "process.json").exists()

@@ -1,6 +1,7 @@
 """Rule extract_hidden_states on the vllm backend through Snakemake itself: the engine's interpreter and
-settings come from the snapshot (server.json) when hidden_states.vllm leaves them null, one engine runs
-both splits of the shard, and a second run does nothing."""
+settings come from the snapshot (server.json) when hidden_states.vllm leaves them null (not its context:
+max_model_len is max_seq_len + 1), one engine runs both splits of the shard and is stopped when
+snakemake ends, and a second run does nothing."""
 
 from __future__ import annotations
 
@@ -53,13 +54,20 @@ def test_rule_runs_the_vllm_backend_with_the_snapshots_settings(hs_target, hs_to
     done = snakemake(tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     log = (results / "logs" / "extract_hidden_states" / "00000.log").read_text()
-    assert log.count("vLLM worker: ") == 1, log[-4000:]  # both splits, one engine
+    assert log.count("extraction engine ") >= 1 and log.count(" started (pid ") == 1, log[-4000:]
+    starts = set()
     for split, count in (("train", 3), ("validation", 1)):
         meta = json.loads((results / "hidden_states" / split / "shard-00000.json").read_text())
         assert meta["backend"] == "vllm" and meta["num_samples"] == count
         engine = meta["engine"]
-        assert (engine["dtype"], engine["enforce_eager"], engine["max_model_len"]) == ("bfloat16", True, 512)
+        # the unit's dtype and eager mode; not its 512-token context: extraction's max_seq_len + 1
+        assert (engine["dtype"], engine["enforce_eager"], engine["max_model_len"]) == ("bfloat16", True, 401)
+        assert engine["runner"] == "v1" and engine["connector"] == "SyncHiddenStatesConnector"
+        starts.add(engine["start_id"])
         with HiddenStateShard(results / "hidden_states" / split / "shard-00000.safetensors") as shard:
             assert len(shard) == count and shard.metadata["aux_layers_vllm"] == [2, 4, 5]
+    assert len(starts) == 1  # both splits, one engine
+    # the workflow's onsuccess handler stopped the engine: none outlives the snakemake call
+    assert not (results / "work" / "hidden_states" / "engine" / "process.json").exists()
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr

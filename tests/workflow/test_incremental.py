@@ -1,11 +1,12 @@
 """Only stale work rebuilt, through Snakemake itself on the real demo pieces (the shared tiny target, the
-real vLLM CPU server generating, states extracted on the transformers backend): after
+real vLLM CPU server generating, states extracted by one vLLM extraction engine per call): after
 `dataset.num_samples` is raised, the plan holds the new shards' prompt, generation, trace, budget and
 extraction jobs and nothing of the done shards (counted), and a run of it leaves the done shards' hidden
 states untouched."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def _config(workdir: Path, num_samples: int, port: int) -> None:
         "demo": {"port": port},
         "dataset": {"num_samples": num_samples, "shard_size": SHARD_SIZE},
         "generation": {"max_tokens": 32},
-        "hidden_states": {"backend": "transformers", "max_seq_len": 256, "batch_tokens": 1024},
+        "hidden_states": {"max_seq_len": 256, "batch_tokens": 1024},  # the demo default: the vllm backend
     }
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
 
@@ -70,3 +71,7 @@ def test_raising_num_samples_extracts_only_the_new_shards(tmp_path):
     assert len(after) == 4 * 2
     assert {name: after[name] for name in before} == before  # the done shards' states were not rewritten
     assert "Nothing to be done" in _snakemake(tmp_path, 16, "-n").stdout
+    # one extraction engine per snakemake call, whatever the shards: the first run's and the second's
+    metadata = (tmp_path / "results" / "inc" / "hidden_states").rglob("*.json")
+    starts = {json.loads(path.read_text())["engine"]["start_id"] for path in metadata}
+    assert len(starts) == 2, starts

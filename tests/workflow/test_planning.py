@@ -40,6 +40,7 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert counts["preflight_generation"] == 1  # once per run, not per shard
     assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["filter_traces"] == counts["check_disk_budget"] == shards  # per shard: no barrier
+    assert counts["stop_extraction_engine"] == 1  # one engine for the run, main and baseline
 
 
 def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
@@ -50,10 +51,11 @@ def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
     counts = job_counts(result.stdout)
     assert set(counts) >= PIPELINE_RULES
     assert "build_demo_target" not in counts  # demo disabled
-    # hidden_states.max_disk_gb: 4000 -> windows of 16 shards (the cap also holds two training state
+    # hidden_states.max_disk_gb: 4100 -> windows of 17 shards (the cap also holds two training state
     # files, budget.py), every shard extracted once per epoch
     assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 100 * 10
-    assert counts["train_draft_window"] == 10 * 7 and counts["train_draft"] == 1
+    assert counts["train_draft_window"] == 10 * 6 and counts["train_draft"] == 1
+    assert counts["stop_extraction_engine"] == 10 * 6  # one engine per epoch and window, not per shard
     assert "gpu-box" not in result.stderr  # nothing tried to reach the host
 
 
@@ -62,7 +64,7 @@ def test_kimi_example_plans_on_the_slurm_profile(tmp_path, kimi_target):
         tmp_path / "kimi.yaml", KIMI_CONFIG, run=f"test-{tmp_path.name}", target={"model": str(kimi_target)}
     )
     counts = job_counts(dry_run(config, "--workflow-profile", "profiles/slurm").stdout)
-    assert counts["extract_hidden_states"] == 100 * 10 and counts["train_draft_window"] == 70
+    assert counts["extract_hidden_states"] == 100 * 10 and counts["train_draft_window"] == 60
 
 
 def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
@@ -78,6 +80,7 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
     assert counts["extract_hidden_states"] == 4 * 3  # every shard, every epoch
     assert counts["train_draft_window"] == 2 * 3 and counts["plan_windows"] == counts["train_draft"] == 1
     assert counts["check_disk_budget"] == 4  # once per shard, not per epoch
+    assert counts["stop_extraction_engine"] == 2 * 3  # an engine per window and epoch
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):

@@ -67,6 +67,10 @@ class ExtractSettings:
     backend: str = "transformers"
     vllm: dict[str, Any] = field(default_factory=dict)  # hidden_states.vllm (None values: snapshot)
     server_json: Path | None = None  # the served unit's snapshot: the vllm backend's engine settings
+    # the vllm backend's engine folder, shared by the jobs of one engine (engine.py); None: a private
+    # engine for this call, stopped when it returns (tests, benchmarks)
+    engine_dir: Path | None = None
+    engine_log: Path | None = None  # the engine's own log (None: engine_dir/engine.log)
 
 
 @dataclass
@@ -433,7 +437,7 @@ def extract_shards_vllm(
     first = jobs[0]
     options = vllm_backend.vllm_options(first.vllm)
     snapshot = vllm_backend.read_snapshot(first.server_json)
-    engine = vllm_backend.engine_settings(options, snapshot, first.max_seq_len)
+    engine = vllm_backend.engine_settings(options, snapshot, first.max_seq_len, first.batch_tokens)
     log.info(
         "vLLM engine settings: %s (from %s)",
         {k: v for k, v in engine.items() if k != "sources"},
@@ -459,11 +463,14 @@ def extract_shards_vllm(
     layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
     if batches:
         python = vllm_backend.resolve_python(options, snapshot)
-        records = [plan.settings.work / "engine.json" for plan in plans]
-        job = vllm_backend.job_spec(
-            first.target, engine, layer_ids, first.dtype, norm.as_dict(), records, batches
-        )
-        vllm_backend.run_worker(python, job, snapshot)
+        records = [str(plan.settings.work / "engine.json") for plan in plans]
+        spec = {
+            "engine": engine,
+            "layer_ids": layer_ids,
+            "final_norm": norm.as_dict(),
+            "hidden_size": plans[0].info.hidden_size,
+        }
+        run_on_engine(first, options, snapshot, python, spec, {"batches": batches, "records": records})
     metas: list[dict[str, Any] | None] = []
     for plan in plans:
         record_path = plan.settings.work / "engine.json"
@@ -480,6 +487,67 @@ def extract_shards_vllm(
         for settings in jobs:
             shutil.rmtree(settings.work, ignore_errors=True)
     return metas
+
+
+def run_on_engine(
+    settings: ExtractSettings,
+    options: Any,
+    snapshot: dict[str, Any] | None,
+    python: str,
+    spec: dict[str, Any],
+    request: dict[str, Any],
+) -> dict[str, Any]:
+    """Run a job's batches on its extraction engine (started when none runs), waiting for every part.
+
+    The engine is the one of `settings.engine_dir`, shared with the other jobs of its scope and
+    stopped by rule stop_extraction_engine; with no engine_dir, or inside a SLURM allocation (where
+    an engine cannot outlive the job), a private one stopped when this returns.
+
+    Raises:
+        engine.EngineError: the engine failed to start, or died (the parts saved are kept).
+    """
+    import os
+    import tempfile
+
+    from eagle3_pipeline.hidden_states import engine as engine_service
+    from eagle3_pipeline.hidden_states import vllm_backend
+
+    private = settings.engine_dir is None or "SLURM_JOB_ID" in os.environ
+    scratch = None
+    if settings.engine_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="eagle3-engine-")
+        directory = Path(scratch.name)
+    elif "SLURM_JOB_ID" in os.environ:
+        directory = Path(settings.engine_dir) / f"slurm-{os.environ['SLURM_JOB_ID']}"
+    else:
+        directory = Path(settings.engine_dir)
+    window = vllm_backend.in_flight_tokens(options, spec["engine"])
+    full = vllm_backend.engine_spec(
+        settings.target,
+        spec["engine"],
+        spec["layer_ids"],
+        settings.dtype,
+        spec["final_norm"],
+        vllm_backend.staging_dir(options, directory, window, spec["hidden_size"]),
+        window,
+        options.idle_timeout_s,
+        mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
+    )
+    if settings.engine_log and not private:
+        full["log"] = str(settings.engine_log)
+    directory.mkdir(parents=True, exist_ok=True)
+    env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
+    try:
+        ready = engine_service.ensure_engine(directory, python, full, env)
+        log.info("extraction engine %s: %d batches submitted", ready["start_id"], len(request["batches"]))
+        done = engine_service.submit(directory, ready, request)
+        log.info("extraction engine %s: %d tokens in %.1f s", ready["start_id"], done["tokens"], done["s"])
+        return done
+    finally:
+        if private:
+            log.info("private engine: %s", engine_service.stop_engine(directory))
+        if scratch is not None:
+            scratch.cleanup()
 
 
 def _tokenizer_loader(settings: ExtractSettings):

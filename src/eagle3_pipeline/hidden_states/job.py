@@ -16,7 +16,7 @@ from typing import Any
 from eagle3_pipeline import launch
 from eagle3_pipeline.hidden_states.extract import ExtractSettings
 
-PATH_FIELDS = ("traces", "target", "output", "metadata", "work", "server_json")
+PATH_FIELDS = ("traces", "target", "output", "metadata", "work", "server_json", "engine_dir", "engine_log")
 
 
 def rule_jobs(
@@ -38,6 +38,8 @@ def rule_jobs(
     vllm: dict[str, Any] | None,
     server_json: str | None,
     device_map: bool,
+    engine_dir: str | None = None,
+    engine_log: str | None = None,
 ) -> list[ExtractSettings]:
     """One job per split, in the order of `traces`; each split's resumable state in WORK/<split>.
 
@@ -59,6 +61,8 @@ def rule_jobs(
         vllm: hidden_states.vllm (null values: the snapshot's).
         server_json: The served unit's snapshot (the vllm backend's engine settings).
         device_map: Spread the target over every GPU the process sees (the launcher's device_map mode).
+        engine_dir: The vllm backend's shared extraction engine (engine.py); None: a private one.
+        engine_log: That engine's log (under logs/); None: engine_dir/engine.log.
 
     Raises:
         ValueError: traces, outputs and metadata do not name one path per split each.
@@ -86,6 +90,8 @@ def rule_jobs(
         backend=backend,
         vllm=vllm,
         server_json=Path(server_json) if server_json else None,
+        engine_dir=Path(engine_dir) if engine_dir else None,
+        engine_log=Path(engine_log) if engine_log else None,
     )
     return [
         replace(

@@ -1,31 +1,29 @@
-"""The vLLM backend, pipeline side: engine settings from the snapshot, the interpreter, the worker run.
+"""The vLLM backend, pipeline side: engine settings, the interpreter, the engine's spec and staging.
 
 The target runs in vLLM's own engine (vllm_worker.py) in an interpreter that has vLLM installed: the
 pipeline's environment has none, and vLLM pins its own torch. This side plans as the transformers
-backend does (sequences, batches, parts under work/), writes one job file naming every batch still to
-run and its part file, runs the worker once for all splits of a job (the engine starts once), and
-leaves the packing to extract.py.
+backend does (sequences, batches, parts under work/) and submits the batches still to run to a
+long-lived extraction engine (engine.py) shared by every extraction job of its scope; packing stays in
+extract.py.
 
 Engine settings that change the numbers come from the served unit's snapshot (server.json), so the
-states are the serving engine's: tensor_parallel_size, dtype (`--dtype`), quantization
-(`--quantization`), trust_remote_code, max_model_len; and enforce_eager (CUDA graphs change kernels).
+states are the serving engine's: tensor_parallel_size and expert parallelism, dtype (`--dtype`),
+quantization (`--quantization`), trust_remote_code, enforce_eager. What only sizes the engine is
+extraction's own: max_model_len = max_seq_len + 1, an explicit max_num_batched_tokens, no CUDA graphs.
 `hidden_states.vllm.*` overrides each one (null: from the snapshot).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io
 from eagle3_pipeline.server.secrets import REDACTED
 from eagle3_pipeline.settings import VllmEngineSettings, section
 
@@ -79,39 +77,56 @@ def read_snapshot(path: Path | None) -> dict[str, Any] | None:
         raise VllmBackendError(f"cannot read the server snapshot {path}: {err}") from None
 
 
-def engine_settings(
-    options: VllmOptions, snapshot: dict[str, Any] | None, max_seq_len: int
-) -> dict[str, Any]:
-    """The engine's settings: each from `hidden_states.vllm`, else the snapshot, else vLLM's default.
+# vLLM releases this backend was run against: the connector subclasses vLLM internals
+# (ExampleHiddenStatesConnector's PendingSave, _submit_async_write, _lock_fds) that change between them
+TESTED_VLLM = ((0, 32), (0, 33))  # [low, high): 0.32.x
+ALLOW_UNTESTED_KEY = "hidden_states.vllm.allow_untested_version"
 
-    max_model_len must hold the longest sequence plus the one token vLLM generates: the snapshot's value
-    is raised to max_seq_len + 1 when smaller (a server whose completions filled its context gives
-    sequences of exactly max_model_len tokens); an explicit `hidden_states.vllm.max_model_len` below
-    that is refused.
+
+def engine_settings(
+    options: VllmOptions, snapshot: dict[str, Any] | None, max_seq_len: int, batch_tokens: int | None = None
+) -> dict[str, Any]:
+    """The extraction engine's settings: each from `hidden_states.vllm`, else the snapshot, else a default.
+
+    What shapes the numbers follows the served unit (TP, EP, dtype, quantization, trust_remote_code,
+    enforce_eager); what only sizes the engine follows extraction: max_model_len is max_seq_len + 1 (the
+    longest sequence plus the token vLLM generates), never a unit's longer context, and
+    max_num_batched_tokens is explicit (with chunked prefill off vLLM would take max(max_model_len,
+    16384) and size its hidden-state buffers from it). A unit served with data parallelism and no
+    tensor parallelism is refused unless tensor_parallel_size is set: the engine is one LLM.
 
     Returns:
-        {tensor_parallel_size, dtype, quantization, max_model_len, trust_remote_code, enforce_eager,
-        gpu_memory_utilization, sources}: `sources` says where each value came from.
+        {tensor_parallel_size, enable_expert_parallel, dtype, quantization, max_model_len,
+        max_num_batched_tokens, trust_remote_code, enforce_eager, cuda_graphs, connector,
+        gpu_memory_utilization, gpus, sources}: `sources` says where each value came from.
+
+    Raises:
+        VllmBackendError: a setting that cannot hold the sequences, or a DP unit without a TP here.
     """
     snap = snapshot or {}
     args = snap.get("args") or {}
+    need = max_seq_len + 1
     from_snapshot = {
         "tensor_parallel_size": snap.get("tensor_parallel_size"),
+        "enable_expert_parallel": bool(args.get("--enable-expert-parallel")) if snapshot else None,
         "dtype": args.get("--dtype"),
         "quantization": args.get("--quantization"),
-        "max_model_len": snap.get("max_model_len"),
         "trust_remote_code": snap.get("trust_remote_code") if snapshot else None,
         "enforce_eager": bool(args.get("--enforce-eager")) if snapshot else None,
         "gpu_memory_utilization": None,  # memory, not numbers: the config's or vLLM's default
+        "max_model_len": None,  # the unit's context sizes a server, not extraction
+        "max_num_batched_tokens": None,
     }
     defaults = {
         "tensor_parallel_size": 1,
+        "enable_expert_parallel": False,
         "dtype": "auto",
         "quantization": None,
-        "max_model_len": max_seq_len + 1,
         "trust_remote_code": False,
         "enforce_eager": False,
         "gpu_memory_utilization": None,
+        "max_model_len": need,
+        "max_num_batched_tokens": None,  # filled below from max_model_len
     }
     settings: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -123,18 +138,77 @@ def engine_settings(
             settings[name], sources[name] = from_snapshot[name], "snapshot"
         else:
             settings[name], sources[name] = default, "default"
-    need = max_seq_len + 1
+    data_parallel = int(args.get("--data-parallel-size") or 1)
+    if data_parallel > 1 and options.tensor_parallel_size is None:
+        ep = " --enable-expert-parallel" if args.get("--enable-expert-parallel") else ""
+        tp = args.get("--tensor-parallel-size")
+        raise VllmBackendError(
+            f"the served unit runs --data-parallel-size {data_parallel}{ep}"
+            f"{f' --tensor-parallel-size {tp}' if tp else ' and no --tensor-parallel-size'}: the "
+            "extraction engine is one vLLM LLM, whose data parallelism is not run here; set "
+            f"hidden_states.vllm.tensor_parallel_size to the GPUs it should use (TP x DP = "
+            f"{int(tp or 1) * data_parallel}; expert parallelism is kept), or "
+            "hidden_states.backend: transformers"
+        )
     if settings["max_model_len"] < need:
-        if sources["max_model_len"] == "config":
-            raise VllmBackendError(
-                f"hidden_states.vllm.max_model_len {settings['max_model_len']} cannot hold a sequence of "
-                f"hidden_states.max_seq_len {max_seq_len} tokens plus the one vLLM generates: set it to "
-                f">= {need} or null"
-            )
-        log.info("max_model_len %d (snapshot) raised to %d", settings["max_model_len"], need)
-        settings["max_model_len"], sources["max_model_len"] = need, "max_seq_len"
+        raise VllmBackendError(
+            f"hidden_states.vllm.max_model_len {settings['max_model_len']} cannot hold a sequence of "
+            f"hidden_states.max_seq_len {max_seq_len} tokens plus the one vLLM generates: set it to "
+            f">= {need} or null"
+        )
+    if snap.get("max_model_len") and snap["max_model_len"] != settings["max_model_len"]:
+        log.info("the unit's max_model_len %s not used: extraction needs %d", snap["max_model_len"], need)
+    if settings["max_num_batched_tokens"] is None:
+        settings["max_num_batched_tokens"] = max(settings["max_model_len"], batch_tokens or 0)
+        sources["max_num_batched_tokens"] = "max(max_model_len, batch_tokens)"
+    elif settings["max_num_batched_tokens"] < settings["max_model_len"]:
+        raise VllmBackendError(
+            f"hidden_states.vllm.max_num_batched_tokens {settings['max_num_batched_tokens']} is below "
+            f"max_model_len {settings['max_model_len']}: with chunked prefill off (one prefill per "
+            "sequence) a step must hold the longest sequence; raise it or set it to null"
+        )
+    settings["cuda_graphs"], sources["cuda_graphs"] = options.cuda_graphs, "config"
+    settings["connector"], sources["connector"] = options.connector, "config"
+    settings["gpus"] = settings["tensor_parallel_size"]  # one LLM: TP x 1 (DP is refused above)
     settings["sources"] = sources
     return settings
+
+
+def check_vllm_version(version: str, allow_untested: bool) -> None:
+    """Refuse a vLLM outside TESTED_VLLM unless `hidden_states.vllm.allow_untested_version` is set.
+
+    Raises:
+        VllmBackendError: naming the version, the tested range and the override key.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VLLM
+    tested = f">={lo_major}.{lo_minor}.0,<{hi_major}.{hi_minor}"
+    try:
+        release = Version(version).release[:2]
+    except InvalidVersion:
+        release = ()
+    if (lo_major, lo_minor) <= tuple(release) < (hi_major, hi_minor):
+        return
+    if allow_untested:
+        log.warning("vLLM %s is outside the tested range %s (%s: true)", version, tested, ALLOW_UNTESTED_KEY)
+        return
+    raise VllmBackendError(
+        f"vLLM {version} is outside the range this backend was tested with ({tested}): its hidden-state "
+        f"connector subclasses vLLM internals that change between releases. Install a vLLM in that "
+        f"range for hidden_states.vllm.python, or set {ALLOW_UNTESTED_KEY}: true to run it anyway "
+        "(check the states against the transformers backend)"
+    )
+
+
+def vllm_version(python: str) -> str | None:
+    """The vLLM version installed for `python` (its metadata, not an import: milliseconds), or None."""
+    code = "import importlib.metadata as m; print(m.version('vllm'))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _has_vllm(python: str) -> bool:
@@ -169,6 +243,9 @@ def resolve_python(options: VllmOptions, snapshot: dict[str, Any] | None) -> str
     resolved = shutil.which(python) or python
     if not _has_vllm(resolved):
         raise VllmBackendError(f"{origin} {python!r} does not run or has no vLLM here: {fix}")
+    version = vllm_version(resolved)
+    if version:  # a source checkout without metadata is let through; the worker records its version
+        check_vllm_version(version, options.allow_untested_version)
     return str(Path(resolved).absolute())
 
 
@@ -200,51 +277,50 @@ def worker_env(package_dir: Path, snapshot: dict[str, Any] | None) -> dict[str, 
     return env
 
 
-def run_worker(python: str, job: dict[str, Any], snapshot: dict[str, Any] | None) -> None:
-    """Run every batch of `job` in one vLLM engine; the engine's log goes to our stderr (the rule's log).
-
-    Raises:
-        VllmBackendError: the worker failed (its own error is the last lines of the log).
-    """
-    with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:
-        scratch = Path(tmp)
-        job = {**job, "scratch": str(scratch / "states")}  # vLLM's per-request files, read and removed
-        job_file = scratch / "job.json"
-        io.write_json(job, job_file, indent=None)
-        env = worker_env(package_path(scratch), snapshot)
-        command = [python, "-m", WORKER_MODULE, str(job_file)]
-        log.info("vLLM worker: %s (%d batches)", " ".join(command), len(job["batches"]))
-        start = time.perf_counter()
-        sys.stderr.flush()
-        try:
-            sink: Any = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            sink = None  # a captured stderr without a file (pytest): the child inherits ours
-        result = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
-        if result.returncode != 0:
-            raise VllmBackendError(
-                f"the vLLM worker exited with status {result.returncode}; its error is in the log above "
-                "(a target vLLM cannot run: hidden_states.backend: transformers)"
-            )
-        log.info("vLLM worker done in %.1f s", time.perf_counter() - start)
+def staging_bytes_per_token(hidden_size: int, num_states: int = 4) -> int:
+    """A staged request's bytes per token: the connector writes [T, 4, H] in the engine's dtype (bf16)."""
+    return num_states * hidden_size * 2
 
 
-def job_spec(
+def staging_dir(options: VllmOptions, engine_dir: Path, window_tokens: int, hidden_size: int) -> Path:
+    """Where the connector writes each request's states: the config's, else /dev/shm when it holds the
+    in-flight window twice over (the requests in the engine and those being read), else the engine's
+    folder under work/ (on the run's own disk, counted in its budget)."""
+    if options.staging_dir:
+        return Path(options.staging_dir)
+    need = 2 * window_tokens * staging_bytes_per_token(hidden_size)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need:
+        key = hashlib.sha256(str(Path(engine_dir).resolve()).encode()).hexdigest()[:12]
+        return shm / f"eagle3-{os.getuid()}-{key}"
+    return Path(engine_dir) / "staging"
+
+
+def in_flight_tokens(options: VllmOptions, engine: dict[str, Any]) -> int:
+    """The engine's bounded window: hidden_states.vllm.max_in_flight_tokens, else two steps' worth."""
+    return int(options.max_in_flight_tokens or 2 * engine["max_num_batched_tokens"])
+
+
+def engine_spec(
     target: Path,
     engine: dict[str, Any],
     layer_ids: list[int],
     storage_dtype: str,
     final_norm: dict[str, Any],
-    records: list[Path],
-    batches: list[dict[str, Any]],
+    staging: Path,
+    window_tokens: int,
+    idle_timeout_s: float,
+    mode: str = "stream",
 ) -> dict[str, Any]:
-    """The worker's job file (see vllm_worker.run_job)."""
+    """What an extraction engine runs (engine.py's spec.json, read by vllm_worker.serve)."""
     return {
         "target": str(Path(target).resolve()),
         "engine": {k: v for k, v in engine.items() if k != "sources"},
         "layer_ids": layer_ids,
         "storage_dtype": storage_dtype,
         "final_norm": final_norm,
-        "records": [str(p) for p in records],
-        "batches": batches,
+        "staging_dir": str(staging),
+        "max_in_flight_tokens": window_tokens,
+        "idle_timeout_s": idle_timeout_s,
+        "mode": mode,
     }

@@ -6,8 +6,11 @@ of its hidden-state "KV cache" on a CUDA stream into pinned host memory and writ
 pool; on the CPU build the pinned allocation fails ("pin_memory=True requires a CUDA or other
 accelerator backend"). This subclass copies the slots to CPU and writes the file before returning, then
 releases the per-file lock the reader waits on (the lock and the file names are the parent's). The
-write is on the engine's step, which costs little next to a full forward over the same tokens; on GPU
-the device-to-host copy is synchronous too (a blocking `.cpu()`), which is the price of one code path.
+write is on the engine's step, which costs little next to a CPU forward over the same tokens. On CUDA
+the worker uses vLLM's own asynchronous connector instead (hidden_states.vllm.connector: auto); this
+one runs there only when asked for (`sync`, the GPU check's comparison). It overrides private members
+of the parent (`_submit_async_write`, `_lock_fds`, `_req_copy_events`): the backend refuses a vLLM
+outside the tested range (vllm_backend.TESTED_VLLM).
 """
 
 from __future__ import annotations

@@ -1,25 +1,35 @@
-"""The vLLM side of the vLLM backend: one offline engine runs every batch of a job into its part file.
+"""The vLLM side of the vLLM backend: one long-lived engine turns its clients' batches into part files.
 
-Run as `VLLM_PYTHON -m eagle3_pipeline.hidden_states.vllm_worker JOB.json` by `vllm_backend.run_worker`,
-in an interpreter that has vLLM (the pipeline's has none, and vLLM pins its own torch). Imports only
-vLLM, torch, safetensors and this package's light modules (no polars, transformers or accelerate
-at module level), so the spawned engine processes import it cheaply.
+Run as `VLLM_PYTHON -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR` (engine.py starts
+it, detached, for the first extraction job that has batches to run), in an interpreter that has vLLM
+(the pipeline's has none, and vLLM pins its own torch). Imports only vLLM, torch, safetensors and this
+package's light modules, so the spawned engine processes import it cheaply.
 
-The engine is vLLM's speculative method `extract_hidden_states` with our `SyncHiddenStatesConnector`
-(vllm_connector.py): each sequence, the server's own token ids, is sent as a prompt with
-`max_tokens=1`; the connector writes its states, [tokens, 4, H] for the layer ids
-[aux..., num_hidden_layers], to a scratch file. The three aux states are concatenated in layer order
-and the fourth (before the final norm) goes through the target's final RMSNorm (final_norm.py); each
-batch is saved as one part, atomically, in the transformers backend's part format.
+The engine is vLLM's speculative method `extract_hidden_states`; each sequence, the server's own token
+ids, is a prompt with `max_tokens=1` and the KV connector writes its states, [tokens, 4, H] for the
+layer ids [aux..., num_hidden_layers], to a staging file. On CUDA the connector is vLLM's own
+asynchronous `ExampleHiddenStatesConnector`; where pinned memory is missing (CPU) ours,
+`SyncHiddenStatesConnector` (vllm_connector.py).
+
+The engine never drains: requests stream into vLLM's LLMEngine under a bounded window of in-flight
+tokens (`max_in_flight_tokens`) while a writer thread reads each finished request's states, applies the
+final norm and writes each batch's part as soon as its last request is back; the engine core (its own
+process) keeps stepping the next requests meanwhile. `mode: drain` runs the former loop instead (one
+`LLM.generate` per batch, then reading and writing with the engine idle), for the benchmark's "before".
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import queue
+import shutil
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -30,45 +40,79 @@ from eagle3_pipeline.hidden_states import final_norm, storage
 from eagle3_pipeline.logs import setup_logging
 
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")
-CONNECTOR = "SyncHiddenStatesConnector"
-CONNECTOR_MODULE = "eagle3_pipeline.hidden_states.vllm_connector"
+SYNC_CONNECTOR = "SyncHiddenStatesConnector"
+SYNC_CONNECTOR_MODULE = "eagle3_pipeline.hidden_states.vllm_connector"
+ASYNC_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's own (pinned memory, side stream, threads)
 FALLBACK = "set hidden_states.backend: transformers to extract with transformers instead"
+HEARTBEAT_S = 1.0
 
 
 class WorkerError(RuntimeError):
     """The engine could not run the job; the message names the fix."""
 
 
-def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
-    """`vllm.LLM` arguments: the job's engine settings plus what extraction itself needs."""
+def _is_cuda() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda_alike())
+
+
+def connector_name(choice: str, cuda: bool) -> str:
+    """auto: vLLM's async connector on CUDA, ours (synchronous) where pinned memory is missing."""
+    if choice == "async" and not cuda:
+        raise WorkerError(
+            "hidden_states.vllm.connector: async needs CUDA pinned memory, which this device has not: "
+            "set it to auto or sync"
+        )
+    if choice == "sync" or (choice == "auto" and not cuda):
+        return SYNC_CONNECTOR
+    return ASYNC_CONNECTOR
+
+
+def is_vl_wrapper(target: str) -> bool:
+    """A multimodal wrapper (Kimi-K2.5's KimiK25ForConditionalGeneration): a text_config inside."""
+    config = json.loads((Path(target) / "config.json").read_text())
+    return "text_config" in config or "vision_config" in config
+
+
+def engine_kwargs(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
+    """`vllm.LLM` arguments: the spec's engine settings plus what extraction itself needs."""
     from vllm.config import KVTransferConfig
 
-    engine = job["engine"]
+    engine = spec["engine"]
+    connector = connector_name(engine.get("connector", "auto"), cuda)
     kwargs: dict[str, Any] = {
-        "model": job["target"],
+        "model": spec["target"],
         # ids in, ids out: no tokenizer to load (or to trust). vLLM then logs a harmless
         # "Chat template warmup failed ... Tokenizer not available" warning at start.
         "skip_tokenizer_init": True,
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": job["layer_ids"]}},
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": spec["layer_ids"]}},
         },
         "kv_transfer_config": KVTransferConfig(
-            kv_connector=CONNECTOR,
-            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_connector=connector,
+            **({"kv_connector_module_path": SYNC_CONNECTOR_MODULE} if connector == SYNC_CONNECTOR else {}),
             kv_role="kv_producer",
-            kv_connector_extra_config={"shared_storage_path": job["scratch"]},
+            kv_connector_extra_config={"shared_storage_path": spec["staging_dir"]},
         ),
         "enable_chunked_prefill": False,  # a sequence's states come from one prefill
-        "enable_prefix_caching": False,  # every state is computed, none reused from another request
+        "enable_prefix_caching": False,  # every state computed, none reused (vLLM issue 44485)
         "tensor_parallel_size": engine["tensor_parallel_size"],
+        "enable_expert_parallel": bool(engine.get("enable_expert_parallel")),
         "dtype": engine["dtype"],
         "max_model_len": engine["max_model_len"],
+        "max_num_batched_tokens": engine["max_num_batched_tokens"],
         "trust_remote_code": engine["trust_remote_code"],
         "enforce_eager": engine["enforce_eager"],
         "seed": 0,
     }
+    if is_vl_wrapper(spec["target"]):
+        # text only, said explicitly rather than through vLLM's fallback for a missing tokenizer
+        kwargs["language_model_only"] = True
+    if cuda and not engine.get("cuda_graphs"):
+        kwargs["compilation_config"] = {"cudagraph_mode": "NONE"}  # prefill only: no graphs to replay
     for optional in ("quantization", "gpu_memory_utilization"):
         if engine.get(optional) is not None:
             kwargs[optional] = engine[optional]
@@ -93,39 +137,52 @@ def _version() -> str:
     return vllm.__version__
 
 
-def make_engine(job: dict[str, Any]) -> Any:
+def make_engine(spec: dict[str, Any], cuda: bool) -> Any:
     """The offline engine; any failure to build it comes back naming the transformers fallback."""
     from vllm import LLM
 
-    check_architecture(job["target"], job["engine"]["trust_remote_code"])
-    kwargs = engine_kwargs(job)
+    check_architecture(spec["target"], spec["engine"]["trust_remote_code"])
+    kwargs = engine_kwargs(spec, cuda)
     try:
         return LLM(**kwargs)
     except Exception as err:
         raise WorkerError(
-            f"vLLM {_version()} could not run {job['target']} with extract_hidden_states "
+            f"vLLM {_version()} could not run {spec['target']} with extract_hidden_states "
             f"({type(err).__name__}: {err}); see the engine's log above, or {FALLBACK}"
         ) from err
 
 
-def engine_record(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
+def engine_record(llm: Any, spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """What the engine really ran with, for the shard metadata."""
     config = llm.llm_engine.vllm_config
+    transfer = config.kv_transfer_config
+    compilation = config.compilation_config
     return {
         "vllm_version": _version(),
+        "start_id": spec["start_id"],
+        "runner": "v2" if config.use_v2_model_runner else "v1",
+        "connector": transfer.kv_connector if transfer else None,
         "dtype": str(config.model_config.dtype).removeprefix("torch."),
         "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        "enable_expert_parallel": config.parallel_config.enable_expert_parallel,
         "quantization": config.model_config.quantization,
         "max_model_len": config.model_config.max_model_len,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "trust_remote_code": config.model_config.trust_remote_code,
         "enforce_eager": config.model_config.enforce_eager,
-        "layer_ids": job["layer_ids"],
+        "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
+        "language_model_only": bool(
+            getattr(config.model_config, "multimodal_config", None)
+            and config.model_config.multimodal_config.language_model_only
+        ),
+        "layer_ids": spec["layer_ids"],
         "device": str(config.device_config.device),
+        "cuda": cuda,
     }
 
 
 def read_states(output: Any, ids: list[int]) -> torch.Tensor:
-    """[tokens, len(layer_ids), H] states of one request, after its file is written (flock wait)."""
+    """[tokens, len(layer_ids), H] states of one request, once its file is written (flock wait)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         cleanup_hidden_states,
         load_hidden_states,
@@ -144,71 +201,262 @@ def read_states(output: Any, ids: list[int]) -> torch.Tensor:
     return data["hidden_states"]
 
 
-def run_batch(
-    llm: Any, batch: dict[str, Any], weight: torch.Tensor, eps: float, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """One batch's part: {index, aux_hidden_states [T, 3H], final_hidden_states [T, H]} (post-norm)."""
-    from vllm import SamplingParams, TokensPrompt
+class Finisher:
+    """Turns finished requests into states, and complete batches into parts (the writer thread's work)."""
 
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch["input_ids"]]
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
-    aux, final = [], []
-    for output, ids in zip(outputs, batch["input_ids"], strict=True):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        norm = final_norm.FinalNorm(**spec["final_norm"])
+        self.weight, self.eps = final_norm.load_weight(norm), norm.eps
+        self.dtype = storage.TORCH_DTYPES[spec["storage_dtype"]]
+
+    def states(self, output: Any, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [T, 3H], final [T, H] post-norm) of one finished request."""
         states = read_states(output, ids)
         tokens, _, hidden = states.shape
-        aux.append(states[:, :3].reshape(tokens, 3 * hidden).to(dtype))
-        final.append(final_norm.rms_norm(states[:, 3], weight, eps).to(dtype))
-    return {
-        "index": torch.tensor(batch["index"], dtype=torch.int64),
-        "aux_hidden_states": torch.cat(aux),
-        "final_hidden_states": torch.cat(final),
-    }
+        aux = states[:, :3].reshape(tokens, 3 * hidden).to(self.dtype)
+        return aux, final_norm.rms_norm(states[:, 3], self.weight, self.eps).to(self.dtype)
 
-
-def run_job(job: dict[str, Any]) -> None:
-    """Start the engine, record its settings, then save a part for every batch of the job."""
-    norm = final_norm.FinalNorm(**job["final_norm"])
-    weight = final_norm.load_weight(norm)
-    dtype = storage.TORCH_DTYPES[job["storage_dtype"]]
-    start = time.perf_counter()
-    llm = make_engine(job)  # includes vLLM's import
-    log.info("engine ready in %.1f s (vLLM's import included)", time.perf_counter() - start)
-    record = {**engine_record(llm, job), "engine_start_s": round(time.perf_counter() - start, 2)}
-    for path in job["records"]:
-        storage.write_json(record, Path(path))
-    total_tokens, extract_s = 0, 0.0
-    for done, batch in enumerate(job["batches"], 1):
-        start = time.perf_counter()
-        tensors = run_batch(llm, batch, weight, norm.eps, dtype)
+    @staticmethod
+    def write_part(batch: dict[str, Any], pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        tensors = {
+            "index": torch.tensor(batch["index"], dtype=torch.int64),
+            "aux_hidden_states": torch.cat([aux for aux, _ in pieces]),
+            "final_hidden_states": torch.cat([final for _, final in pieces]),
+        }
         io.write_safetensors(tensors, Path(batch["part"]))
-        tokens = tensors["aux_hidden_states"].shape[0]
-        total_tokens, extract_s = total_tokens + tokens, extract_s + time.perf_counter() - start
-        log.info(
-            "part %s (%d/%d): %d samples, %d tokens, %.0f tokens/s",
-            Path(batch["part"]).name,
-            done,
-            len(job["batches"]),
-            len(batch["index"]),
-            tokens,
-            tokens / max(time.perf_counter() - start, 1e-9),
-        )
-    # this run's figures (a resumed job's are those of its last run)
-    record["last_run"] = {
-        "batches": len(job["batches"]),
-        "tokens": total_tokens,
-        "extract_s": round(extract_s, 2),
-    }
-    for path in job["records"]:
-        storage.write_json(record, Path(path))
+        return int(tensors["aux_hidden_states"].shape[0])
+
+
+class Request:
+    """One client job's batches, as they come back."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.name: str = data["name"]
+        self.batches: list[dict[str, Any]] = data["batches"]
+        self.records: list[str] = data.get("records", [])
+        self.pieces: list[list[Any]] = [[None] * len(b["input_ids"]) for b in self.batches]
+        self.missing = [len(b["input_ids"]) for b in self.batches]
+        self.open_batches = sum(1 for n in self.missing if n)
+        self.tokens, self.error = 0, ""
+        self.started = time.time()
+
+
+class Server:
+    """The engine's loop: take requests from queue/, keep the engine fed, write parts and done files."""
+
+    def __init__(self, directory: Path, spec: dict[str, Any]) -> None:
+        self.directory, self.spec = directory, spec
+        self.window = int(spec["max_in_flight_tokens"])
+        self.idle_timeout = float(spec["idle_timeout_s"])
+        self.pending: deque[tuple[Request, int, int]] = deque()  # (request, batch, sequence) to add
+        self.in_flight: dict[str, tuple[Request, int, int, int]] = {}  # vLLM id -> (.., tokens)
+        self.in_flight_tokens = 0
+        self.finished: queue.Queue[Any] = queue.Queue()  # to the writer thread
+        self.busy_s = 0.0  # wall time with requests in the engine
+        self.tokens = 0
+        self.requests = 0
+        self.first_request = self.last_done = 0.0  # perf_counter: the span with work to do
+
+    def _take_requests(self, record: dict[str, Any]) -> None:
+        for path in sorted((self.directory / "queue").glob("*.json"), key=lambda p: p.stat().st_mtime):
+            data = json.loads(path.read_text())
+            path.unlink()
+            request = Request(data)
+            self.first_request = self.first_request or time.perf_counter()
+            for target in request.records:
+                storage.write_json(record, Path(target))
+            log.info("request %s: %d batches", request.name, len(request.batches))
+            self._accept(request)
+
+    def _accept(self, request: Request) -> None:
+        if not request.open_batches:
+            self._done(request)
+        for b, batch in enumerate(request.batches):
+            self.pending.extend((request, b, i) for i in range(len(batch["input_ids"])))
+
+    def _done(self, request: Request) -> None:
+        elapsed = round(time.time() - request.started, 2)
+        result = {"ok": not request.error, "error": request.error, "tokens": request.tokens, "s": elapsed}
+        for target in request.records:
+            path = Path(target)
+            if path.exists():
+                data = json.loads(path.read_text())
+                data["last_run"] = {
+                    "batches": len(request.batches),
+                    "tokens": request.tokens,
+                    "extract_s": elapsed,
+                }
+                storage.write_json(data, path)
+        io.write_json(result, self.directory / "done" / f"{request.name}.json", indent=None)
+        self.requests += 1
+        self.last_done = time.perf_counter()
+
+    def _writer(self, finisher: Finisher) -> None:
+        while True:
+            item = self.finished.get()
+            if item is None:
+                return
+            request, b, i, output = item
+            batch = request.batches[b]
+            try:
+                if not request.error:
+                    request.pieces[b][i] = finisher.states(output, batch["input_ids"][i])
+            except Exception as err:  # a request's own failure: its client fails, the engine goes on
+                request.error = f"{type(err).__name__}: {err}"
+            request.missing[b] -= 1
+            if request.missing[b] == 0:
+                try:
+                    if not request.error:
+                        request.tokens += Finisher.write_part(batch, request.pieces[b])
+                except Exception as err:
+                    request.error = f"{type(err).__name__}: {err}"
+                request.pieces[b] = []
+                request.open_batches -= 1
+                if request.open_batches == 0:
+                    self.tokens += request.tokens
+                    self._done(request)
+
+    def _fill(self, engine: Any, params: Any) -> None:
+        from vllm import TokensPrompt
+
+        while self.pending:
+            request, b, i = self.pending[0]
+            ids = request.batches[b]["input_ids"][i]
+            if self.in_flight and self.in_flight_tokens + len(ids) > self.window:
+                return
+            self.pending.popleft()
+            rid = f"{request.name}-{b}-{i}"  # outputs carry this id (vLLM suffixes its internal one)
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+            self.in_flight[rid] = (request, b, i, len(ids))
+            self.in_flight_tokens += len(ids)
+
+    def stats(self, ready_at: float) -> dict[str, Any]:
+        wall = time.perf_counter() - ready_at
+        working = self.last_done - self.first_request if self.last_done else 0.0
+        return {
+            "busy_s": round(self.busy_s, 3),
+            "wall_s": round(wall, 3),
+            "busy_fraction": round(self.busy_s / wall, 4) if wall > 0 else None,
+            # from the first request taken to the last one answered (no wait for clients counted)
+            "working_s": round(working, 3),
+            "busy_fraction_working": round(self.busy_s / working, 4) if working > 0 else None,
+            "tokens": self.tokens,
+            "requests": self.requests,
+            "mode": self.spec.get("mode", "stream"),
+        }
+
+    def run(self, llm: Any, record: dict[str, Any]) -> None:
+        from vllm import SamplingParams
+
+        engine = llm.llm_engine
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        writer = threading.Thread(target=self._writer, args=(Finisher(self.spec),), daemon=True)
+        writer.start()
+        ready_at = last_work = time.perf_counter()
+        stats_at = 0.0
+        while True:
+            self._take_requests(record)
+            self._fill(engine, params)
+            if self.in_flight:
+                start = time.perf_counter()
+                outputs = engine.step()  # waits for the engine core, which steps on its own meanwhile
+                for output in outputs:
+                    if output.finished and output.request_id in self.in_flight:
+                        request, b, i, tokens = self.in_flight.pop(output.request_id)
+                        self.in_flight_tokens -= tokens
+                        self.finished.put((request, b, i, output))
+                last_work = time.perf_counter()
+                self.busy_s += last_work - start
+            else:
+                if (self.directory / "stop").exists() and self.finished.empty():
+                    break
+                if time.perf_counter() - last_work > self.idle_timeout:
+                    log.info("no request for %.0f s: exiting", self.idle_timeout)
+                    break
+                time.sleep(0.02)
+            if time.perf_counter() - stats_at > 1.0:
+                io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+                stats_at = time.perf_counter()
+        self.finished.put(None)
+        writer.join()
+        io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+
+
+class DrainServer(Server):
+    """The former loop, for the benchmark's "before": one LLM.generate per batch, then read and write
+    with the engine idle."""
+
+    def __init__(self, directory: Path, spec: dict[str, Any]) -> None:
+        super().__init__(directory, spec)
+        self.open: list[Request] = []
+
+    def _accept(self, request: Request) -> None:
+        self.open.append(request)
+
+    def run(self, llm: Any, record: dict[str, Any]) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        finisher = Finisher(self.spec)
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        ready_at = last_work = time.perf_counter()
+        while True:
+            self._take_requests(record)
+            for request in self.open:
+                for batch in request.batches:
+                    start = time.perf_counter()
+                    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch["input_ids"]]
+                    outputs = llm.generate(prompts, params, use_tqdm=False)
+                    self.busy_s += time.perf_counter() - start
+                    ids = batch["input_ids"]
+                    pieces = [finisher.states(out, seq) for out, seq in zip(outputs, ids, strict=True)]
+                    request.tokens += Finisher.write_part(batch, pieces)
+                self.tokens += request.tokens
+                self._done(request)
+                last_work = time.perf_counter()
+            self.open.clear()
+            if (self.directory / "stop").exists() or time.perf_counter() - last_work > self.idle_timeout:
+                break
+            time.sleep(0.02)
+        io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+
+
+def _heartbeat(path: Path) -> None:
+    while True:
+        path.touch()
+        time.sleep(HEARTBEAT_S)
+
+
+def serve(directory: Path) -> None:
+    """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
+    threading.Thread(target=_heartbeat, args=(directory / "heartbeat",), daemon=True).start()
+    spec = json.loads((directory / "spec.json").read_text())
+    # a folder of this engine's own under the staging folder: removed whole when it exits
+    spec["staging_dir"] = str(Path(spec["staging_dir"]) / spec["start_id"])
+    Path(spec["staging_dir"]).mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    cuda = _is_cuda()
+    llm = make_engine(spec, cuda)  # includes vLLM's import
+    # this process only reads, normalises and writes while the engine core (its own processes) runs
+    # the model: one intra-op thread, so that it never competes with the engine for the cores
+    torch.set_num_threads(1)
+    record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
+    log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
+    io.write_json(record, directory / "ready.json")
+    server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
+    server.run(llm, record)
+    shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
+    with contextlib.suppress(OSError):  # the staging folder itself, once no engine uses it
+        Path(spec["staging_dir"]).parent.rmdir()
+    log.info("engine %s done: %s", spec["start_id"], server.stats(start))
 
 
 def main(argv: list[str]) -> int:
-    setup_logging(None, "vllm_worker")  # stderr is the extraction job's log
-    if len(argv) != 1:
-        print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker JOB.json", file=sys.stderr)  # noqa: T201
+    setup_logging(None, "vllm_worker")  # stderr is the engine's log
+    if len(argv) != 2 or argv[0] != "serve":
+        print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR", file=sys.stderr)  # noqa: T201
         return 2
     try:
-        run_job(json.loads(Path(argv[0]).read_text()))
+        serve(Path(argv[1]))
     except (WorkerError, final_norm.FinalNormError) as err:
         log.error("%s", err)
         return 3

@@ -1,0 +1,292 @@
+"""The extraction engine's lifetime: one vLLM engine serves many extraction jobs (its clients).
+
+An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window under a disk cap):
+
+    lock          flock: one client starts (or stops) the engine at a time
+    spec.json     what it runs (target, engine settings, layer ids, final norm, staging, window)
+    process.json  {start_id, pid, host, fingerprint}: written by the client that started it
+    heartbeat     touched every second by the engine process (its liveness, also across hosts)
+    ready.json    the engine's record (vLLM version, runner, connector, settings, start_id) once up
+    queue/        requests: one JSON per client job (its batches and their part files)
+    done/         one JSON per finished request ({ok, error, tokens, ...})
+    stats.json    busy seconds (time in engine steps) and wall seconds since ready
+    engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
+    stop          asks the engine to exit once its queue is empty
+
+The first extraction job that has batches to run starts the engine (`ensure_engine`, detached from
+the job: it outlives it) and every job submits its batches to it (`submit`) and waits for its parts,
+failing loudly when the engine dies (its log's tail in the error; the rerun starts a new engine and
+resumes from the parts saved). Rule `stop_extraction_engine` (after every extraction job of its scope;
+training waits on it) stops it (`stop_engine`), as does the workflow's onsuccess/onerror handler, and
+an engine idle for `hidden_states.vllm.idle_timeout_s` exits by itself. Inside a SLURM allocation an
+engine cannot outlive its job: there each job owns a private engine, stopped when it ends.
+
+This module imports neither vLLM nor torch (the pipeline's side); the engine is
+`python -m eagle3_pipeline.hidden_states.vllm_worker serve DIR` in vLLM's interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline import io
+from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
+HEARTBEAT_STALE_S = 60.0  # a heartbeat older than this is a dead (or frozen) engine
+POLL_S = 0.2
+
+
+class EngineError(VllmBackendError):
+    """The extraction engine could not start, died, or failed a request; the message says what to do."""
+
+
+def fingerprint(spec: dict[str, Any]) -> str:
+    """What an engine runs (not where it stages): a running engine with another one is replaced."""
+    keep = {k: v for k, v in spec.items() if k not in ("start_id", "staging_dir", "idle_timeout_s", "log")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (our own child not yet reaped) is dead
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+def engine_alive(directory: Path, info: dict[str, Any] | None = None) -> bool:
+    """The engine named by process.json runs: its process (on this host) and a fresh heartbeat."""
+    info = info or _read(directory / "process.json")
+    if not info:
+        return False
+    if info.get("host") == socket.gethostname() and not _pid_alive(int(info["pid"])):
+        return False
+    try:
+        age = time.time() - (directory / "heartbeat").stat().st_mtime
+    except OSError:
+        age = time.time() - info.get("started_at", 0)  # not beating yet: starting
+    return age < HEARTBEAT_STALE_S
+
+
+def log_path(directory: Path, info: dict[str, Any] | None = None) -> Path:
+    """The engine's log: where its start put it (process.json), else the folder's engine.log."""
+    return Path((info or _read(directory / "process.json") or {}).get("log") or directory / "engine.log")
+
+
+def log_tail(directory: Path, lines: int = 40, info: dict[str, Any] | None = None) -> str:
+    try:
+        return "\n".join(log_path(directory, info).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no engine log)"
+
+
+def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Start a detached engine process (a session of its own: it outlives the job that started it)."""
+    for name in ("ready.json", "heartbeat", "stop", "stats.json"):
+        (directory / name).unlink(missing_ok=True)
+    for folder in ("queue", "done"):  # a dead engine's requests: their clients failed with it
+        for stale in (directory / folder).glob("*"):
+            stale.unlink(missing_ok=True)
+        (directory / folder).mkdir(parents=True, exist_ok=True)
+    start_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    spec = {**spec, "start_id": start_id}
+    io.write_json(spec, directory / "spec.json", indent=None)
+    log_file = Path(spec.get("log") or directory / "engine.log")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as sink:
+        sink.write(f"\n=== engine {start_id} starting ===\n")
+        sink.flush()
+        process = subprocess.Popen(
+            [python, "-m", WORKER_MODULE, "serve", str(directory)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+        )
+    info = {
+        "start_id": start_id,
+        "pid": process.pid,
+        "host": socket.gethostname(),
+        "fingerprint": fingerprint(spec),
+        "started_at": time.time(),
+        "python": python,
+        "log": str(log_file),
+    }
+    io.write_json(info, directory / "process.json")
+    log.info("extraction engine %s started (pid %d): its log is %s", start_id, process.pid, log_file)
+    return info
+
+
+def ensure_engine(
+    directory: Path, python: str, spec: dict[str, Any], env: dict[str, str], start_timeout_s: float = 3600
+) -> dict[str, Any]:
+    """The engine's ready record: the running engine's when it runs `spec`, else a new one's.
+
+    Raises:
+        EngineError: the engine exited or did not become ready (its log's tail in the message).
+    """
+    directory = Path(directory)
+    with _locked(directory):
+        info = _read(directory / "process.json")
+        if info and engine_alive(directory, info) and info.get("fingerprint") != fingerprint(spec):
+            log.info("the running engine %s runs other settings: stopping it", info["start_id"])
+            _stop(directory, info, timeout_s=600)
+            info = None
+        if not (info and engine_alive(directory, info)):
+            info = _start(directory, python, spec, env)
+        else:
+            log.info("using the running extraction engine %s (pid %s)", info["start_id"], info["pid"])
+    deadline = time.monotonic() + start_timeout_s
+    while time.monotonic() < deadline:
+        ready = _read(directory / "ready.json")
+        if ready and ready.get("start_id") == info["start_id"]:
+            return ready
+        if not engine_alive(directory, info):
+            raise EngineError(
+                f"the extraction engine {info['start_id']} exited before it was ready; its log "
+                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
+            )
+        time.sleep(POLL_S)
+    raise EngineError(f"the extraction engine {info['start_id']} was not ready after {start_timeout_s:.0f} s")
+
+
+def submit(directory: Path, ready: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """Queue one job's batches on the engine and wait until every part is written.
+
+    Args:
+        directory: the engine's folder.
+        ready: its ready record (ensure_engine).
+        request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
+
+    Raises:
+        EngineError: the engine died or failed the request (the rerun resumes from the parts saved).
+    """
+    directory = Path(directory)
+    name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    io.write_json({**request, "name": name}, directory / "queue" / f"{name}.json", indent=None)
+    done_file = directory / "done" / f"{name}.json"
+    info = _read(directory / "process.json") or {}
+    while True:
+        done = _read(done_file)
+        if done is not None:
+            done_file.unlink(missing_ok=True)
+            if done.get("error"):
+                raise EngineError(
+                    f"the extraction engine {ready['start_id']} failed this job: {done['error']}"
+                )
+            return done
+        if info.get("start_id") != ready["start_id"] or not engine_alive(directory, info):
+            raise EngineError(
+                f"the extraction engine {ready['start_id']} (pid {info.get('pid')}) died while running "
+                f"this job's batches; rerun: a new engine starts and the parts saved are kept. Its log "
+                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
+            )
+        time.sleep(POLL_S)
+        info = _read(directory / "process.json") or {}
+
+
+def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Ask the engine to exit once its queue is empty, then signal its session if it does not."""
+    (directory / "stop").touch()
+    pid, local = int(info["pid"]), info.get("host") == socket.gethostname()
+    deadline = time.monotonic() + timeout_s
+    how = "exited"
+    while engine_alive(directory, info) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if local and _pid_alive(pid):
+        how = "terminated"
+        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            end = time.monotonic() + wait
+            while _pid_alive(pid) and time.monotonic() < end:
+                time.sleep(POLL_S)
+            if not _pid_alive(pid):
+                break
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    stats = _read(directory / "stats.json") or {}
+    (directory / "process.json").unlink(missing_ok=True)
+    return {"start_id": info["start_id"], "pid": pid, "stopped": how, **stats}
+
+
+def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
+    """Stop the engine of `directory` if one runs; returns what was done (for the stop rule's report)."""
+    directory = Path(directory)
+    if not (directory / "process.json").exists():
+        return {"stopped": None, "reason": "no engine was started (every batch was already saved)"}
+    with _locked(directory):
+        info = _read(directory / "process.json")
+        if not info:
+            return {"stopped": None, "reason": "no engine was started"}
+        if not engine_alive(directory, info):
+            (directory / "process.json").unlink(missing_ok=True)
+            return {
+                "start_id": info["start_id"],
+                "stopped": "already exited",
+                **(_read(directory / "stats.json") or {}),
+            }
+        report = _stop(directory, info, timeout_s)
+    log.info("extraction engine %s %s", report["start_id"], report["stopped"])
+    return report
+
+
+def stop_all(root: Path, timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Stop every engine under `root` (the workflow's onsuccess/onerror handler: none outlives a run)."""
+    return [stop_engine(info.parent, timeout_s) for info in sorted(Path(root).rglob("process.json"))]
+
+
+def main(argv: list[str]) -> int:
+    """`python -m eagle3_pipeline.hidden_states.engine stop DIR`: stop an engine by hand."""
+    if len(argv) != 2 or argv[0] != "stop":
+        print("usage: python -m eagle3_pipeline.hidden_states.engine stop ENGINE_DIR")  # noqa: T201
+        return 2
+    print(json.dumps(stop_engine(Path(argv[1]))))  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

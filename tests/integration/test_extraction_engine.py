@@ -1,0 +1,111 @@
+"""One extraction engine for many jobs (issue 22), with a real vLLM CPU engine: jobs of one engine folder
+share one start, an engine killed mid-run fails its client loudly, and the rerun starts a new engine
+that resumes from the parts saved (finished batches are not recomputed).
+
+Two engine starts in all (the shared one, then the one after the kill), kept small for 2 CI cores as in
+test_hidden_states_vllm.py: max_model_len 512, VLLM_CPU_KVCACHE_SPACE=1, enforce_eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.hidden_states import trace_rows, write_traces
+
+from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
+from eagle3_pipeline.hidden_states.extract import ExtractSettings
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# one request in flight at a time: slow enough that the kill below lands mid-run (the same settings for
+# every job: an engine started with other settings would be replaced, not shared)
+ENGINE = {
+    "python": str(VLLM_PYTHON),
+    "dtype": "bfloat16",
+    "max_model_len": 512,
+    "enforce_eager": True,
+    "max_in_flight_tokens": 1,
+}
+
+
+@pytest.fixture()
+def cpu_env(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path, **vllm) -> ExtractSettings:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    return ExtractSettings(
+        traces=traces, shard=0, target=target, work=root / "work" / name,
+        output=root / name / "shard-00000.safetensors", metadata=root / name / "shard-00000.json",
+        batch_tokens=200, backend="vllm", vllm={**ENGINE, **vllm}, max_seq_len=400, engine_dir=engine_dir,
+    )  # fmt: skip
+
+
+def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_rerun_resumes(
+    hs_target, hs_tokenizer, tmp_path, cpu_env
+):
+    if not VLLM_PYTHON.exists():
+        pytest.skip("needs vLLM CPU in .venv-vllm (make install-vllm)")
+    engine_dir = tmp_path / "engine"
+    rows = trace_rows(hs_tokenizer, 24, shard=0)
+    first = _job(tmp_path, write_traces(tmp_path / "a.parquet", rows[:4]), hs_target, "a", engine_dir)
+    second = _job(tmp_path, write_traces(tmp_path / "b.parquet", rows[4:8]), hs_target, "b", engine_dir)
+    try:
+        # two jobs, one engine: the second finds the first's running and starts none
+        meta_a = extract.extract_shards([first])[0]
+        meta_b = extract.extract_shards([second])[0]
+        start_id = meta_a["engine"]["start_id"]
+        assert meta_b["engine"]["start_id"] == start_id
+        assert (
+            meta_a["engine"]["runner"] == "v1"
+            and meta_a["engine"]["connector"] == "SyncHiddenStatesConnector"
+        )
+        assert meta_a["engine"]["max_model_len"] == 512 and meta_a["engine"]["max_num_batched_tokens"] == 512
+
+        # a job of one sample per batch, fed one request at a time so that the kill lands mid-run
+        killed = _job(tmp_path, write_traces(tmp_path / "c.parquet", rows[8:]), hs_target, "c", engine_dir)
+        killed = dataclasses.replace(killed, batch_tokens=1)
+        failure: list[BaseException] = []
+
+        def client() -> None:
+            try:
+                extract.extract_shards([killed])
+            except BaseException as err:  # noqa: BLE001 - the failure is what this test checks
+                failure.append(err)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        parts = killed.work / "parts"
+        deadline = time.monotonic() + 300
+        while not list(parts.glob("batch-*.safetensors")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        info = json.loads((engine_dir / "process.json").read_text())
+        assert info["start_id"] == start_id  # still the first jobs' engine
+        os.killpg(info["pid"], signal.SIGKILL)
+        thread.join(timeout=120)
+        assert failure and isinstance(failure[0], engine.EngineError), failure
+        assert "died while running this job's batches" in str(failure[0]) and start_id in str(failure[0])
+        saved = sorted(p.name for p in parts.glob("batch-*.safetensors"))
+        assert 0 < len(saved) < 16, saved  # killed mid-run: some batches saved, not all
+
+        # the rerun: a new engine, the saved batches kept as they were, only the others run
+        meta_c = extract.extract_shards([killed])[0]
+        assert meta_c["engine"]["start_id"] != start_id
+        assert meta_c["engine"]["last_run"]["batches"] == 16 - len(saved)
+        assert meta_c["num_samples"] == 16
+        with HiddenStateShard(killed.output) as shard:
+            assert len(shard) == 16
+    finally:
+        report = engine.stop_engine(engine_dir)
+    assert report["stopped"] in ("exited", "terminated")
+    assert not engine.engine_alive(engine_dir)
