@@ -44,6 +44,7 @@ from typing import Any
 
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.server.process_identity import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +81,12 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (our own child not yet reaped) is dead
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
-            return False
-    return True
-
-
 def engine_alive(directory: Path, info: dict[str, Any] | None = None) -> bool:
     """The engine named by process.json runs: its process (on this host) and a fresh heartbeat."""
     info = info or _read(directory / "process.json")
     if not info:
         return False
-    if info.get("host") == socket.gethostname() and not _pid_alive(int(info["pid"])):
+    if info.get("host") == socket.gethostname() and not pid_alive(int(info["pid"])):
         return False
     try:
         age = time.time() - (directory / "heartbeat").stat().st_mtime
@@ -234,15 +221,15 @@ def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, 
     how = "exited"
     while engine_alive(directory, info) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    if local and _pid_alive(pid):
+    if local and pid_alive(pid):
         how = "terminated"
         for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
             end = time.monotonic() + wait
-            while _pid_alive(pid) and time.monotonic() < end:
+            while pid_alive(pid) and time.monotonic() < end:
                 time.sleep(POLL_S)
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 break
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

@@ -34,6 +34,7 @@ import requests
 from eagle3_pipeline import io
 from eagle3_pipeline.server import auth_headers, process_identity, secrets, tls_verify
 from eagle3_pipeline.server.health import check_health
+from eagle3_pipeline.server.process_identity import pid_alive
 from eagle3_pipeline.server.remote import HostError, LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
@@ -63,12 +64,12 @@ class LocalProcess:
     filter_pid: int | None = None  # the process writing the log (see log_filter)
 
     def alive(self) -> bool:
-        return _alive(self.pid)
+        return pid_alive(self.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         if self.filter_pid is not None and not self.alive():  # let the filter write the last lines
             deadline = time.monotonic() + 5
-            while _alive(self.filter_pid) and time.monotonic() < deadline:
+            while pid_alive(self.filter_pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         return tail(self.log_path, lines)
 
@@ -79,36 +80,18 @@ class LocalProcess:
         return stopped
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
-        if done == pid:
-            return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state != "Z"
-
-
 def _terminate(pid: int, timeout_s: float) -> bool:
-    if not _alive(pid):
+    if not pid_alive(pid):
         return False
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not pid_alive(pid):
                 return True
             time.sleep(0.2)
-    return not _alive(pid)
+    return not pid_alive(pid)
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -5,6 +5,7 @@ anything; a pid with its start time names one process for good. See proc(5)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -49,3 +50,22 @@ def is_running(record: dict[str, Any]) -> bool | None:
     if not isinstance(pid, int) or record.get("start_ticks") is None:
         return False
     return start_ticks(pid) == record["start_ticks"]  # pid and start time name one process for good
+
+
+def pid_alive(pid: int) -> bool:
+    """The process runs (a zombie, or our own exited child, reaped here, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
+        if done == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
