@@ -245,13 +245,16 @@ def get_engine_runtime(wildcards):
 
 
 def get_engine_stopped(wildcards):
-    """What a GPU training job waits for: the extraction engine of its states stopped (its GPUs free)."""
+    """What a GPU training job waits for: the extraction engine of its states stopped (its GPUs free).
+
+    An order, not data: ancient, so that the stop report rewritten for other shards (the baseline's
+    turned on or off, new shards) reruns no training."""
     if not VLLM_ENGINE:
         return []
     if not WINDOW:
-        return [f"{ENGINE_ROOT}/stopped.json"]
+        return [ancient(f"{ENGINE_ROOT}/stopped.json")]
     folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
-    return [f"{folder}/stopped.json"]
+    return [ancient(f"{folder}/stopped.json")]
 
 
 def get_engine_clients(wildcards):

@@ -90,12 +90,13 @@ if VLLM_ENGINE:
 
     # The extraction engine's end: after every extraction job it serves (the main shards, and the
     # baseline's; under a cap, one epoch's window), before the GPU training rules (get_engine_stopped).
-    # Its report is a normal file: new shards rerun it (their engine is stopped again), nothing else.
+    # Its report is temp (its lines stay in the log) and an ancient input of training: an order, not
+    # data. New shards plan it again, after their extraction.
     rule stop_extraction_engine:
         input:
             get_engine_clients,
         output:
-            f"{ENGINE_DIR}/stopped.json",
+            temp(f"{ENGINE_DIR}/stopped.json"),
         log:
             f"{LOGS}/stop_extraction_engine/{ENGINE_DIR.removeprefix(WORK + '/')}.log",
         conda:

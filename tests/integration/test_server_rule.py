@@ -65,9 +65,14 @@ def test_rule_snapshot_server(workdir: Path) -> None:
 
 
 def test_rule_failure_names_the_problem_without_secrets(workdir: Path) -> None:
-    (workdir / "vllm.service").write_text(UNIT + f"Environment=OTHER_TOKEN={SECRETS[0]}x\nnot valid\n")
+    # a line without '=' is only a warning (systemd ignores it); a second ExecStart= without the empty
+    # reset is refused, as systemd refuses to start such a Type=simple service
+    second = f"ExecStart=/opt/vllm/bin/vllm serve /models/other --api-key {SECRETS[1]}\n"
+    (workdir / "vllm.service").write_text(
+        UNIT + f"Environment=OTHER_TOKEN={SECRETS[0]}x\nnot valid\n{second}"
+    )
     result = _snakemake(workdir, TARGET)
     assert result.returncode != 0
     log = (workdir / "results" / "srv" / "logs" / "snapshot_server.log").read_text()
-    assert "vllm.service:5: expected Setting=value" in log
+    assert "vllm.service: Service has more than one ExecStart= setting" in log
     _assert_no_secret(workdir, result.stdout, result.stderr)

