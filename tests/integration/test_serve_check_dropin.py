@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support.sshd import kill_stand_in_unit
+from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
-from eagle3_pipeline.server.lifecycle import check_model, wait_healthy
 from eagle3_pipeline.server.remote import RemoteHost
 from eagle3_pipeline.server.unit import ExecCommand
 from eagle3_pipeline.validate import dropin, remote_checkpoint
@@ -45,7 +44,7 @@ UNIT = "vllm.service"
 COMMAND = ExecCommand("", '/usr/bin/vllm serve /models/kimi --port 8000 --served-model-name "kimi k2"')
 
 
-class Unit:
+class Unit(StandInUnit):
     """The stand-in's state (calls, process) and the runtime/legacy unit folders."""
 
     def __init__(self, state: Path, units: Path, legacy: Path, port: int) -> None:
@@ -54,9 +53,6 @@ class Unit:
     @property
     def dropin(self) -> Path:
         return self.units / f"{UNIT}.d" / DROPIN_NAME
-
-    def calls(self) -> list[str]:
-        return (self.state / "calls").read_text().splitlines() if (self.state / "calls").exists() else []
 
     def systemctl_calls(self) -> list[str]:
         """The calls that act (reads such as `show` and `is-active` left out)."""
@@ -72,20 +68,6 @@ class Unit:
 
     def fail_next(self, action: str, times: int) -> None:
         (self.state / f"fail-{action}").write_text(str(times))
-
-    def active(self) -> bool:
-        try:
-            os.kill(int((self.state / "mainpid").read_text()), 0)
-        except (OSError, ValueError):
-            return False
-        return True
-
-    def production_check(self, served: str = "kimi-k2"):
-        def check() -> None:
-            wait_healthy(f"http://127.0.0.1:{self.port}", 20)
-            check_model(f"http://127.0.0.1:{self.port}", served)
-
-        return check
 
 
 @pytest.fixture
@@ -157,14 +139,14 @@ def test_dropin_lifecycle(host, unit, was_active):
     assert calls[i + 2] == f"restart -- {UNIT}"
     assert calls[i + 3 :] == ["daemon-reload", final]  # the reload after removal saw no drop-in
     assert not unit.record.exists()  # the host record, removed last
-    assert unit.active() == was_active
+    assert unit.mainpid_alive() == was_active
 
 
 def test_restore_when_the_check_fails(host, unit):
     _start(host)
     with pytest.raises(RuntimeError, match="measurement failed"), _dropin(host, unit):
         raise RuntimeError("measurement failed")
-    assert not unit.dropin.exists() and unit.active()
+    assert not unit.dropin.exists() and unit.mainpid_alive()
 
 
 def test_restore_when_writing_the_dropin_fails_midway(host, unit):
@@ -174,7 +156,8 @@ def test_restore_when_writing_the_dropin_fails_midway(host, unit):
     with pytest.raises(ServeCheckError, match="systemctl restart"), _dropin(host, unit):
         pass
     assert not unit.dropin.exists()
-    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"] and unit.active()
+    assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
+    assert unit.mainpid_alive()
 
 
 def test_restore_steps_are_retried(host, unit):
@@ -220,7 +203,7 @@ def test_sigterm_during_the_check_restores_production(host, unit):
     with pytest.raises(Interrupted, match="SIGTERM"), interrupts_as_exceptions(), _dropin(host, unit):
         os.kill(os.getpid(), signal.SIGTERM)  # a SLURM cancel mid-measurement
         time.sleep(30)
-    assert not unit.dropin.exists() and unit.active()
+    assert not unit.dropin.exists() and unit.mainpid_alive()
     assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers put back
 
@@ -233,7 +216,7 @@ def test_a_leftover_dropin_is_restored_first(host, unit):
     found = recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units), str(unit.legacy)),
                              verify=unit.production_check())  # fmt: skip
     assert found == [{"path": str(unit.dropin), "run": "r1", "was_active": True}]
-    assert not unit.dropin.exists() and unit.active()
+    assert not unit.dropin.exists() and unit.mainpid_alive()
     assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
     assert recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units),)) == []
 
@@ -243,7 +226,7 @@ def test_a_legacy_dropin_is_restored_and_a_foreign_file_refused(host, unit):
     legacy.parent.mkdir()
     legacy.write_text("# Written by eagle3-pipeline's serve_check; removed when the check ends.\n[Service]\n")
     assert recover_leftover(host, UNIT, False, unit_dirs=(str(unit.legacy),))[0]["run"] == "legacy"
-    assert not legacy.exists() and not unit.active()  # it was not running: left stopped
+    assert not legacy.exists() and not unit.mainpid_alive()  # it was not running: left stopped
     unit.dropin.parent.mkdir()
     unit.dropin.write_text("[Service]\nEnvironment=OPERATOR=1\n")
     with pytest.raises(ServeCheckError, match="not written by eagle3-pipeline"):
@@ -331,5 +314,5 @@ def test_a_whole_remote_check_that_fails_leaves_production_as_it_was(
     (loaded,) = [i for i, c in enumerate(calls) if c.startswith("loaded: ")]  # only ours was ever loaded
     assert calls[:2] == ["daemon-reload", f"restart --no-block -- {UNIT}"]  # the leftover restored first
     assert '"--speculative-config"' in calls[loaded] and str(base) in calls[loaded]  # the private folder
-    assert calls[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"] and unit.active()
+    assert calls[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"] and unit.mainpid_alive()
     assert not unit.dropin.exists() and list(base.iterdir()) == []  # checkpoint folder removed

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.sshd import kill_stand_in_unit
+from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
-from eagle3_pipeline.server.lifecycle import check_model, ensure_running, stop, wait_healthy
+from eagle3_pipeline.server.lifecycle import ensure_running, stop
 from eagle3_pipeline.server.remote import HostError, RemoteHost
 from eagle3_pipeline.server.unit import ExecCommand
 from eagle3_pipeline.validate import dropin
@@ -43,7 +43,7 @@ SERVER = (
 )
 
 
-class Box:
+class Box(StandInUnit):
     """The stand-in's state, the unit folders and the record folder on the "host"."""
 
     def __init__(self, root: Path, port: int) -> None:
@@ -60,10 +60,9 @@ class Box:
 
     def acts(self) -> list[str]:
         """systemctl calls that change something (reads left out)."""
-        calls = (self.state / "calls").read_text().splitlines() if (self.state / "calls").exists() else []
         return [
             c.removeprefix("systemctl ")
-            for c in calls
+            for c in self.calls()
             if c.startswith("systemctl") and not c.startswith(("systemctl show", "systemctl is-"))
         ]
 
@@ -76,20 +75,6 @@ class Box:
 
     def invocation(self) -> str:
         return (self.state / "invocation").read_text().strip()
-
-    def active(self) -> bool:
-        try:
-            os.kill(int((self.state / "mainpid").read_text()), 0)
-        except (OSError, ValueError):
-            return False
-        return True
-
-    def check(self, served: str = "kimi-k2"):
-        def verify() -> None:
-            wait_healthy(f"http://127.0.0.1:{self.port}", 30)
-            check_model(f"http://127.0.0.1:{self.port}", served)
-
-        return verify
 
 
 @pytest.fixture
@@ -147,12 +132,12 @@ def _recover(host, box: Box, sudo: bool = False, **kwargs):
 def test_the_record_is_written_first_and_removed_last(host, box):
     """Item 2: the record exists from before the drop-in until production is verified."""
     _start(host)
-    with _check(host, box, verify=box.check()):
+    with _check(host, box, verify=box.production_check()):
         record = json.loads(box.record.read_text())
         assert record["phase"] == dropin.DRAFT and record["was_active"] is True
         assert record["owner"]["pid"] == os.getpid() and record["owner"]["start_ticks"]
         assert record["draft_invocation"] == box.invocation()
-    assert not box.record.exists() and not box.dropin.exists() and box.active()
+    assert not box.record.exists() and not box.dropin.exists() and box.mainpid_alive()
 
 
 def test_a_kill_between_the_restore_steps_is_resumed_by_the_next_run(host, box):
@@ -168,9 +153,9 @@ def test_a_kill_between_the_restore_steps_is_resumed_by_the_next_run(host, box):
     record = json.loads(box.record.read_text())
     record["owner"]["start_ticks"] = -1  # the killed run: its process is gone
     box.record.write_text(json.dumps(record))
-    found = _recover(host, box, verify=box.check())
+    found = _recover(host, box, verify=box.production_check())
     assert [f["run"] for f in found] == [record["run"]]
-    assert box.invocation() != draft_invocation and box.active() and not box.record.exists()
+    assert box.invocation() != draft_invocation and box.mainpid_alive() and not box.record.exists()
     assert DRAFT not in Path(f"/proc/{(box.state / 'mainpid').read_text().strip()}/cmdline").read_text()
 
 
@@ -180,20 +165,20 @@ def test_a_unit_still_activating_counts_as_running(host, box):
     box.set("start-delay", "2")
     assert host.run(f"systemctl start --no-block -- {UNIT}").ok
     assert host.run(f"systemctl show -p ActiveState -- {UNIT}").stdout.strip() == "ActiveState=activating"
-    with _check(host, box, verify=box.check()):
+    with _check(host, box, verify=box.production_check()):
         assert json.loads(box.record.read_text())["was_active"] is True
-    assert f"stop -- {UNIT}" not in box.acts() and box.active()
+    assert f"stop -- {UNIT}" not in box.acts() and box.mainpid_alive()
 
 
 def test_a_slow_restore_is_not_reissued(host, box):
     """Item 8: production's start takes longer than one try; the retry waits for it instead of
     issuing `restart` again (which would kill the load)."""
     _start(host)
-    with _check(host, box, timeout_s=1, verify=box.check()):
+    with _check(host, box, timeout_s=1, verify=box.production_check()):
         box.set("start-delay", "3")  # production's start, from here on, is slow
     restarts = [c for c in box.acts() if c.startswith("restart")]
     assert restarts == [f"restart -- {UNIT}", f"restart --no-block -- {UNIT}"]  # the draft's, production's
-    assert box.active() and not box.record.exists()
+    assert box.mainpid_alive() and not box.record.exists()
 
 
 def test_a_check_that_fails_before_the_draft_ran_restarts_nothing(host, box):
@@ -227,7 +212,7 @@ def test_two_pipelines_on_one_unit(host, box):
     """Item 6: a second check is refused while the first holds the unit, and its recovery refuses to
     "restore" the first's live check; a record whose process is gone is recovered."""
     _start(host)
-    with _check(host, box, verify=box.check()) as run_id:
+    with _check(host, box, verify=box.production_check()) as run_id:
         with pytest.raises(ServeCheckError, match="another serve check holds"), _check(host, box):
             pass
         with pytest.raises(ServeCheckError, match="is still running"):
@@ -249,10 +234,10 @@ def test_a_sudo_user_reads_back_what_it_wrote_through_sudo(host, box):
     box.dropin.parent.mkdir(parents=True)
     box.dropin.write_text(dropin.dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed", True))
     box.dropin.chmod(0o600)
-    found = _recover(host, box, sudo=True, verify=box.check())
+    found = _recover(host, box, sudo=True, verify=box.production_check())
     assert [f["run"] for f in found] == ["killed"]
     assert f"sudo -n cat -- {box.dropin}" in box.sudo_calls()
-    with _check(host, box, sudo=True, verify=box.check()):
+    with _check(host, box, sudo=True, verify=box.production_check()):
         assert oct(box.dropin.stat().st_mode & 0o777) == "0o600"
         assert oct(box.record.stat().st_mode & 0o777) == "0o644"  # no secret in it: readable
     assert any(c.startswith("sudo -n ln -- ") for c in box.sudo_calls())  # the lock, taken through sudo
@@ -273,7 +258,7 @@ def test_a_host_in_another_language(sshd_server, host, box):
         host.read_file("/nonexistent/unit.service")
     box.dropin.parent.mkdir(parents=True)
     box.dropin.write_text(dropin.dropin_text('"/usr/bin/vllm" "serve" "/draft"', "r3", True))
-    assert [f["run"] for f in _recover(host, box, verify=box.check())] == ["r3"]
+    assert [f["run"] for f in _recover(host, box, verify=box.production_check())] == ["r3"]
     reads = [line.split(" ", 1) for line in (box.state / "locale").read_text().splitlines()]
     assert {env for env, args in reads if args} == {"LC_ALL=C"}  # every file the pipeline read
 
@@ -306,7 +291,7 @@ def test_a_unit_still_loading_is_not_started_nor_stopped_by_the_pipeline(
     )
     ensure_running(server_json, cfg, state)
     assert json.loads((state / "ownership.json").read_text())["started_by_pipeline"] is False
-    assert stop(server_json, cfg, state)["action"] == "left running" and box.active()
+    assert stop(server_json, cfg, state)["action"] == "left running" and box.mainpid_alive()
     assert f"start -- {UNIT}" not in box.acts()
 
 
@@ -317,7 +302,7 @@ def test_an_unknown_invocation_id_is_not_ours(sshd_server, box, tmp_path, monkey
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     box.set("no-invocation", "")
     ensure_running(server_json, cfg, state)
-    assert stop(server_json, cfg, state)["action"] == "left running" and box.active()
+    assert stop(server_json, cfg, state)["action"] == "left running" and box.mainpid_alive()
 
 
 def test_proxyjump_uses_the_same_host_key_policy(sshd_server, tmp_path):

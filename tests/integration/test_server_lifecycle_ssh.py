@@ -7,13 +7,12 @@ systemctl's command-line contract only, not for systemd's unit semantics (see it
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.sshd import kill_stand_in_unit
+from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server import secrets
@@ -25,7 +24,7 @@ DATA = Path(__file__).parents[1] / "data"
 SECRET = "hf_journalSecretToken77"
 
 
-class FakeUnit:
+class FakeUnit(StandInUnit):
     """The stand-in's state folder: the unit's command (exec) and what systemctl recorded."""
 
     def __init__(self, state: Path, port: int, served: Path) -> None:
@@ -44,17 +43,6 @@ class FakeUnit:
             )
         else:
             self.set_exec(f"exec {command}\n")
-
-    def calls(self) -> list[str]:
-        path = self.state / "calls"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def mainpid_alive(self) -> bool:
-        try:
-            os.kill(int((self.state / "mainpid").read_text()), 0)
-        except (OSError, ValueError):
-            return False
-        return True
 
 
 @pytest.fixture

@@ -138,3 +138,32 @@ def kill_stand_in_unit(state: Path) -> None:
         return  # never started, or already gone
     if group != os.getpgid(0):  # the stand-in's own session, never the test's
         os.killpg(group, signal.SIGKILL)
+
+
+class StandInUnit:
+    """What a test reads of the systemctl stand-in's state folder (`state`) and of the unit's server
+    (`port`): the commands it was called with, whether its main process runs, production's health."""
+
+    state: Path
+    port: int
+
+    def calls(self) -> list[str]:
+        path = self.state / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def mainpid_alive(self) -> bool:
+        try:
+            os.kill(int((self.state / "mainpid").read_text()), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def production_check(self, served: str = "kimi-k2"):
+        """The serve check's production verification: the unit's server healthy and serving `served`."""
+        from eagle3_pipeline.server.lifecycle import check_model, wait_healthy
+
+        def check() -> None:
+            wait_healthy(f"http://127.0.0.1:{self.port}", 30)
+            check_model(f"http://127.0.0.1:{self.port}", served)
+
+        return check
