@@ -40,7 +40,8 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert counts["preflight_generation"] == 1  # once per run, not per shard
     assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["filter_traces"] == counts["check_disk_budget"] == shards  # per shard: no barrier
-    assert counts["stop_extraction_engine"] == 1  # one engine for the run, main and baseline
+    assert counts["stop_extraction_engine"] == 1  # one engine for the main shards of the run
+    assert counts["baseline_stop_extraction_engine"] == 1  # one for the baseline's, after the main's
 
 
 def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
