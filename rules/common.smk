@@ -69,6 +69,7 @@ ENGINE_ROOT = f"{WORK}/hidden_states/engine"
 ENGINE_DIR = (
     f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
 )
+ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
 # hidden_states.vllm keys that pace or place the engine without changing a state: run-time only
 ENGINE_RUNTIME_KEYS = (
     "staging_dir",

@@ -104,7 +104,7 @@ if VLLM_ENGINE:
         output:
             temp(f"{ENGINE_DIR}/stopped.json"),
         log:
-            f"{LOGS}/stop_extraction_engine/{ENGINE_DIR.removeprefix(WORK + '/')}.log",
+            f"{LOGS}/stop_extraction_engine/{ENGINE_SCOPE}.log",
         conda:
             "../envs/pipeline.yaml"
         script:
