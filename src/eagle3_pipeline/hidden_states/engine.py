@@ -177,6 +177,10 @@ def _died(directory: Path, info: dict[str, Any], what: str) -> EngineError:
     )
 
 
+def _not_ready(info: dict[str, Any], timeout_s: float) -> EngineError:
+    return EngineError(f"the extraction engine {info['start_id']} was not ready after {timeout_s:.0f} s")
+
+
 def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
     """The engine's ready record, once it is up.
 
@@ -191,14 +195,7 @@ def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -
         if not engine_alive(directory, info):
             raise _died(directory, info, "exited before it was ready")
         time.sleep(POLL_S)
-    raise EngineError(f"the extraction engine {info['start_id']} was not ready after {timeout_s:.0f} s")
-
-
-def ensure_engine(
-    directory: Path, python: str, spec: dict[str, Any], env: dict[str, str], start_timeout_s: float = 3600
-) -> dict[str, Any]:
-    """The ready record of the engine running `spec` (start_or_join, then wait_ready)."""
-    return wait_ready(directory, start_or_join(directory, python, spec, env), start_timeout_s)
+    raise _not_ready(info, timeout_s)
 
 
 def enqueue(directory: Path, request: dict[str, Any]) -> str:
@@ -208,15 +205,18 @@ def enqueue(directory: Path, request: dict[str, Any]) -> str:
     return name
 
 
-def wait_done(directory: Path, info: dict[str, Any], name: str) -> dict[str, Any]:
+def wait_done(
+    directory: Path, info: dict[str, Any], name: str, start_timeout_s: float = 3600
+) -> dict[str, Any]:
     """Wait until the engine of `info` has written every part of request `name`.
 
     Raises:
         EngineError: the engine died (before it was ready, or while running the batches: the rerun
-            resumes from the parts saved) or failed the request.
+            resumes from the parts saved), was not ready after start_timeout_s, or failed the request.
     """
     directory = Path(directory)
     done_file = directory / "done" / f"{name}.json"
+    ready_by = time.monotonic() + start_timeout_s
     while True:
         done = _read(done_file)
         if done is not None:
@@ -234,6 +234,8 @@ def wait_done(directory: Path, info: dict[str, Any], name: str) -> dict[str, Any
                 "died while running this job's batches; rerun: a new engine starts and the parts "
                 "saved are kept",
             )  # fmt: skip
+        if time.monotonic() > ready_by and not _ready(directory, info):
+            raise _not_ready(info, start_timeout_s)
         time.sleep(POLL_S)
 
 
@@ -242,7 +244,7 @@ def submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> di
 
     Args:
         directory: the engine's folder.
-        info: its process or ready record (start_or_join, ensure_engine): its start_id.
+        info: its process or ready record (start_or_join, wait_ready): its start_id.
         request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
     """
     return wait_done(directory, info, enqueue(directory, request))
