@@ -7,12 +7,15 @@ random Llama), through the real engine service (hidden_states/engine.py, vllm_wo
           final norm and the part written while the engine waits; the shards one after another, as the
           per-shard jobs ran (one GPU job at a time locally). Today's per-shard jobs also started one
           engine each: their tokens/s is composed as tokens / (shards x measured start + this wall).
-  after   the streaming engine: every shard's client submits at once, requests flow under the bounded
-          in-flight window while a writer thread reads, normalises and writes parts.
+  after   the streaming engine: every shard's client queues its request at once, before the engine
+          is ready (as the jobs do), requests flow under the bounded in-flight window while a writer
+          thread reads, normalises and writes parts.
 
-busy fraction = wall time with requests inside the engine / wall from the engine ready to its last part
-(stats.json of the engine, written by the worker). The engine starts of the demo and the Kimi example
-come from `make cost` (hidden_states/cost.py). Prints one JSON line per measurement:
+busy fraction = time in engine steps / wall from the engine ready to the last request done (stats.json
+of the engine, written by the worker, with where the rest went: before the first request, the
+worker's own loop, the engine empty between requests, the tail after the last step). The engine
+starts of the demo and the Kimi example come from `make cost` (hidden_states/cost.py). Prints one
+JSON line per measurement, the last one the summary (before and after side by side):
 
     .venv/bin/python benchmarks/extraction_engine.py                 # 8 shards of ~1,100 tokens
     .venv/bin/python benchmarks/extraction_engine.py --shards 4 --tokens-per-shard 4096
@@ -25,7 +28,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -89,19 +91,19 @@ def run(mode: str, target: Path, work: Path, requests: list[dict], args: argpars
     directory.mkdir(parents=True)
     env = vllm_backend.worker_env(vllm_backend.package_path(directory), None)
     start = time.perf_counter()
-    ready = engine.ensure_engine(directory, str(args.vllm_python), spec, env)
-    start_s = time.perf_counter() - start
-    begin = time.perf_counter()
-    if mode == "drain":  # the per-shard jobs: one after another
+    info = engine.start_or_join(directory, str(args.vllm_python), spec, env)
+    if mode == "drain":  # the per-shard jobs: one after another, each once the engine is ready
+        engine.wait_ready(directory, info)
+        start_s = time.perf_counter() - start
         for request in requests:
-            engine.submit(directory, ready, request)
-    else:  # every shard's client at once
-        threads = [threading.Thread(target=engine.submit, args=(directory, ready, r)) for r in requests]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    wall = time.perf_counter() - begin
+            engine.submit(directory, info, request)
+    else:  # every shard's client queues at once, before the engine is ready, as the jobs do
+        names = [engine.enqueue(directory, request) for request in requests]
+        engine.wait_ready(directory, info)
+        start_s = time.perf_counter() - start
+        for name in names:
+            engine.wait_done(directory, info, name)
+    wall = time.perf_counter() - start - start_s
     report = engine.stop_engine(directory)
     tokens = sum(r["tokens"] for r in requests)
     return {
@@ -113,9 +115,10 @@ def run(mode: str, target: Path, work: Path, requests: list[dict], args: argpars
         "extract_wall_s": round(wall, 2),
         "tokens_per_s_after_start": round(tokens / wall, 1),
         "busy_s": report.get("busy_s"),
-        "engine_wall_s": report.get("wall_s"),
+        "ready_to_done_s": report.get("ready_to_done_s"),
         "busy_fraction": report.get("busy_fraction"),
         "busy_fraction_working": report.get("busy_fraction_working"),
+        "idle_s": report.get("idle_s"),
     }
 
 
@@ -164,6 +167,8 @@ def main() -> None:
             busy_fraction_after=after["busy_fraction"],
             busy_fraction_working_before=before["busy_fraction_working"],
             busy_fraction_working_after=after["busy_fraction_working"],
+            idle_s_before=before["idle_s"],
+            idle_s_after=after["idle_s"],
             tokens_per_s_after_start_before=before["tokens_per_s_after_start"],
             tokens_per_s_after_start_after=after["tokens_per_s_after_start"],
             tokens_per_s_per_shard_jobs=round(per_shard_jobs, 1),

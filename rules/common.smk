@@ -61,13 +61,15 @@ if WINDOW and SETTINGS.validate.baseline:
 EPOCH_DIR = "epoch-{epoch}/" if WINDOW else ""
 STATES = f"{RESULTS}/hidden_states/{EPOCH_DIR}".rstrip("/")
 # The vllm backend's extraction engine (hidden_states/engine.py): one long-lived engine serves every
-# extraction job of its scope (the run, or under a cap one epoch's window), started by the first job
-# with batches to run and stopped by stop_extraction_engine, which the GPU training rules wait on.
+# extraction job of its scope (the main shards, or under a cap one epoch's window; the baseline's
+# shards have a scope of their own), started by the first job with batches to run and stopped by
+# stop_extraction_engine, which the GPU training rules wait on.
 VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
 ENGINE_ROOT = f"{WORK}/hidden_states/engine"
 ENGINE_DIR = (
     f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
 )
+ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
 # hidden_states.vllm keys that pace or place the engine without changing a state: run-time only
 ENGINE_RUNTIME_KEYS = (
     "staging_dir",
@@ -84,6 +86,8 @@ if VLLM_ENGINE and "extraction_clients" not in workflow.global_resources:
 # is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
 # (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
 BASELINE = "baseline/"
+# the baseline's extraction engine (its own scope: nothing of the main draft waits on it)
+BASELINE_ENGINE_DIR = f"{WORK}/{BASELINE}hidden_states/engine"
 VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
 
 
@@ -230,11 +234,10 @@ def engine_dir(epoch=None, shard=None):
     return ENGINE_DIR.format(epoch=epoch, window=int(shard) // WINDOW)
 
 
-def get_engine_runtime(wildcards):
-    """The extraction job's engine: its folder and the run-time keys (not recorded: see runtime_only)."""
+def engine_runtime(where):
+    """An extraction job's engine: its folder and the run-time keys (not recorded: see runtime_only)."""
     options = config["hidden_states"]["vllm"]
-    where = engine_dir(wildcards.get("epoch"), wildcards.shard) if VLLM_ENGINE else None
-    scope = where.removeprefix(f"{WORK}/hidden_states/") if where else None
+    scope = where.removeprefix(f"{WORK}/") if where else None
     return runtime_only(
         engine={
             "dir": where,
@@ -244,47 +247,70 @@ def get_engine_runtime(wildcards):
     )
 
 
+def get_engine_runtime(wildcards):
+    where = engine_dir(wildcards.get("epoch"), wildcards.shard) if VLLM_ENGINE else None
+    return engine_runtime(where)
+
+
+def get_baseline_engine_runtime(wildcards):
+    return engine_runtime(BASELINE_ENGINE_DIR if VLLM_ENGINE else None)
+
+
 def get_engine_stopped(wildcards):
     """What a GPU training job waits for: the extraction engine of its states stopped (its GPUs free).
 
-    An order, not data: ancient, so that the stop report rewritten for other shards (the baseline's
-    turned on or off, new shards) reruns no training."""
+    An order, not data: ancient, so that the stop report rewritten for new shards reruns no training
+    by itself (the new states do). Each variant waits on its own engine's scope only, so turning the
+    baseline on or off changes no input of the main draft's jobs."""
     if not VLLM_ENGINE:
         return []
-    if not WINDOW:
-        return [ancient(f"{ENGINE_ROOT}/stopped.json")]
-    folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
+    if WINDOW:
+        folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
+    else:
+        folder = BASELINE_ENGINE_DIR if wildcards.get("variant") else ENGINE_ROOT
     return [ancient(f"{folder}/stopped.json")]
 
 
 def get_engine_clients(wildcards):
-    """The extraction jobs one engine serves (their metadata): its stop rule runs after all of them."""
+    """The main extraction jobs one engine serves (their metadata): its stop runs after all of them."""
     if WINDOW:
         return [
             f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.json"
             for split in SPLITS
             for k in WINDOWS[int(wildcards.window)]
         ]
-    files = [
+    return [
         f"{RESULTS}/hidden_states/{split}/shard-{k}.json"
         for split in SPLITS
         for k in SHARDS
     ]
-    if SETTINGS.validate.baseline:  # the baseline's extraction shares the engine
-        files += [
-            f"{RESULTS}/{BASELINE}hidden_states/train/shard-{k}.json" for k in SHARDS
-        ]
-    return files
+
+
+get_baseline_engine_clients = shard_files(
+    f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.json"
+)
+
+
+def get_baseline_extraction_gate(wildcards):
+    """The baseline's extraction starts its engine once the main draft's last GPU job (offline
+    validation, after its training, after the main engine's stop) is done: two engines never hold the
+    GPUs together, nor an engine and a training job. Ancient: the main draft retrained reruns no
+    baseline extraction; the main never waits on the baseline (validate.baseline toggles replan none
+    of its jobs)."""
+    if not VLLM_ENGINE:
+        return []  # transformers: every extraction job holds the GPUs (resource gpu)
+    return [ancient(f"{RESULTS}/validation/offline.json")]
 
 
 def stop_engines():
     """onsuccess/onerror: no extraction engine outlives the snakemake call that started it."""
-    if VLLM_ENGINE and Path(ENGINE_ROOT).exists():
-        for report in stop_all(Path(ENGINE_ROOT)):
-            if report.get("stopped"):
-                print(
-                    f"extraction engine {report.get('start_id')}: {report['stopped']}"
-                )
+    for root in (ENGINE_ROOT, BASELINE_ENGINE_DIR):
+        if VLLM_ENGINE and Path(root).exists():
+            for report in stop_all(Path(root)):
+                if report.get("stopped"):
+                    print(
+                        f"extraction engine {report.get('start_id')}: {report['stopped']}"
+                    )
 
 
 def get_previous_window_state(wildcards):

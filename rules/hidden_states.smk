@@ -68,41 +68,56 @@ rule extract_hidden_states:
 # The baseline's states (validate.baseline): the same extraction on its own traces, train split only
 # (it validates on the main draft's validation states). A rule's outputs are fixed in number, so this
 # is extract_hidden_states with other traces and outputs rather than a {variant} of it; it needs no
-# disk check of its own (validate.baseline is refused under hidden_states.max_disk_gb).
+# disk check of its own (validate.baseline is refused under hidden_states.max_disk_gb). vllm: an engine
+# of its own, started once the main draft's GPU jobs are done and stopped by
+# baseline_stop_extraction_engine, so that nothing of the main draft depends on the baseline.
 use rule extract_hidden_states as baseline_extract_hidden_states with:
     input:
         traces=[rules.baseline_traces.output[0]],
         target=get_target_config(),
         server_stopped=ancient(rules.stop_server.output[0]),
+        after=get_baseline_extraction_gate,
     output:
         states=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.safetensors"],
         metadata=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.json"],
     log:
         f"{LOGS}/{BASELINE}extract_hidden_states/{{shard}}.log",
     params:
+        runtime=get_baseline_engine_runtime,
         work=f"{WORK}/{BASELINE}hidden_states/{{shard}}",
 
 
 if VLLM_ENGINE:
 
     localrules:
-        stop_extraction_engine,  # where the engine runs (inside a SLURM job each client owns its own)
+        # where the engine runs (inside a SLURM job each client owns its own)
+        stop_extraction_engine,
+        baseline_stop_extraction_engine,
 
-    # The extraction engine's end: after every extraction job it serves (the main shards, and the
-    # baseline's; under a cap, one epoch's window), before the GPU training rules (get_engine_stopped).
-    # Its report is temp (its lines stay in the log) and an ancient input of training: an order, not
-    # data. New shards plan it again, after their extraction.
+    # The extraction engine's end: after every extraction job it serves (the main shards; under a cap,
+    # one epoch's window), before the GPU training rules (get_engine_stopped). Its report is temp (its
+    # lines stay in the log) and an ancient input of training: an order, not data. New shards plan it
+    # again, after their extraction.
     rule stop_extraction_engine:
         input:
             get_engine_clients,
         output:
             temp(f"{ENGINE_DIR}/stopped.json"),
         log:
-            f"{LOGS}/stop_extraction_engine/{ENGINE_DIR.removeprefix(WORK + '/')}.log",
+            f"{LOGS}/stop_extraction_engine/{ENGINE_SCOPE}.log",
         conda:
             "../envs/pipeline.yaml"
         script:
             "../scripts/stop_extraction_engine.py"
+
+    # The baseline's engine, after every baseline extraction job, before the baseline's training
+    use rule stop_extraction_engine as baseline_stop_extraction_engine with:
+        input:
+            get_baseline_engine_clients,
+        output:
+            temp(f"{BASELINE_ENGINE_DIR}/stopped.json"),
+        log:
+            f"{LOGS}/stop_extraction_engine/{BASELINE}hidden_states/engine.log",
 
 
 onsuccess:

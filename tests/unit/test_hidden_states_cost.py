@@ -35,10 +35,12 @@ def test_the_kimi_example_starts_one_engine_per_epoch_and_window(capsys):
     assert out["gpu_hours_low"] == round(expected, 1)
 
 
-def test_uncapped_one_engine_serves_the_run_and_the_baseline():
+def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
     config = _config(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": True})
     out = cost.estimate(config, 7168)
-    assert out["engine_starts"] == 1 and out["extraction_passes"] == 1
+    assert out["engine_starts"] == 2 and out["extraction_passes"] == 1  # the baseline's after the main's
+    config["validate"]["baseline"] = False
+    assert cost.estimate(config, 7168)["engine_starts"] == 1
     assert out["plan"]["extraction_jobs"] == 200  # 100 shards + the baseline's 100
 
 

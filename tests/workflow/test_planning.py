@@ -40,7 +40,8 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert counts["preflight_generation"] == 1  # once per run, not per shard
     assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["filter_traces"] == counts["check_disk_budget"] == shards  # per shard: no barrier
-    assert counts["stop_extraction_engine"] == 1  # one engine for the run, main and baseline
+    assert counts["stop_extraction_engine"] == 1  # one engine for the main shards of the run
+    assert counts["baseline_stop_extraction_engine"] == 1  # one for the baseline's, after the main's
 
 
 def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
@@ -121,9 +122,11 @@ def test_the_baseline_is_the_draft_rules_variant_and_its_serve_check_stands_alon
     assert not set(map(str, baseline.output)) & set(map(str, main.input))
     assert main.resources["draft_server"] == baseline.resources["draft_server"] == 1
     assert main.dag.workflow.global_resources["draft_server"] == 1
-    # the same rules: no second chain of baseline_* rules beyond its traces and their extraction
+    # the same rules: no second chain of baseline_* rules beyond its traces, their extraction and the
+    # stop of its extraction engine (a scope of its own: the main draft never waits on the baseline)
     names = {job.rule.name for job in jobs}
     assert {name for name in names if name.startswith("baseline")} == {
         "baseline_traces",
         "baseline_extract_hidden_states",
+        "baseline_stop_extraction_engine",
     }

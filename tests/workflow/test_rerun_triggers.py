@@ -20,6 +20,7 @@ import yaml
 from support.workflow import DEMO_CONFIG, job_counts, merge, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
+BASELINE_WORK = "results/demo/work/baseline/"
 
 
 def _snakemake(workdir: Path, *args: str) -> str:
@@ -39,14 +40,17 @@ def _planned(workdir: Path) -> dict[str, int]:
     return {} if "Nothing to be done" in out else dict(job_counts(out))
 
 
+def _planned_outputs(plan: str) -> list[str]:
+    return [f for line in re.findall(r"^\s+output: (.+)$", plan, re.MULTILINE) for f in line.split(", ")]
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A workdir whose demo run is recorded as finished (every output present, metadata written)."""
     workdir = tmp_path_factory.mktemp("recorded")
     (workdir / "config").symlink_to(REPO / "config")
     _configure(workdir)
-    plan = _snakemake(workdir, "-n")  # every job's block, its outputs listed
-    outputs = [f for line in re.findall(r"^\s+output: (.+)$", plan, re.MULTILINE) for f in line.split(", ")]
+    outputs = _planned_outputs(_snakemake(workdir, "-n"))  # every job's block, its outputs listed
     assert "results/demo/baseline/validation/serve_check.json" in outputs
     for name in outputs:
         path = workdir / name
@@ -90,14 +94,29 @@ def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finishe
     assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the main and baseline shards share one stop_extraction_engine job (issue 22's shared engine): "
-    "turning the baseline off changes its inputs and replans the main training, export and serve check",
-)
 def test_turning_the_baseline_off_reruns_no_main_job(finished):
+    # the baseline's extraction engine has a stop job of its own: the main one's inputs stay the same
     _configure(finished, validate={"baseline": False})
     assert _planned(finished) == {"plot_validation": 1, "all": 1}  # the report loses the baseline
+
+
+def test_turning_the_baseline_on_plans_baseline_jobs_only(finished):
+    _configure(finished, validate={"baseline": False})
+    _snakemake(finished, "--touch")  # a run recorded without the baseline, none of its files there
+    baseline, aside = finished / "results/demo/baseline", finished / "baseline-aside"
+    baseline.rename(aside)
+    try:
+        _configure(finished)
+        plan = _snakemake(finished, "-n")
+        outputs = _planned_outputs(plan)
+        main = [f for f in outputs if not f.startswith(("results/demo/baseline/", BASELINE_WORK))]
+        assert main and all(f.startswith("results/demo/report/") for f in main), main  # the report gains it
+        assert "baseline_extract_hidden_states" in plan and "baseline_stop_extraction_engine" in plan
+    finally:
+        aside.rename(baseline)
+        _configure(finished)
+        _snakemake(finished, "--touch")  # recorded with the baseline again, for the other tests
+    assert _planned(finished) == {}
 
 
 def test_a_serve_check_key_reruns_both_checks_and_the_report_only(finished):

@@ -4,9 +4,9 @@ Prints one JSON object: the plan's counts (engine starts, extraction passes, tok
 high-water mark) and GPU hours between two stated throughput assumptions. The counts follow the
 workflow's own rules (rules/common.smk, rules/hidden_states.smk):
 
-- vllm backend: one engine per run uncapped (the main traces and the baseline's share it), one per
-  epoch and window under `hidden_states.max_disk_gb`; transformers backend: one target load per
-  extraction job (shard, epoch).
+- vllm backend: one engine per run uncapped (and one for the baseline's traces, after the main
+  draft's GPU jobs), one per epoch and window under `hidden_states.max_disk_gb`; transformers backend:
+  one target load per extraction job (shard, epoch).
 - extraction passes: 1 uncapped, `train.epochs` under a cap (each epoch extracts every window again).
 - tokens: every pass over every sample, `tokens_low` with completions of `--completion-tokens` on
   average, `tokens` (the upper bound, budget.py's) with every completion as long as
@@ -55,7 +55,7 @@ def plan_counts(config: Mapping[str, Any], hidden_size: int) -> dict[str, Any]:
     baseline = bool(config["validate"]["baseline"]) and not window
     jobs = shards * passes + (shards if baseline else 0)
     vllm = config["hidden_states"]["backend"] == "vllm"
-    starts = (epochs * windows if window else 1) if vllm else jobs
+    starts = (epochs * windows if window else 1 + baseline) if vllm else jobs
     return {
         "shards": shards,
         "window_shards": window,

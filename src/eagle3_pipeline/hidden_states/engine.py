@@ -1,6 +1,7 @@
 """The extraction engine's lifetime: one vLLM engine serves many extraction jobs (its clients).
 
-An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window under a disk cap):
+An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window under a disk cap;
+`work/baseline/hidden_states/engine/` for the baseline's traces):
 
     lock          flock: one client starts (or stops) the engine at a time
     spec.json     what it runs (target, engine settings, layer ids, final norm, staging, window)
@@ -9,17 +10,19 @@ An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window
     ready.json    the engine's record (vLLM version, runner, connector, settings, start_id) once up
     queue/        requests: one JSON per client job (its batches and their part files)
     done/         one JSON per finished request ({ok, error, tokens, ...})
-    stats.json    busy seconds (time in engine steps) and wall seconds since ready
+    stats.json    busy seconds (time in engine steps), wall from ready to the last request done, idle
     engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
     stop          asks the engine to exit once its queue is empty
 
-The first extraction job that has batches to run starts the engine (`ensure_engine`, detached from
-the job: it outlives it) and every job submits its batches to it (`submit`) and waits for its parts,
-failing loudly when the engine dies (its log's tail in the error; the rerun starts a new engine and
-resumes from the parts saved). Rule `stop_extraction_engine` (after every extraction job of its scope;
-training waits on it) stops it (`stop_engine`), as does the workflow's onsuccess/onerror handler, and
-an engine idle for `hidden_states.vllm.idle_timeout_s` exits by itself. Inside a SLURM allocation an
-engine cannot outlive its job: there each job owns a private engine, stopped when it ends.
+The first extraction job that has batches to run starts the engine (`start_or_join`, detached from
+the job: it outlives it) and every job queues its batches (`enqueue`, at once: the engine takes them
+as soon as it is ready, so no client's poll delays its first step) and waits for its parts
+(`wait_done`), failing loudly when the engine dies (its log's tail in the error; the rerun starts a
+new engine and resumes from the parts saved). Rule `stop_extraction_engine` (after every extraction
+job of its scope; training waits on it) stops it (`stop_engine`), as does the workflow's
+onsuccess/onerror handler, and an engine idle for `hidden_states.vllm.idle_timeout_s` exits by
+itself. Inside a SLURM allocation an engine cannot outlive its job: there each job owns a private
+engine, stopped when it ends.
 
 This module imports neither vLLM nor torch (the pipeline's side); the engine is
 `python -m eagle3_pipeline.hidden_states.vllm_worker serve DIR` in vLLM's interpreter.
@@ -50,7 +53,7 @@ log = logging.getLogger(__name__)
 
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
 HEARTBEAT_STALE_S = 60.0  # a heartbeat older than this is a dead (or frozen) engine
-POLL_S = 0.2
+POLL_S = 0.05  # a client's wait for its parts, and a stop's for the exit
 
 
 class EngineError(VllmBackendError):
@@ -145,13 +148,9 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
     return info
 
 
-def ensure_engine(
-    directory: Path, python: str, spec: dict[str, Any], env: dict[str, str], start_timeout_s: float = 3600
-) -> dict[str, Any]:
-    """The engine's ready record: the running engine's when it runs `spec`, else a new one's.
-
-    Raises:
-        EngineError: the engine exited or did not become ready (its log's tail in the message).
+def start_or_join(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The process record of the engine that runs `spec` in `directory`: the live one, else a new one
+    (a live engine with other settings is stopped first). Returns at once: the engine may be starting.
     """
     directory = Path(directory)
     with _locked(directory):
@@ -161,56 +160,94 @@ def ensure_engine(
             _stop(directory, info, timeout_s=600)
             info = None
         if not (info and engine_alive(directory, info)):
-            info = _start(directory, python, spec, env)
-        else:
-            log.info("using the running extraction engine %s (pid %s)", info["start_id"], info["pid"])
-    deadline = time.monotonic() + start_timeout_s
-    while time.monotonic() < deadline:
-        ready = _read(directory / "ready.json")
-        if ready and ready.get("start_id") == info["start_id"]:
-            return ready
-        if not engine_alive(directory, info):
-            raise EngineError(
-                f"the extraction engine {info['start_id']} exited before it was ready; its log "
-                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
-            )
-        time.sleep(POLL_S)
-    raise EngineError(f"the extraction engine {info['start_id']} was not ready after {start_timeout_s:.0f} s")
+            return _start(directory, python, spec, env)
+    log.info("using the running extraction engine %s (pid %s)", info["start_id"], info["pid"])
+    return info
 
 
-def submit(directory: Path, ready: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """Queue one job's batches on the engine and wait until every part is written.
+def _ready(directory: Path, info: dict[str, Any]) -> dict[str, Any] | None:
+    ready = _read(directory / "ready.json")
+    return ready if ready and ready.get("start_id") == info["start_id"] else None
 
-    Args:
-        directory: the engine's folder.
-        ready: its ready record (ensure_engine).
-        request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
+
+def _died(directory: Path, info: dict[str, Any], what: str) -> EngineError:
+    return EngineError(
+        f"the extraction engine {info['start_id']} (pid {info.get('pid')}) {what}. Its log "
+        f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
+    )
+
+
+def _not_ready(info: dict[str, Any], timeout_s: float) -> EngineError:
+    return EngineError(f"the extraction engine {info['start_id']} was not ready after {timeout_s:.0f} s")
+
+
+def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
+    """The engine's ready record, once it is up.
 
     Raises:
-        EngineError: the engine died or failed the request (the rerun resumes from the parts saved).
+        EngineError: the engine exited or did not become ready (its log's tail in the message).
     """
     directory = Path(directory)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready := _ready(directory, info):
+            return ready
+        if not engine_alive(directory, info):
+            raise _died(directory, info, "exited before it was ready")
+        time.sleep(POLL_S)
+    raise _not_ready(info, timeout_s)
+
+
+def enqueue(directory: Path, request: dict[str, Any]) -> str:
+    """Put one job's batches in the engine's queue (also before it is ready: it takes them first)."""
     name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    io.write_json({**request, "name": name}, directory / "queue" / f"{name}.json", indent=None)
+    io.write_json({**request, "name": name}, Path(directory) / "queue" / f"{name}.json", indent=None)
+    return name
+
+
+def wait_done(
+    directory: Path, info: dict[str, Any], name: str, start_timeout_s: float = 3600
+) -> dict[str, Any]:
+    """Wait until the engine of `info` has written every part of request `name`.
+
+    Raises:
+        EngineError: the engine died (before it was ready, or while running the batches: the rerun
+            resumes from the parts saved), was not ready after start_timeout_s, or failed the request.
+    """
+    directory = Path(directory)
     done_file = directory / "done" / f"{name}.json"
-    info = _read(directory / "process.json") or {}
+    ready_by = time.monotonic() + start_timeout_s
     while True:
         done = _read(done_file)
         if done is not None:
             done_file.unlink(missing_ok=True)
             if done.get("error"):
-                raise EngineError(
-                    f"the extraction engine {ready['start_id']} failed this job: {done['error']}"
-                )
+                failed = f"the extraction engine {info['start_id']} failed this job: {done['error']}"
+                raise EngineError(failed)
             return done
-        if info.get("start_id") != ready["start_id"] or not engine_alive(directory, info):
-            raise EngineError(
-                f"the extraction engine {ready['start_id']} (pid {info.get('pid')}) died while running "
-                f"this job's batches; rerun: a new engine starts and the parts saved are kept. Its log "
-                f"({log_path(directory, info)}) ends with:\n{log_tail(directory, info=info)}"
-            )
+        current = _read(directory / "process.json") or {}
+        if current.get("start_id") != info["start_id"] or not engine_alive(directory, current):
+            if not _ready(directory, info):
+                raise _died(directory, info, "exited before it was ready")
+            raise _died(
+                directory, info,
+                "died while running this job's batches; rerun: a new engine starts and the parts "
+                "saved are kept",
+            )  # fmt: skip
+        if time.monotonic() > ready_by and not _ready(directory, info):
+            raise _not_ready(info, start_timeout_s)
         time.sleep(POLL_S)
-        info = _read(directory / "process.json") or {}
+
+
+def submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """Queue one job's batches on the engine and wait until every part is written.
+
+    Args:
+        directory: the engine's folder.
+        info: its process or ready record (start_or_join, wait_ready): its start_id.
+        request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
+    """
+    return wait_done(directory, info, enqueue(directory, request))
 
 
 def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -538,10 +538,12 @@ def run_on_engine(
     directory.mkdir(parents=True, exist_ok=True)
     env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
     try:
-        ready = engine_service.ensure_engine(directory, python, full, env)
-        log.info("extraction engine %s: %d batches submitted", ready["start_id"], len(request["batches"]))
-        done = engine_service.submit(directory, ready, request)
-        log.info("extraction engine %s: %d tokens in %.1f s", ready["start_id"], done["tokens"], done["s"])
+        info = engine_service.start_or_join(directory, python, full, env)
+        # queued before the engine is ready: it takes the batches as soon as it is, with no wait
+        name = engine_service.enqueue(directory, request)
+        log.info("extraction engine %s: %d batches queued", info["start_id"], len(request["batches"]))
+        done = engine_service.wait_done(directory, info, name)
+        log.info("extraction engine %s: %d tokens in %.1f s", info["start_id"], done["tokens"], done["s"])
         return done
     finally:
         if private:

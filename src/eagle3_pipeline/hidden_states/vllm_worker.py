@@ -45,6 +45,7 @@ SYNC_CONNECTOR_MODULE = "eagle3_pipeline.hidden_states.vllm_connector"
 ASYNC_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's own (pinned memory, side stream, threads)
 FALLBACK = "set hidden_states.backend: transformers to extract with transformers instead"
 HEARTBEAT_S = 1.0
+IDLE_POLL_S = 0.005  # with nothing in the engine: how often queue/ is read (a request waits at most this)
 
 
 class WorkerError(RuntimeError):
@@ -252,10 +253,12 @@ class Server:
         self.in_flight: dict[str, tuple[Request, int, int, int]] = {}  # vLLM id -> (.., tokens)
         self.in_flight_tokens = 0
         self.finished: queue.Queue[Any] = queue.Queue()  # to the writer thread
-        self.busy_s = 0.0  # wall time with requests in the engine
+        self.busy_s = 0.0  # time in engine steps (engine.step() with requests in the engine)
+        self.loop_s = 0.0  # this loop's own time while requests were in the engine (take, fill)
         self.tokens = 0
         self.requests = 0
-        self.first_request = self.last_done = 0.0  # perf_counter: the span with work to do
+        # perf_counter marks: engine ready, first request taken, last engine step, last request done
+        self.ready_at = self.first_request = self.last_step = self.last_done = 0.0
 
     def _take_requests(self, record: dict[str, Any]) -> None:
         for path in sorted((self.directory / "queue").glob("*.json"), key=lambda p: p.stat().st_mtime):
@@ -330,16 +333,32 @@ class Server:
             self.in_flight[rid] = (request, b, i, len(ids))
             self.in_flight_tokens += len(ids)
 
-    def stats(self, ready_at: float) -> dict[str, Any]:
-        wall = time.perf_counter() - ready_at
-        working = self.last_done - self.first_request if self.last_done else 0.0
+    def stats(self) -> dict[str, Any]:
+        """busy_fraction = time in engine steps / wall from the engine ready to the last request done
+        (the idle time up to the stop, when no client has work, is not the engine's to fill); where
+        the rest went: before the first request, this loop's own time with requests in the engine,
+        the tail after the last step (the last parts read and written), and the engine empty between
+        (waiting for a client's request; in drain mode also reading and writing between batches)."""
+        done = self.last_done or self.ready_at
+        since_ready, working = done - self.ready_at, done - (self.first_request or done)
+        first_wait = (self.first_request or done) - self.ready_at
+        tail = max(done - self.last_step, 0.0) if self.last_step else 0.0
         return {
             "busy_s": round(self.busy_s, 3),
-            "wall_s": round(wall, 3),
-            "busy_fraction": round(self.busy_s / wall, 4) if wall > 0 else None,
-            # from the first request taken to the last one answered (no wait for clients counted)
+            "ready_to_done_s": round(since_ready, 3),
+            "busy_fraction": round(self.busy_s / since_ready, 4) if since_ready > 0 else None,
+            # from the first request taken to the last one answered (the clients' start not counted)
             "working_s": round(working, 3),
             "busy_fraction_working": round(self.busy_s / working, 4) if working > 0 else None,
+            "idle_s": {
+                "before_first_request": round(first_wait, 3),
+                "loop": round(self.loop_s, 3),
+                "tail": round(tail, 3),
+                "engine_empty": round(
+                    max(since_ready - self.busy_s - self.loop_s - first_wait - tail, 0.0), 3
+                ),
+            },
+            "wall_s": round(time.perf_counter() - self.ready_at, 3),  # ready to now (the exit)
             "tokens": self.tokens,
             "requests": self.requests,
             "mode": self.spec.get("mode", "stream"),
@@ -352,34 +371,36 @@ class Server:
         params = SamplingParams(max_tokens=1, temperature=0.0)
         writer = threading.Thread(target=self._writer, args=(Finisher(self.spec),), daemon=True)
         writer.start()
-        ready_at = last_work = time.perf_counter()
+        self.ready_at = last_work = time.perf_counter()
         stats_at = 0.0
         while True:
-            self._take_requests(record)
+            loop_start = time.perf_counter()
+            self._take_requests(record)  # requests queued before the engine was ready come first
             self._fill(engine, params)
             if self.in_flight:
                 start = time.perf_counter()
+                self.loop_s += start - loop_start
                 outputs = engine.step()  # waits for the engine core, which steps on its own meanwhile
+                self.last_step = last_work = time.perf_counter()
+                self.busy_s += last_work - start
                 for output in outputs:
                     if output.finished and output.request_id in self.in_flight:
                         request, b, i, tokens = self.in_flight.pop(output.request_id)
                         self.in_flight_tokens -= tokens
                         self.finished.put((request, b, i, output))
-                last_work = time.perf_counter()
-                self.busy_s += last_work - start
             else:
                 if (self.directory / "stop").exists() and self.finished.empty():
                     break
                 if time.perf_counter() - last_work > self.idle_timeout:
                     log.info("no request for %.0f s: exiting", self.idle_timeout)
                     break
-                time.sleep(0.02)
+                time.sleep(IDLE_POLL_S)
             if time.perf_counter() - stats_at > 1.0:
-                io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+                io.write_json(self.stats(), self.directory / "stats.json", indent=None)
                 stats_at = time.perf_counter()
         self.finished.put(None)
         writer.join()
-        io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+        io.write_json(self.stats(), self.directory / "stats.json", indent=None)
 
 
 class DrainServer(Server):
@@ -398,7 +419,7 @@ class DrainServer(Server):
 
         finisher = Finisher(self.spec)
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        ready_at = last_work = time.perf_counter()
+        self.ready_at = last_work = time.perf_counter()
         while True:
             self._take_requests(record)
             for request in self.open:
@@ -406,7 +427,8 @@ class DrainServer(Server):
                     start = time.perf_counter()
                     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch["input_ids"]]
                     outputs = llm.generate(prompts, params, use_tqdm=False)
-                    self.busy_s += time.perf_counter() - start
+                    self.last_step = time.perf_counter()
+                    self.busy_s += self.last_step - start
                     ids = batch["input_ids"]
                     pieces = [finisher.states(out, seq) for out, seq in zip(outputs, ids, strict=True)]
                     request.tokens += Finisher.write_part(batch, pieces)
@@ -416,8 +438,8 @@ class DrainServer(Server):
             self.open.clear()
             if (self.directory / "stop").exists() or time.perf_counter() - last_work > self.idle_timeout:
                 break
-            time.sleep(0.02)
-        io.write_json(self.stats(ready_at), self.directory / "stats.json", indent=None)
+            time.sleep(IDLE_POLL_S)
+        io.write_json(self.stats(), self.directory / "stats.json", indent=None)
 
 
 def _heartbeat(path: Path) -> None:
@@ -447,7 +469,7 @@ def serve(directory: Path) -> None:
     shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
     with contextlib.suppress(OSError):  # the staging folder itself, once no engine uses it
         Path(spec["staging_dir"]).parent.rmdir()
-    log.info("engine %s done: %s", spec["start_id"], server.stats(start))
+    log.info("engine %s done: %s", spec["start_id"], server.stats())
 
 
 def main(argv: list[str]) -> int:
