@@ -10,6 +10,7 @@ that must kill, restart or reconfigure its server starts its own `VllmServer` (s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -48,12 +49,16 @@ def demo_target_dir() -> Path:
         return BUILT_TARGET
     key = hashlib.sha256(SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes()).hexdigest()[:12]
     cached = REPO / ".pytest_cache" / "demo-target" / key
-    if not (cached / "target" / "model.safetensors").exists():
-        COUNTER.fits_in_process += 1
-        build_demo_target(
-            SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service", 18500,
-            FitSettings(seconds=TEST_FIT_SECONDS), repo=REPO,
-        )  # fmt: skip
+    cached.mkdir(parents=True, exist_ok=True)
+    # one fit however many sessions (or xdist workers) ask at once: the others wait for it
+    with (cached / "fit.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cached / "target" / "model.safetensors").exists():
+            COUNTER.fits_in_process += 1
+            build_demo_target(
+                SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service", 18500,
+                FitSettings(seconds=TEST_FIT_SECONDS), repo=REPO,
+            )  # fmt: skip
     return cached / "target"
 
 

@@ -3,7 +3,9 @@ from a scratch working directory), its job table, and a scratch directory seeded
 target so that no workflow test fits its own.
 
 Used by tests/workflow/, tests/integration/ and benchmarks/planning.py. A dry run needs the dataset file
-and the repository, no server, no SSH and no model weights.
+and the repository, no server, no SSH and no model weights. The demo end to end runs once per session
+(`demo_e2e_workdir`): the tests that read it share it, a test that changes it works on a copy
+(`copy_workdir`), which Snakemake sees as up to date.
 """
 
 from __future__ import annotations
@@ -145,6 +147,57 @@ def job_counts(stdout: str) -> Counter[str]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def copy_workdir(source: Path, destination: Path) -> Path:
+    """A copy of a finished working directory that Snakemake sees as finished too: files with their
+    modification times (copy2), .snakemake/'s records, links kept as links (config/)."""
+    return Path(shutil.copytree(source, destination, symlinks=True))
+
+
+def e2e_overrides(port: int) -> dict[str, Any]:
+    """The config of the session's demo run: smaller than the demo default so that the suite fits CI; the
+    same code paths."""
+    return {
+        "run": "e2e",
+        "demo": {"port": port},
+        "dataset": {"num_samples": 96, "shard_size": 32},
+        "generation": {"max_tokens": 256},
+        "train": {"epochs": 2},
+        "validate": {"max_questions": 8, "speedup": False},  # no test reads the timing
+    }
+
+
+# Fake secrets the demo's unit carries in the session's run (outside vLLM's flags too), none of which may
+# appear in any file the run writes; DEBUG_PASSWORD_CHECKS=1 checks that numbers are never redacted.
+E2E_SECRETS = ("hf_e2eFakeSecretToken0123456789abcdef", "e2e-key-one-1234", "e2e-key-two-5678",
+               "e2eCredentialValue99", "e2eDockerPass77", "e2eCurlPass88")  # fmt: skip
+E2E_SECRET_LINES = f"""Environment=HF_TOKEN={E2E_SECRETS[0]} E2E_API_KEYS={E2E_SECRETS[1]},{E2E_SECRETS[2]}
+Environment=DEBUG_PASSWORD_CHECKS=1
+SetCredential=e2e-cred:{E2E_SECRETS[3]}
+ExecStartPre=-/usr/bin/docker login -u ci -p {E2E_SECRETS[4]} registry.invalid
+ExecStartPost=-/usr/bin/curl -fsS -u alerts:{E2E_SECRETS[5]} http://127.0.0.1:9/started
+"""
+
+
+@pytest.fixture(scope="session")
+def demo_e2e_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded demo run once, end to end, for the session (`snakemake --configfile e2e.yaml`, every
+    rule from the server snapshot to the validated checkpoint, the shared target, a unit carrying
+    E2E_SECRETS): tests/workflow/test_demo_e2e.py reads it, tests/workflow/test_incremental.py grows a
+    copy of it. Fails every test that takes it when the run fails."""
+    from support.requirements import require
+
+    from eagle3_pipeline.ports import free_port
+
+    require("vllm")
+    port = free_port()
+    workdir = scratch_workdir(tmp_path_factory.mktemp("demo"), port, unit_lines=E2E_SECRET_LINES)
+    (workdir / "e2e.yaml").write_text(yaml.safe_dump(e2e_overrides(port)))
+    result = workdir_run(workdir, "--configfile", "e2e.yaml", "--cores", "2")
+    if result.returncode != 0:
+        pytest.fail(failure(result, workdir / "results" / "e2e" / "logs"))
+    return workdir
 
 
 @pytest.fixture

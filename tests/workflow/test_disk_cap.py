@@ -1,10 +1,12 @@
 """Bounded disk, through Snakemake itself on the real demo pieces (the shared tiny target, the real vLLM
-CPU server generating): with hidden_states.max_disk_gb below the corpus's states, a whole run (windows
-extracted, trained on and deleted, per epoch) never holds more than the cap, measured by a thread that
-polls the bytes under hidden_states/ and the extraction's work folders; the run ends in an exported,
-validated draft, and a second run does nothing. The states are extracted on the transformers backend:
-the accounting (bytes per token) and the DAG are the backend's-independent parts under test, and the
-vLLM backend's extraction rule runs in test_hidden_states_rule_vllm.py."""
+CPU server generating: the session's `demo_vllm_server`, which the run finds answering on its unit's
+port and leaves running, so no server start of its own): with hidden_states.max_disk_gb below the
+corpus's states, a whole run (windows extracted, trained on and deleted, per epoch) never holds more
+than the cap, measured by a thread that polls the bytes under hidden_states/ and the extraction's work
+folders; the run ends in an exported, validated draft, and a second run does nothing. The states are
+extracted on the transformers backend: the accounting (bytes per token) and the DAG are the
+backend's-independent parts under test, and the vLLM backend's extraction rule runs in
+test_hidden_states_rule_vllm.py."""
 
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from support.workflow import failure, scratch_workdir, workdir_run
 
 from eagle3_pipeline.budget import GB, STATE_FILES_AT_ONCE, bytes_per_token, state_file_bytes
 from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
-from eagle3_pipeline.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -66,8 +67,8 @@ def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return workdir_run(workdir, "--configfile", "c.yaml", "--cores", "2", *args)
 
 
-def test_a_capped_run_never_holds_more_than_the_cap(tmp_path):
-    port = free_port()
+def test_a_capped_run_never_holds_more_than_the_cap(demo_vllm_server, tmp_path):
+    port = demo_vllm_server.port  # the same target and unit: generation finds it up and leaves it so
     scratch_workdir(tmp_path, port)
     config = {
         "run": "cap",
@@ -110,5 +111,7 @@ def test_a_capped_run_never_holds_more_than_the_cap(tmp_path):
     assert [record["epoch"] for record in history] == list(range(EPOCHS))
     assert (results / "draft" / "checkpoint" / "config.json").exists()
     assert json.loads((results / "validation" / "offline.json").read_text())
+    ownership = json.loads((results / "work" / "server" / "ownership.json").read_text())
+    assert not ownership["started_by_pipeline"]  # the session's server served the generation
     again = _snakemake(tmp_path, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
