@@ -52,7 +52,7 @@ if WINDOW:
         conda:
             "../envs/pipeline.yaml"
         params:
-            windows=WINDOWS,
+            windows=EPOCH_WINDOWS,
             train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
         script:
@@ -83,7 +83,7 @@ if WINDOW:
             runtime=TRAIN_RUNTIME,
             # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
-            windows=len(WINDOWS),
+            windows=WINDOW_COUNT,
         script:
             # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch)
             "../scripts/train_draft_window.py"
@@ -93,7 +93,7 @@ if WINDOW:
 
     rule train_draft:
         input:
-            state=window_state(EPOCHS - 1, len(WINDOWS) - 1),
+            state=window_state(EPOCHS - 1, WINDOW_COUNT - 1),
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:

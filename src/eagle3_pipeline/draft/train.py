@@ -46,7 +46,7 @@ from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
-from eagle3_pipeline.draft.windows import order_key, total_steps
+from eagle3_pipeline.draft.windows import order_key, shard_id, total_steps
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,11 @@ def main_window(job: TrainJob) -> bool:
         )
     order = order_key(window.epoch, window.window)
     check_planned_batches(
-        window.plan, window.epoch, window.window, len(train_data.batches(int(job.train["seed"]), order))
+        window.plan,
+        window.epoch,
+        window.window,
+        len(train_data.batches(int(job.train["seed"]), order)),
+        [shard_id(path) for path in job.train_shards],
     )
     log.info(
         "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
@@ -430,14 +434,24 @@ def main_window(job: TrainJob) -> bool:
     return True
 
 
-def check_planned_batches(plan_path: str | Path, epoch: int, window: int, batches: int) -> None:
-    """The window's batches (all processes) are those plan_windows counted for it, on which the
-    learning-rate schedule's length rests.
+def check_planned_batches(
+    plan_path: str | Path, epoch: int, window: int, batches: int, shards: list[str] | None = None
+) -> None:
+    """The window's shards (ids) are those the plan assigned it, and its batches (all processes) are
+    those plan_windows counted for it, on which the learning-rate schedule's length rests.
 
     Raises:
-        ValueError: they differ (the stored states are not the lengths the traces gave).
+        ValueError: they differ (the stored states are not the lengths the traces gave, or the window's
+            states are not the plan's shards).
     """
-    planned = json.loads(Path(plan_path).read_text())["batches"][epoch][window]
+    plan = json.loads(Path(plan_path).read_text())
+    if shards is not None and sorted(shards) != sorted(plan["windows"][epoch][window]):
+        raise ValueError(
+            f"epoch {epoch} window {window}: states of shards {sorted(shards)}, but {plan_path} assigned "
+            f"{plan['windows'][epoch][window]} to it (was train.seed or dataset.num_samples changed after "
+            "the plan?) Delete the draft/windows folder and rerun snakemake"
+        )
+    planned = plan["batches"][epoch][window]
     if planned != batches:
         raise ValueError(
             f"epoch {epoch} window {window}: {batches} batches from the stored hidden states, but "
