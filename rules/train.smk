@@ -3,10 +3,11 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
-# train.save_every_steps (how often the state is saved for a resume) and train.activation_checkpointing
-# (recompute instead of keep: the same numbers) are not properties of the weights (train.py leaves them
+# train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
+# (recompute instead of keep: the same numbers) and train.fsdp (shard instead of replicate: the same
+# numbers up to rounding, the same state files) are not properties of the weights (train.py leaves them
 # out of the resume fingerprint too): run-time only, changing them reruns nothing
-TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing")
+TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
 TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
