@@ -69,3 +69,12 @@ def test_the_plan_records_each_epochs_windows_and_counts_their_batches(tmp_path)
             assert plan["batches"][e][w] == len(plan_batches(samples, 64, 3, order_key(e, w)))
     with pytest.raises(ValueError, match="windows for 2 epochs, but train.epochs is 3"):
         plan_windows(windows, traces, epochs=3, **lengths_of)
+
+
+def test_a_windows_batches_are_shuffled_anew_every_epoch_and_reproducibly():
+    lengths = [(7 * i) % 50 + 5 for i in range(40)]
+    orders = [plan_batches(lengths, 64, 0, order_key(epoch, 1)) for epoch in range(3)]
+    assert orders == [plan_batches(lengths, 64, 0, order_key(epoch, 1)) for epoch in range(3)]
+    assert all(sorted(i for batch in order for i in batch) == list(range(40)) for order in orders)
+    assert orders[0] != orders[1] != orders[2] != orders[0]  # a new order (and grouping) every epoch
+    assert plan_batches(lengths, 64, 0, order_key(0, 2)) != orders[0]  # and every window
