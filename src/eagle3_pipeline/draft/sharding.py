@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from eagle3_pipeline.draft.model import Eagle3Draft
@@ -35,7 +36,10 @@ def shard(model: Eagle3Draft, device: torch.device) -> Eagle3Draft:
     """`model` (in place) as one FSDP2 unit over the default process group, on `device`; the frozen
     embeddings replicated."""
     model.to(device)
-    fully_shard(model, ignored_params={model.embed_tokens.weight})
+    # the mesh on the training device's type: FSDP2's default takes the machine's accelerator, which is
+    # not the device of a CPU run (ACCELERATE_USE_CPU) on a machine with GPUs
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    fully_shard(model, mesh=mesh, ignored_params={model.embed_tokens.weight})
     return model
 
 
