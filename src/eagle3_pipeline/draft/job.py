@@ -45,7 +45,7 @@ class WindowJob:
     epoch: int
     window: int
     windows: int  # windows per epoch
-    plan: str  # draft/windows/plan.json: batches per (epoch, window), for the schedule's length
+    plan: str  # draft/windows/plan.json: shards and batches per (epoch, window) (the schedule's length)
     previous: str | None  # the previous (epoch, window)'s state file; None for the first
     state: str  # output: this (epoch, window)'s state file
 
