@@ -170,6 +170,32 @@ class Census(TorchDispatchMode):
         ]
         return best, breakdown, largest
 
+    def sharded_peak(self, gpus: int) -> tuple[int, dict[str, int]]:
+        """(peak live bytes, bytes by label at that moment) of the same step under train.fsdp over `gpus`
+        processes (draft/sharding.py: the draft one FSDP unit). Each process holds 1/gpus of the trained
+        weights and of AdamW's state throughout; the weights gathered whole besides ("gathered_weights")
+        from the forward pass to the end of the backward pass; the gradients whole while the backward
+        pass makes them, then reduce-scattered to 1/gpus for the optimiser step."""
+        gathered = sum(size for key, size in self.sizes.items() if self.labels[key] == "trainable")
+
+        def factor(label: str, phase: str) -> float:
+            if label in ("trainable", "optimizer_state"):
+                return 1 / gpus
+            return 1 / gpus if label == "grads" and phase == "optimizer_step" else 1.0
+
+        live: dict[str, int] = {}
+        best, breakdown = 0, {}
+        for sign, key, phase in self.events:
+            label = self.labels[key]
+            live[label] = live.get(label, 0) + sign * self.sizes[key]
+            parts = {name: round(size * factor(name, phase)) for name, size in live.items() if size}
+            if phase in ("activations", "backward"):
+                parts["gathered_weights"] = gathered
+            total = sum(parts.values())
+            if total > best:
+                best, breakdown = total, parts
+        return best, breakdown
+
 
 @contextmanager
 def census_blocks() -> Iterator[None]:

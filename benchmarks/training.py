@@ -27,8 +27,10 @@ logits, nothing checkpointed, the frozen embeddings in fp32, DDP's gradient buck
 on the CPU under bf16 autocast, records every tensor allocation and free, and replays them at the named
 shape (`--shape kimi`: the Kimi-K2.5 example's width, vocabularies, 7 TTT steps and train.batch_tokens
 16,384; benchmarks/memory_census.py explains the method). One JSON line per path with
-`peak_gib_per_gpu`, its breakdown and the batch_tokens assumed; then the demo shape tracked directly
-beside its replay from the reduced shape (a check of the method), and the peak against T.
+`peak_gib_per_gpu`, its breakdown and the batch_tokens assumed, and one for train.py's path with
+train.fsdp over `--gpus` processes (default 8; the same timeline with the weights and AdamW state
+sharded, Census.sharded_peak); then the demo shape tracked directly beside its replay from the reduced
+shape (a check of the method), and the peak against T.
 
 `--shape kimi` (without --census) runs one training step at the real Kimi-K2.5 draft shape (H 7,168,
 64 heads of 128, MLP 18,432, vocabulary 163,840, draft vocabulary 32,000, T 10,240, 7 TTT steps, bf16
@@ -238,14 +240,19 @@ def census_peak(
 ) -> tuple[int, dict[str, int], list[str]]:
     """Peak live bytes of a training step at `target` replayed from `shape` (target None: `shape` itself,
     tracked directly, the training code's own block sizes)."""
+    return census_of(shape, path, target).peak(phases)
+
+
+def census_of(shape: Shape, path: str, target: Shape | None) -> Census:
+    """The census of a training step run at `shape`, its sizes replayed at `target` (None: as run)."""
     if target is None:
         census = Census(None)
         run_census(census, census_setup(shape, path))
-        return census.peak(phases)
+        return census
     census = Census(Scaler(shape, target, block_rows(target)))
     with census_blocks():
         run_census(census, census_setup(shape, path))
-    return census.peak(phases)
+    return census
 
 
 def census(a: argparse.Namespace) -> None:
@@ -254,7 +261,20 @@ def census(a: argparse.Namespace) -> None:
     target = replace(KIMI, seq=a.batch_tokens or KIMI.seq)
     trainable = trainable_bytes(target)
     for path in ("training", "former"):
-        peak, parts, largest = census_peak(REDUCED, path, target)
+        tracked = census_of(REDUCED, path, target)
+        peak, parts, largest = tracked.peak()
+        if path == "training":  # train.fsdp over the example's GPUs
+            sharded, sharded_parts = tracked.sharded_peak(a.gpus)
+            emit(
+                {"measure": "train_step_census", "path": "training_fsdp", "gpus": a.gpus}
+                | {"shape": a.shape, "batch_tokens": target.seq, "peak_gib_per_gpu": gib(sharded)}
+                | {"ddp_peak_gib_per_gpu": gib(peak)}
+                | {
+                    "breakdown_gib": {
+                        k: gib(v) for k, v in sorted(sharded_parts.items(), key=lambda kv: -kv[1])
+                    }
+                }
+            )
         if path == "former":  # DDP's buckets: a second fp32 copy of the gradients (not bucket views then)
             peak, parts = peak + trainable, parts | {"ddp_buckets": trainable}
         emit(
@@ -388,6 +408,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--linear-only", action="store_true", help="--memory: skip the dense reference")
     p.add_argument("--census", action="store_true", help="peak memory per GPU at --shape, without a GPU")
     p.add_argument("--batch-tokens", type=int, default=None, help="--census: default the example's 16,384")
+    p.add_argument("--gpus", type=int, default=8, help="--census: processes train.fsdp shards over")
     a = p.parse_args(argv)
     if a.census:
         if a.shape != "kimi":

@@ -6,7 +6,11 @@
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.budget import capped_window_shards, parse_time_hidden_size
+from eagle3_pipeline.budget import (
+    capped_window_shards,
+    epoch_windows,
+    parse_time_hidden_size,
+)
 from eagle3_pipeline.config import SPLITS, ConfigError, check_config, shard_ids
 from eagle3_pipeline.hidden_states.engine import stop_all
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
@@ -45,13 +49,34 @@ WINDOW = (
     if SETTINGS.hidden_states.max_disk_gb is not None
     else None
 )
-WINDOWS = (
-    [SHARDS[i : i + WINDOW] for i in range(0, len(SHARDS), WINDOW)] if WINDOW else []
-)
 EPOCHS = SETTINGS.train.epochs
+# Per epoch, its windows: the shards in an order seeded by train.seed and the epoch, cut into windows
+# of WINDOW (budget.epoch_windows; plan_windows records them), so each epoch groups them anew.
+EPOCH_WINDOWS = (
+    [epoch_windows(SETTINGS.train.seed, e, SHARDS, WINDOW) for e in range(EPOCHS)]
+    if WINDOW
+    else []
+)
+WINDOW_COUNT = len(EPOCH_WINDOWS[0]) if WINDOW else 0  # windows per epoch
+SHARD_WINDOW = [
+    {k: w for w, shards in enumerate(windows) for k in shards}
+    for windows in EPOCH_WINDOWS
+]
+
+
+def window_of(epoch, shard):
+    """The window that trains on shard `shard` in epoch `epoch`."""
+    return SHARD_WINDOW[int(epoch)][shard]
+
+
+def window_shards(epoch, window):
+    """The shards of window `window` of epoch `epoch`."""
+    return EPOCH_WINDOWS[int(epoch)][int(window)]
+
+
 # The windows form one chain of epochs x windows training jobs, and Snakemake builds its DAG
 # recursively (about 3 Python frames per link, measured): room for the chain, as for a long DAG.
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * len(WINDOWS)))
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000 + 10 * EPOCHS * WINDOW_COUNT))
 if WINDOW and SETTINGS.validate.baseline:
     raise ConfigError(
         "hidden_states.max_disk_gb with validate.baseline: the baseline draft is not trained in "
@@ -215,7 +240,7 @@ def previous_window_state(epoch, window):
     if window > 0:
         return [window_state(epoch, window - 1)]
     if epoch > 0:
-        return [window_state(epoch - 1, len(WINDOWS) - 1)]
+        return [window_state(epoch - 1, WINDOW_COUNT - 1)]
     return []
 
 
@@ -224,14 +249,15 @@ def get_extraction_gate(wildcards):
     its states deleted): the disk never holds two windows."""
     if not WINDOW:
         return []
-    return previous_window_state(int(wildcards.epoch), int(wildcards.shard) // WINDOW)
+    epoch = int(wildcards.epoch)
+    return previous_window_state(epoch, window_of(epoch, wildcards.shard))
 
 
 def engine_dir(epoch=None, shard=None):
     """The extraction engine folder of shard `shard` (of epoch `epoch` under a cap)."""
     if not WINDOW:
         return ENGINE_DIR
-    return ENGINE_DIR.format(epoch=epoch, window=int(shard) // WINDOW)
+    return ENGINE_DIR.format(epoch=epoch, window=window_of(epoch, shard))
 
 
 def engine_runtime(where):
@@ -277,7 +303,7 @@ def get_engine_clients(wildcards):
         return [
             f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.json"
             for split in SPLITS
-            for k in WINDOWS[int(wildcards.window)]
+            for k in window_shards(wildcards.epoch, wildcards.window)
         ]
     return [
         f"{RESULTS}/hidden_states/{split}/shard-{k}.json"
@@ -322,7 +348,7 @@ def get_window_states(wildcards):
     return [
         f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.safetensors"
         for split in SPLITS
-        for k in WINDOWS[int(wildcards.window)]
+        for k in window_shards(wildcards.epoch, wildcards.window)
     ]
 
 
@@ -335,7 +361,7 @@ def get_validation_states():
         )
     return [
         f"{RESULTS}/hidden_states/epoch-{EPOCHS - 1}/validation/shard-{k}.safetensors"
-        for k in WINDOWS[-1]
+        for k in window_shards(EPOCHS - 1, WINDOW_COUNT - 1)
     ]
 
 

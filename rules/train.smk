@@ -3,10 +3,11 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
-# train.save_every_steps (how often the state is saved for a resume) and train.activation_checkpointing
-# (recompute instead of keep: the same numbers) are not properties of the weights (train.py leaves them
+# train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
+# (recompute instead of keep: the same numbers) and train.fsdp (shard instead of replicate: the same
+# numbers up to rounding, the same state files) are not properties of the weights (train.py leaves them
 # out of the resume fingerprint too): run-time only, changing them reruns nothing
-TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing")
+TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
 TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
@@ -52,7 +53,7 @@ if WINDOW:
         conda:
             "../envs/pipeline.yaml"
         params:
-            windows=WINDOWS,
+            windows=EPOCH_WINDOWS,
             train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
         script:
@@ -83,7 +84,7 @@ if WINDOW:
             runtime=TRAIN_RUNTIME,
             # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
-            windows=len(WINDOWS),
+            windows=WINDOW_COUNT,
         script:
             # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch)
             "../scripts/train_draft_window.py"
@@ -93,7 +94,7 @@ if WINDOW:
 
     rule train_draft:
         input:
-            state=window_state(EPOCHS - 1, len(WINDOWS) - 1),
+            state=window_state(EPOCHS - 1, WINDOW_COUNT - 1),
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:

@@ -1,15 +1,15 @@
 """Rule plan_windows: batches per (epoch, window) under a disk cap, for the learning-rate schedule."""
 
-from eagle3_pipeline.draft.windows import plan_windows, write_plan
+from eagle3_pipeline.draft.windows import plan_windows, shard_id, write_plan
 from eagle3_pipeline.logs import stage
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
-by_shard = {path.rsplit("shard-", 1)[1].split(".")[0]: path for path in snakemake.input.traces}
 write_plan(
     plan_windows(
-        windows=[[by_shard[k] for k in window] for window in snakemake.params.windows],
+        epoch_windows=snakemake.params.windows,
+        traces={shard_id(path): path for path in snakemake.input.traces},
         epochs=snakemake.params.train["epochs"],
         max_seq_len=snakemake.params.lengths["max_seq_len"],
         overlong=snakemake.params.lengths["overlong"],

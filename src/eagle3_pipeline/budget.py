@@ -33,6 +33,7 @@ import dataclasses
 import json
 import logging
 import math
+import random
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -403,6 +404,20 @@ def capped_window_shards(config: Mapping[str, Any], hidden_size: int) -> int | N
     if config["hidden_states"].get("max_disk_gb") is None:
         return None
     return window_shards(config, hidden_size, parse_time_state_bytes(config, hidden_size))
+
+
+def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> list[list[str]]:
+    """The training windows of one epoch under a cap: the shards in an order seeded by (seed, epoch),
+    cut into windows of `size` (the last may be shorter), each window's shards sorted.
+
+    A pure function of its arguments, so the rules (which shard is extracted for which window) and the
+    plan (draft/windows/plan.json records the result) agree, and a run is reproducible. A new order
+    every epoch: a shard meets other shards' samples in its batches from one epoch to the next.
+    """
+    order = list(shards)
+    # a str seed is hashed with SHA-512 (random.seed, version 2): the same order on every machine
+    random.Random(f"windows:{seed}:{epoch}").shuffle(order)
+    return [sorted(order[i : i + size]) for i in range(0, len(order), size)]
 
 
 def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:

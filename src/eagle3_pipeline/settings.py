@@ -178,6 +178,7 @@ class TrainSettings:
     seed: int = 0
     save_every_steps: int = 500
     activation_checkpointing: bool = False
+    fsdp: bool = False
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def _windowed(job: TrainJob, root: Path, epochs: int = 2) -> list[TrainJob]:
     batches = [
         [len(plan_batches(lengths[w], 256, 0, order_key(e, w))) for w in range(2)] for e in range(epochs)
     ]
-    plan.write_text(json.dumps({"batches": batches}))
+    plan.write_text(json.dumps({"windows": [[["00000"], ["00001"]]] * epochs, "batches": batches}))
     jobs, previous = [], None
     for e in range(epochs):
         for w, (train, validation) in enumerate(windows):
@@ -209,6 +209,15 @@ def test_a_window_whose_batches_differ_from_the_plan_is_refused(job, tmp_path):
     plan["batches"][0][0] += 1
     Path(first.window.plan).write_text(json.dumps(plan))
     with pytest.raises(ValueError, match="planned .* from the traces' token ids"):
+        main(first)
+
+
+def test_a_window_whose_shards_differ_from_the_plan_is_refused(job, tmp_path):
+    first = _windowed(job, tmp_path / "w")[0]
+    plan = json.loads(Path(first.window.plan).read_text())
+    plan["windows"][0] = [["00001"], ["00000"]]  # the plan gave shard 0 to window 1
+    Path(first.window.plan).write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match=r"states of shards \['00000'\], but .* assigned \['00001'\]"):
         main(first)
 
 

@@ -45,13 +45,13 @@ class WindowJob:
     epoch: int
     window: int
     windows: int  # windows per epoch
-    plan: str  # draft/windows/plan.json: batches per (epoch, window), for the schedule's length
+    plan: str  # draft/windows/plan.json: shards and batches per (epoch, window) (the schedule's length)
     previous: str | None  # the previous (epoch, window)'s state file; None for the first
     state: str  # output: this (epoch, window)'s state file
 
 
 # train.* keys a job reads, typed (RUNTIME_TRAIN_KEYS are left out of the resume fingerprint: train.py)
-RUNTIME_TRAIN_KEYS = ("save_every_steps", "activation_checkpointing")
+RUNTIME_TRAIN_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
 TRAIN_KEYS = {
     "epochs": int,
     "lr": float,
@@ -62,6 +62,7 @@ TRAIN_KEYS = {
     "seed": int,
     "save_every_steps": int,
     "activation_checkpointing": bool,
+    "fsdp": bool,
 }
 
 
@@ -85,7 +86,10 @@ def job_settings(draft: Mapping[str, Any], train: Mapping[str, Any]) -> tuple[di
     """
     settings = {"ttt_steps": int(draft["ttt_steps"]), "step_weight_decay": float(draft["step_weight_decay"])}
     settings |= {key: int(draft[key]) for key in DRAFT_SHAPE_KEYS if draft.get(key) is not None}
-    defaults = {"activation_checkpointing": TRAIN_DEFAULTS.activation_checkpointing}  # newer keys: optional
+    defaults = {  # newer keys: optional
+        "activation_checkpointing": TRAIN_DEFAULTS.activation_checkpointing,
+        "fsdp": TRAIN_DEFAULTS.fsdp,
+    }
     typed = {key: kind(train[key] if key in train else defaults[key]) for key, kind in TRAIN_KEYS.items()}
     return settings, typed
 

@@ -6,7 +6,8 @@
 
 The job file is draft/job.py's (written by the rules' thin scripts; eagle3_pipeline.launch).
 
-Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients. The
+Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients (with
+train.fsdp the draft is sharded over the processes instead: draft/sharding.py). The
 training state (trained weights, optimiser, schedule, position in the epoch, the epoch's training sums
 over all processes, history; not the frozen embeddings, which are the target's) is saved atomically
 under the work folder every train.save_every_steps steps and at each epoch's end; a run started again
@@ -43,10 +44,11 @@ from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, 
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, RUNTIME_TRAIN_KEYS, TrainJob
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft.sharding import full_state, gathered, load_full_state, shard
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
-from eagle3_pipeline.draft.windows import order_key, total_steps
+from eagle3_pipeline.draft.windows import order_key, shard_id, total_steps
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,25 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def prepare(
+    accelerator: Accelerator, model: Eagle3Draft, job: TrainJob, total_steps: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """(model, optimiser, schedule) ready to train: DDP through accelerate, or with train.fsdp over more
+    than one process the draft sharded (draft/sharding.py) before the optimiser is built on its shards.
+    The scheduler stays unprepared: accelerate's wrapper would step it once per process."""
+    if job.train.get("fsdp") and accelerator.num_processes > 1:
+        model = shard(model, accelerator.device)
+        optimizer, scheduler = build_optimizer(model, job.train, total_steps)
+        log.info(
+            "FSDP: trained tensors, gradients and AdamW state sharded over %d processes",
+            accelerator.num_processes,
+        )
+        return model, optimizer, scheduler
+    optimizer, scheduler = build_optimizer(model, job.train, total_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return model, optimizer, scheduler
+
+
 def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, stats) of one batch: ttt.chunked_ttt_loss over the draft's normed step outputs."""
     batch = batch.to(ctx.accelerator.device)
@@ -170,7 +191,8 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: i
 def validation_sums(ctx: Context, data: HiddenStateData) -> torch.Tensor | None:
     """Validation statistics summed over every process's share (None without validation samples).
 
-    Runs the unwrapped model (no DDP collective in the forward), so processes may hold unequal shares.
+    Runs the unwrapped model (no DDP collective in the forward; a sharded one gathered beforehand), so
+    processes may hold unequal shares.
     """
     acc = ctx.accelerator
     if len(data) == 0:
@@ -178,8 +200,9 @@ def validation_sums(ctx: Context, data: HiddenStateData) -> torch.Tensor | None:
     model = acc.unwrap_model(ctx.model).eval()
     stats = torch.zeros(len(STAT_ROWS), int(ctx.job.draft["ttt_steps"]), device=acc.device)
     plan = plan_batches([s.length for s in data.samples], data.batch_tokens, seed=0, epoch=0)
-    for batch in plan[acc.process_index :: acc.num_processes]:
-        stats += _forward(ctx, model, data.collate(batch))[1]
+    with gathered(model):  # sharded (train.fsdp): gathered once, so unequal shares need no collective
+        for batch in plan[acc.process_index :: acc.num_processes]:
+            stats += _forward(ctx, model, data.collate(batch))[1]
     return acc.reduce(stats, reduction="sum")
 
 
@@ -204,8 +227,10 @@ def _state_path(job: TrainJob) -> Path:
 
 
 def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> None:
-    """Atomically write the training state (main process only), to the work folder by default: what a
-    resume needs, the trained tensors but not the frozen embeddings (the target's, loaded anew)."""
+    """Atomically write the training state (main process only; every process calls it, a sharded
+    state is gathered), to the work folder by default: what a resume needs, the trained tensors but not
+    the frozen embeddings (the target's, loaded anew)."""
+    tensors, optimizer = full_state(ctx.accelerator.unwrap_model(ctx.model), ctx.optimizer)
     if not ctx.accelerator.is_main_process:
         return
     path = _state_path(ctx.job) if path is None else Path(path)
@@ -216,8 +241,8 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
         _state_path(ctx.job).unlink(missing_ok=True)
     blob = {
         "state": asdict(state),
-        "model": ctx.accelerator.unwrap_model(ctx.model).exported_state_dict(),
-        "optimizer": ctx.optimizer.state_dict(),
+        "model": tensors,
+        "optimizer": optimizer,
         "scheduler": ctx.scheduler.state_dict(),
     }
     io.write_torch(blob, path)
@@ -227,8 +252,7 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
 def _restore(ctx: Context, blob: dict[str, Any]) -> TrainState:
     """Load a state file's tensors; -> its TrainState. The file's epoch sums are every process's: the
     main process carries them on, the others start from zero (their sums are added at the epoch's end)."""
-    ctx.accelerator.unwrap_model(ctx.model).load_trained(blob["model"])
-    ctx.optimizer.load_state_dict(blob["optimizer"])
+    load_full_state(ctx.accelerator.unwrap_model(ctx.model), ctx.optimizer, blob["model"], blob["optimizer"])
     ctx.scheduler.load_state_dict(blob["scheduler"])
     state = TrainState(**blob["state"])
     return state if ctx.accelerator.is_main_process else replace(state, epoch_stats=None)
@@ -262,15 +286,18 @@ def fingerprint(job: TrainJob) -> str:
 
 
 def save_outputs(ctx: Context, config: DraftConfig, history: list[dict[str, Any]]) -> None:
-    """Trained tensors (checkpoint names, fp32) and history.json, written atomically."""
-    write_outputs(ctx.accelerator.unwrap_model(ctx.model), ctx.job, config, history)
+    """Trained tensors (checkpoint names, fp32) and history.json, written atomically by the main process
+    (every process calls it: a sharded draft is gathered)."""
+    tensors, _ = full_state(ctx.accelerator.unwrap_model(ctx.model), ctx.optimizer)
+    if ctx.accelerator.is_main_process:
+        write_outputs(tensors, ctx.job, config, history)
 
 
 def write_outputs(
-    model: Eagle3Draft, job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
+    trained: dict[str, torch.Tensor], job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
 ) -> None:
     """The trained tensors (checkpoint names, fp32) and history.json of `job`, written atomically."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.exported_state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in trained.items()}
     io.write_safetensors(tensors, job.weights, metadata={"draft_config": json.dumps(config.to_dict())})
     io.write_json(history, job.history, indent=1)
 
@@ -303,9 +330,7 @@ def main(job: TrainJob) -> bool:
     per_epoch = len(
         train_data.batches(int(job.train["seed"]), 0, accelerator.process_index, accelerator.num_processes)
     )
-    optimizer, scheduler = build_optimizer(model, job.train, per_epoch * int(job.train["epochs"]))
-    # the scheduler stays unprepared: accelerate's wrapper would step it once per process
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer, scheduler = prepare(accelerator, model, job, per_epoch * int(job.train["epochs"]))
     head = {k: v.to(accelerator.device) for k, v in head.items()}
     ctx = Context(accelerator, model, optimizer, scheduler, head, job)
     state = load_state(ctx, fingerprint(job))
@@ -330,8 +355,7 @@ def main(job: TrainJob) -> bool:
         state.history.append(record)
         state.epoch, state.batch_in_epoch, state.epoch_stats = state.epoch + 1, 0, None
         save_state(ctx, state)
-    if accelerator.is_main_process:
-        save_outputs(ctx, accelerator.unwrap_model(model).config, state.history)
+    save_outputs(ctx, accelerator.unwrap_model(model).config, state.history)
     accelerator.wait_for_everyone()
     return True
 
@@ -365,10 +389,9 @@ def main_window(job: TrainJob) -> bool:
     model, head = build_model(job, _frozen_dtype(accelerator))
     train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
     validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
-    optimizer, scheduler = build_optimizer(
-        model, job.train, total_steps(window.plan, accelerator.num_processes)
+    model, optimizer, scheduler = prepare(
+        accelerator, model, job, total_steps(window.plan, accelerator.num_processes)
     )
-    model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays unprepared (see main)
     head = {k: v.to(accelerator.device) for k, v in head.items()}
     ctx = Context(accelerator, model, optimizer, scheduler, head, job)
     state = _start_window(ctx, job, fingerprint(job))
@@ -379,7 +402,11 @@ def main_window(job: TrainJob) -> bool:
         )
     order = order_key(window.epoch, window.window)
     check_planned_batches(
-        window.plan, window.epoch, window.window, len(train_data.batches(int(job.train["seed"]), order))
+        window.plan,
+        window.epoch,
+        window.window,
+        len(train_data.batches(int(job.train["seed"]), order)),
+        [shard_id(path) for path in job.train_shards],
     )
     log.info(
         "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
@@ -430,14 +457,24 @@ def main_window(job: TrainJob) -> bool:
     return True
 
 
-def check_planned_batches(plan_path: str | Path, epoch: int, window: int, batches: int) -> None:
-    """The window's batches (all processes) are those plan_windows counted for it, on which the
-    learning-rate schedule's length rests.
+def check_planned_batches(
+    plan_path: str | Path, epoch: int, window: int, batches: int, shards: list[str] | None = None
+) -> None:
+    """The window's shards (ids) are those the plan assigned it, and its batches (all processes) are
+    those plan_windows counted for it, on which the learning-rate schedule's length rests.
 
     Raises:
-        ValueError: they differ (the stored states are not the lengths the traces gave).
+        ValueError: they differ (the stored states are not the lengths the traces gave, or the window's
+            states are not the plan's shards).
     """
-    planned = json.loads(Path(plan_path).read_text())["batches"][epoch][window]
+    plan = json.loads(Path(plan_path).read_text())
+    if shards is not None and sorted(shards) != sorted(plan["windows"][epoch][window]):
+        raise ValueError(
+            f"epoch {epoch} window {window}: states of shards {sorted(shards)}, but {plan_path} assigned "
+            f"{plan['windows'][epoch][window]} to it (was train.seed or dataset.num_samples changed after "
+            "the plan?) Delete the draft/windows folder and rerun snakemake"
+        )
+    planned = plan["batches"][epoch][window]
     if planned != batches:
         raise ValueError(
             f"epoch {epoch} window {window}: {batches} batches from the stored hidden states, but "
@@ -452,5 +489,5 @@ def finish(job: TrainJob, state_path: str | Path) -> None:
     model, _ = build_model(job)
     blob = torch.load(state_path, map_location="cpu", weights_only=False)
     model.load_trained(blob["model"])
-    write_outputs(model, job, model.config, blob["state"]["history"])
+    write_outputs(model.exported_state_dict(), job, model.config, blob["state"]["history"])
     log.info("trained draft written from %s (%d epochs)", state_path, len(blob["state"]["history"]))

@@ -6,13 +6,15 @@ deleted (Snakemake temp files), the training state (weights, optimiser, schedule
 from window to window in a file. The learning-rate schedule spans the whole run, so its length must be
 known before the first window is trained: plan_windows counts every (epoch, window)'s batches from the
 traces' token-id lengths, which are the lengths extraction stores (same truncation, same drop rule).
+Which shards form a window changes every epoch (budget.epoch_windows, seeded by train.seed and the
+epoch); the plan records them, and each window's batches are shuffled anew (order_key).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,29 +55,44 @@ def stored_lengths(trace_path: str | Path, max_seq_len: int, overlong: str) -> l
 
 
 def plan_windows(
-    windows: Sequence[Sequence[str | Path]],
+    epoch_windows: Sequence[Sequence[Sequence[str]]],
+    traces: Mapping[str, str | Path],
     epochs: int,
     max_seq_len: int,
     overlong: str,
     batch_tokens: int,
     seed: int,
 ) -> dict[str, Any]:
-    """Batches of every (epoch, window), counted as the trainer will form them (all processes together).
+    """Batches of every (epoch, window), counted as the trainer will form them (all processes together),
+    and the windows themselves (shard ids per epoch and window, as the rules assigned them).
 
     Args:
-        windows: per window, its shards' train-split trace files, in shard order.
+        epoch_windows: per epoch, per window, its shard ids (budget.epoch_windows).
+        traces: each shard id's train-split trace file.
         epochs, batch_tokens, seed: config train.*.
         max_seq_len, overlong: config hidden_states.*.
     """
-    lengths = [
-        [min(n, batch_tokens) for path in window for n in stored_lengths(path, max_seq_len, overlong)]
-        for window in windows
-    ]
+    if len(epoch_windows) != epochs:
+        raise ValueError(f"windows for {len(epoch_windows)} epochs, but train.epochs is {epochs}")
+    lengths = {
+        shard: [min(n, batch_tokens) for n in stored_lengths(path, max_seq_len, overlong)]
+        for shard, path in traces.items()
+    }
+    samples = [[[n for k in window for n in lengths[k]] for window in windows] for windows in epoch_windows]
     batches = [
-        [len(plan_batches(lengths[w], batch_tokens, seed, order_key(e, w))) for w in range(len(windows))]
-        for e in range(epochs)
+        [len(plan_batches(window, batch_tokens, seed, order_key(e, w))) for w, window in enumerate(windows)]
+        for e, windows in enumerate(samples)
     ]
-    return {"batches": batches, "samples": [len(window) for window in lengths]}
+    return {
+        "windows": [[list(window) for window in windows] for windows in epoch_windows],
+        "batches": batches,
+        "samples": [[len(window) for window in windows] for windows in samples],
+    }
+
+
+def shard_id(path: str | Path) -> str:
+    """The shard id of a shard file (`.../shard-00012.safetensors` -> "00012")."""
+    return Path(path).name.removeprefix("shard-").split(".")[0]
 
 
 def write_plan(plan: dict[str, Any], output: str | Path) -> None:

@@ -1,0 +1,80 @@
+"""Windows under a disk cap: a seeded assignment of shards to windows, new every epoch
+(budget.epoch_windows), and the plan that records it with every window's batch count."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from eagle3_pipeline.budget import epoch_windows
+from eagle3_pipeline.draft.data import plan_batches
+from eagle3_pipeline.draft.windows import order_key, plan_windows
+
+SHARDS = [f"{k:05d}" for k in range(23)]
+
+
+def test_each_epoch_is_a_permutation_of_the_shards_cut_into_windows():
+    for epoch in range(4):
+        windows = epoch_windows(7, epoch, SHARDS, 5)
+        assert [len(window) for window in windows] == [5, 5, 5, 5, 3]
+        assert sorted(k for window in windows for k in window) == SHARDS  # each shard once
+        assert all(window == sorted(window) for window in windows)
+
+
+def test_the_assignment_is_seeded_and_new_every_epoch():
+    epochs = [epoch_windows(7, epoch, SHARDS, 5) for epoch in range(4)]
+    assert epochs == [epoch_windows(7, epoch, list(SHARDS), 5) for epoch in range(4)]  # reproducible
+    assert all(a != b for i, a in enumerate(epochs) for b in epochs[i + 1 :])  # every epoch differs
+    assert epochs[0] != [SHARDS[i : i + 5] for i in range(0, 23, 5)]  # not the contiguous groups
+    assert epoch_windows(8, 0, SHARDS, 5) != epochs[0]  # another seed, another assignment
+    # shards of one window of epoch 0 end up in several windows of epoch 1
+    first = set(epochs[0][0])
+    assert sum(bool(first & set(window)) for window in epochs[1]) > 1
+
+
+def test_one_window_of_everything_is_every_shard():
+    assert epoch_windows(0, 3, SHARDS, 100) == [SHARDS]
+
+
+def _traces(root, lengths):  # noqa: ANN001, ANN202
+    """One train-split trace file per shard, its samples' prompt and completion ids of those lengths."""
+    paths = {}
+    for shard, samples in lengths.items():
+        paths[shard] = root / f"shard-{shard}.parquet"
+        pl.DataFrame(
+            {
+                "prompt_token_ids": [list(range(prompt)) for prompt, _ in samples],
+                "completion_token_ids": [list(range(completion)) for _, completion in samples],
+            }
+        ).write_parquet(paths[shard])
+    return paths
+
+
+def test_the_plan_records_each_epochs_windows_and_counts_their_batches(tmp_path):
+    lengths = {
+        "00000": [(10, 20), (5, 5)],
+        "00001": [(30, 40)],
+        "00002": [(3, 4), (8, 9), (60, 70)],  # 130 tokens: cut to max_seq_len 100
+    }
+    traces = _traces(tmp_path, lengths)
+    windows = [epoch_windows(3, epoch, sorted(lengths), 2) for epoch in range(2)]
+    lengths_of = {"max_seq_len": 100, "overlong": "truncate", "batch_tokens": 64, "seed": 3}
+    plan = plan_windows(windows, traces, epochs=2, **lengths_of)
+    assert plan["windows"] == windows
+    stored = {shard: [min(p + c, 100, 64) for p, c in samples] for shard, samples in lengths.items()}
+    for e, epoch in enumerate(windows):
+        for w, window in enumerate(epoch):
+            samples = [n for k in window for n in stored[k]]
+            assert plan["samples"][e][w] == len(samples)
+            assert plan["batches"][e][w] == len(plan_batches(samples, 64, 3, order_key(e, w)))
+    with pytest.raises(ValueError, match="windows for 2 epochs, but train.epochs is 3"):
+        plan_windows(windows, traces, epochs=3, **lengths_of)
+
+
+def test_a_windows_batches_are_shuffled_anew_every_epoch_and_reproducibly():
+    lengths = [(7 * i) % 50 + 5 for i in range(40)]
+    orders = [plan_batches(lengths, 64, 0, order_key(epoch, 1)) for epoch in range(3)]
+    assert orders == [plan_batches(lengths, 64, 0, order_key(epoch, 1)) for epoch in range(3)]
+    assert all(sorted(i for batch in order for i in batch) == list(range(40)) for order in orders)
+    assert orders[0] != orders[1] != orders[2] != orders[0]  # a new order (and grouping) every epoch
+    assert plan_batches(lengths, 64, 0, order_key(0, 2)) != orders[0]  # and every window
