@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint clean-demo
 
-install: install-pipeline install-vllm
+install: install-pipeline install-vllm install-speculators
 
 install-pipeline:
 	envs/install.sh pipeline

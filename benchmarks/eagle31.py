@@ -1,7 +1,8 @@
 """EAGLE-3.1's options against plain EAGLE-3 on the demo: offline acceptance side by side.
 
-The same draft (the demo config's draft.* and train.*: 10 epochs, lr 1e-3, 7 TTT steps, the same seed
-and data order) is trained once per variant, plain EAGLE-3 and each of draft.norm_before_fc, draft.fc_norm,
+The same draft (the demo config's train.*: 10 epochs, lr 1e-3; `--ttt-steps` TTT steps, 3 by default
+where the demo trains 7, to fit a shared 2-core machine; the same seed and data order) is trained once
+per variant, plain EAGLE-3 and each of draft.norm_before_fc, draft.fc_norm,
 draft.norm_output (and norm_before_fc with norm_output), by the pipeline's own training, exported, and
 measured by the pipeline's offline acceptance (validate/offline.py: the draft's own chain of guesses
 against the target's argmax on held-out hidden states) for 3 draft tokens, as validate.num_speculative_tokens.
@@ -13,7 +14,7 @@ top_p 0.95, through the chat template that opens a thinking block; transformers,
 a shared 2-core machine), extracted by the pipeline's transformers backend. --seeds repeats every
 variant with other seeds (init and data order), so the gaps can be set against seed-to-seed spread.
 
-    .venv/bin/python benchmarks/eagle31.py                      # ~10 minutes on 2 cores
+    .venv/bin/python benchmarks/eagle31.py                      # ~8 minutes on 2 cores
     .venv/bin/python benchmarks/eagle31.py --states results/demo/hidden_states \\
         --vocab-map results/demo/draft/vocab_map.safetensors
 Prints one JSON line per variant and seed, then one summary line (means over seeds, gain over plain).
@@ -135,12 +136,18 @@ def make_states(
 
 
 def train_and_measure(
-    target: Path, shards: dict[str, list[Path]], vocab_map: Path, options: dict, seed: int, work: Path
+    target: Path,
+    shards: dict[str, list[Path]],
+    vocab_map: Path,
+    options: dict,
+    seed: int,
+    ttt_steps: int,
+    work: Path,
 ) -> dict:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     train = {k: config["train"][k] for k in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip")}
     train |= {"batch_tokens": 2048, "seed": seed, "save_every_steps": 100_000}
-    draft = {k: config["draft"][k] for k in ("ttt_steps", "step_weight_decay")} | options
+    draft = {"ttt_steps": ttt_steps, "step_weight_decay": config["draft"]["step_weight_decay"]} | options
     job = TrainJob(
         train_shards=[str(p) for p in shards["train"]],
         validation_shards=[],
@@ -176,9 +183,10 @@ def main_cli() -> None:
     )
     parser.add_argument("--states", type=Path, help="a demo run's hidden_states folder (train/, validation/)")
     parser.add_argument("--vocab-map", type=Path, help="with --states: the run's draft/vocab_map.safetensors")
-    parser.add_argument("--questions", type=int, default=128, help="training questions (states made here)")
-    parser.add_argument("--validation", type=int, default=32, help="held-out questions (states made here)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="reply length (states made here)")
+    parser.add_argument("--questions", type=int, default=48, help="training questions (states made here)")
+    parser.add_argument("--validation", type=int, default=16, help="held-out questions (states made here)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="reply length (states made here)")
+    parser.add_argument("--ttt-steps", type=int, default=3, help="draft.ttt_steps (the demo: 7)")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args()
@@ -201,7 +209,7 @@ def main_cli() -> None:
         for seed in range(args.seeds):
             for name in args.variants:
                 measured = train_and_measure(
-                    target, shards, vocab_map, VARIANTS[name], seed, work / f"{name}-{seed}"
+                    target, shards, vocab_map, VARIANTS[name], seed, args.ttt_steps, work / f"{name}-{seed}"
                 )
                 results.setdefault(name, []).append(measured)
                 emit(variant=name, seed=seed, **measured)

@@ -1,12 +1,15 @@
 """vLLM serves the speculators-format export (draft/speculators/) as it serves the EAGLE one: the same
-draft, trained by the pipeline's code on the demo target's own greedy replies, is served twice by the
-pipeline's own served check (the demo unit's vLLM with `--speculative-config`), once from each folder,
-on the same held-out questions, greedy; the acceptance per draft position must agree within noise.
+draft, trained by the pipeline's code on the demo target's own greedy replies, is served twice on the
+same held-out questions, greedy, one request at a time: the EAGLE checkpoint by the pipeline's own served
+check (the demo unit's vLLM with `--speculative-config`), the speculators folder by the demo unit's own
+command with the folder as its model and no speculative flag at all (vLLM takes the verifier and the
+speculative config from the folder: transformers_utils/config.py, maybe_override_with_speculators).
+The acceptance per draft position must agree within noise.
 
 vLLM reads the two folders through different code (llama_eagle3.py's config for the EAGLE one,
 transformers_utils/configs/speculators/ for the other, whose defaults differ: norm_before_residual is
 true there), so a field the speculators export failed to write, or wrote wrong, shows here. The figures
-land in tmp_path/acceptance.json (docs/validation.md quotes them).
+land in tmp_path/acceptance.json (docs/training.md quotes them).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from pathlib import Path
 
 import pytest
-from support.vllm_server import demo_target_dir
+from support.vllm_server import DemoServer, demo_target_dir
 from test_serve_check import extract, greedy_traces, questions, write_unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -65,7 +68,10 @@ def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tm
     import torch
 
     from eagle3_pipeline.generate.client import Sampling
+    from eagle3_pipeline.ports import free_port
     from eagle3_pipeline.validate.serve_check import run_local_serve_check
+    from eagle3_pipeline.validate.served import measure_by_source
+    from eagle3_pipeline.validate.serving import measure
 
     torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
     target = demo_target_dir()
@@ -78,10 +84,18 @@ def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tm
     held_out = questions(8, skip=300)
     greedy = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
     # concurrency 1: the same batches in both runs, so greedy drafts are comparable request by request
-    measured = {
-        name: run_local_serve_check(server_cfg, folder, held_out, greedy, tmp_path / name, 3, concurrency=1)
-        for name, folder in (("eagle", eagle), ("speculators", speculators))
-    }
+    eagle_served = run_local_serve_check(
+        server_cfg, eagle, held_out, greedy, tmp_path / "eagle", 3, concurrency=1
+    )
+    server = DemoServer(speculators, free_port(), tmp_path / "speculators.log")  # the unit, --model FOLDER
+    server.start()
+    try:
+        speculators_served = measure_by_source(
+            lambda group: measure(server.base_url, group, greedy, concurrency=1), held_out
+        )
+    finally:
+        server.stop()
+    measured = {"eagle": eagle_served, "speculators": speculators_served}
     (tmp_path / "acceptance.json").write_text(json.dumps(measured, indent=1))
 
     a, b = measured["eagle"], measured["speculators"]
