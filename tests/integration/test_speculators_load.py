@@ -19,50 +19,16 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from support.draft import build_vocab_map_for
 from support.requirements import SPECULATORS_PYTHON
+from support.speculators_export import CASES, export_both
 
-from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
-from eagle3_pipeline.draft.export import export_checkpoint
-from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
+from eagle3_pipeline.draft.model import shift_left
 from eagle3_pipeline.validate.offline import load_draft
 
 pytestmark = pytest.mark.speculators
 
 LOADER = Path(__file__).resolve().parents[1] / "support" / "speculators_load.py"
-CASES = {
-    "eagle3": {},
-    "norm_before_fc+norm_output": {"norm_before_fc": True, "norm_output": True},
-    "fc_norm": {"fc_norm": True},
-}
 STEPS = 3
-
-
-def export(random_target: Path, folder: Path, options: dict[str, bool]) -> None:
-    """A random draft (its norms off one, so that a norm dropped or added shows) exported in both formats."""
-    config = draft_config_from_target(read_target_config(random_target), 40, **options)
-    torch.manual_seed(0)
-    model = Eagle3Draft(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    folder.mkdir(parents=True)
-    metadata = folder / "shard-00000.json"  # distinct layers: speculators checks them against the verifier
-    metadata.write_text(json.dumps({"aux_layers": [0, 1, 2], "aux_layers_vllm": [1, 2, 3]}))
-    build_vocab_map_for(random_target, folder)
-    meta = {"draft_config": json.dumps(config.to_dict())}
-    save_file(model.exported_state_dict(), str(folder / "trained.safetensors"), metadata=meta)
-    export_checkpoint(
-        folder / "trained.safetensors",
-        folder / "vocab.safetensors",
-        random_target / "config.json",
-        metadata,
-        folder / "checkpoint" / "config.json",
-        folder / "checkpoint" / "model.safetensors",
-        speculators_dir=folder / "speculators",
-        verifier=random_target,
-    )
 
 
 def test_speculators_loads_the_export_and_drafts_the_same_tokens(random_target, tmp_path):
@@ -76,7 +42,7 @@ def test_speculators_loads_the_export_and_drafts_the_same_tokens(random_target, 
     )
     args = []
     for name, options in CASES.items():
-        export(random_target, tmp_path / name, options)
+        export_both(random_target, tmp_path / name, options)
         args += [str(tmp_path / name / "speculators"), str(tmp_path / "inputs.safetensors")]
         args += [str(tmp_path / name / "drafted.safetensors")]
     run = subprocess.run(

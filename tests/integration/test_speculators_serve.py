@@ -79,7 +79,7 @@ def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tm
     server_cfg = {
         "host": "local",
         "unit": "vllm-demo.service",
-        "unit_file": str(write_unit(target, tmp_path)),
+        "unit_file": str(write_unit(target, tmp_path / "vllm-demo.service")),
     }
     held_out = questions(8, skip=300)
     greedy = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
