@@ -162,7 +162,7 @@ rule export_draft:
     conda:
         "../envs/pipeline.yaml"
     params:
-        verifier=config["target"]["model"],  # speculators_config's verifier
+        # speculators_config's proposal (its verifier: the target's folder, from input.target)
         speculative_tokens=config["validate"]["num_speculative_tokens"],
     script:
         "../scripts/export_draft.py"

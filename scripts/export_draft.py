@@ -17,6 +17,5 @@ export_checkpoint(
     output_config=snakemake.output.config,
     output_weights=snakemake.output.weights,
     speculators_dir=Path(snakemake.output.speculators_config).parent,
-    verifier=snakemake.params.verifier,
     speculative_tokens=snakemake.params.speculative_tokens,
 )
