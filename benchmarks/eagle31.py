@@ -14,7 +14,7 @@ top_p 0.95, through the chat template that opens a thinking block; transformers,
 a shared 2-core machine), extracted by the pipeline's transformers backend. --seeds repeats every
 variant with other seeds (init and data order), so the gaps can be set against seed-to-seed spread.
 
-    .venv/bin/python benchmarks/eagle31.py                      # ~8 minutes on 2 cores
+    .venv/bin/python benchmarks/eagle31.py                      # ~7 minutes on 2 cores (docs/training.md)
     .venv/bin/python benchmarks/eagle31.py --states results/demo/hidden_states \\
         --vocab-map results/demo/draft/vocab_map.safetensors
 Prints one JSON line per variant and seed, then one summary line (means over seeds, gain over plain).
@@ -183,12 +183,12 @@ def main_cli() -> None:
     )
     parser.add_argument("--states", type=Path, help="a demo run's hidden_states folder (train/, validation/)")
     parser.add_argument("--vocab-map", type=Path, help="with --states: the run's draft/vocab_map.safetensors")
-    parser.add_argument("--questions", type=int, default=48, help="training questions (states made here)")
+    parser.add_argument("--questions", type=int, default=128, help="training questions (states made here)")
     parser.add_argument("--validation", type=int, default=16, help="held-out questions (states made here)")
-    parser.add_argument("--max-tokens", type=int, default=128, help="reply length (states made here)")
+    parser.add_argument("--max-tokens", type=int, default=192, help="reply length (states made here)")
     parser.add_argument("--ttt-steps", type=int, default=3, help="draft.ttt_steps (the demo: 7)")
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS)[:4], choices=list(VARIANTS))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)  # a shared 2-core machine
