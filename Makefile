@@ -3,15 +3,18 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm conda-envs demo plan cost test test-fast lint clean-demo
+.PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint clean-demo
 
-install: install-pipeline install-vllm
+install: install-pipeline install-vllm install-speculators
 
 install-pipeline:
 	envs/install.sh pipeline
 
 install-vllm:
 	envs/install.sh vllm
+
+install-speculators:  # only for tests/integration/test_speculators_load.py (skipped without it)
+	envs/install.sh speculators
 
 # envs/pipeline.yaml and envs/vllm.yaml (snakemake --use-conda) from the pins in envs/*.txt
 conda-envs:

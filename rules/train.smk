@@ -155,9 +155,15 @@ rule export_draft:
     output:
         config=f"{RESULTS}/{{variant}}draft/checkpoint/config.json",
         weights=f"{RESULTS}/{{variant}}draft/checkpoint/model.safetensors",
+        # the same draft in speculators' format: `vllm serve` runs the folder with no flags
+        speculators_config=f"{RESULTS}/{{variant}}draft/speculators/config.json",
+        speculators_weights=f"{RESULTS}/{{variant}}draft/speculators/model.safetensors",
     log:
         f"{LOGS}/{{variant}}export_draft.log",
     conda:
         "../envs/pipeline.yaml"
+    params:
+        # speculators_config's proposal (its verifier: the target's folder, from input.target)
+        speculative_tokens=config["validate"]["num_speculative_tokens"],
     script:
         "../scripts/export_draft.py"

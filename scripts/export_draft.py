@@ -1,4 +1,7 @@
-"""Rule export_draft: the trained draft as an EAGLE-3 checkpoint that vLLM and SGLang load."""
+"""Rule export_draft: the trained draft as an EAGLE-3 checkpoint that vLLM and SGLang load, and in
+speculators' format beside it."""
+
+from pathlib import Path
 
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.logs import stage
@@ -13,4 +16,6 @@ export_checkpoint(
     hidden_states_metadata=snakemake.input.hidden_states_metadata,
     output_config=snakemake.output.config,
     output_weights=snakemake.output.weights,
+    speculators_dir=Path(snakemake.output.speculators_config).parent,
+    speculative_tokens=snakemake.params.speculative_tokens,
 )

@@ -84,6 +84,12 @@ def _semantic_problems(config: dict[str, Any]) -> list[str]:
     problem = _layer_problem(config["hidden_states"]["layers"], Path(config["target"]["model"]))
     if problem:
         problems.append(problem)
+    if config["draft"]["norm_before_fc"] and config["draft"]["fc_norm"]:
+        # vLLM (llama_eagle3.py) would apply both norms, speculators refuses the pair: nothing serves it
+        problems.append(
+            "'draft.norm_before_fc' and 'draft.fc_norm' are both true: they are exclusive (one norm over "
+            "the concatenated auxiliary states, or one per state); set one of them to false"
+        )
     batch_tokens, max_seq_len = config["train"]["batch_tokens"], config["hidden_states"]["max_seq_len"]
     if batch_tokens < max_seq_len:
         # a batch holds whole samples: a sample longer than the batch would be cut, and its tail (the

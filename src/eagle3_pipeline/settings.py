@@ -165,6 +165,9 @@ class DraftSettings:
     head_dim: int | None = None
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
 
 @dataclass(frozen=True)

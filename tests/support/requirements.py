@@ -1,8 +1,8 @@
 """What a test tier needs that a machine may lack, and the one place that says why a test is skipped.
 
-tests/conftest.py skips a test marked `vllm`, `ssh` or `gpu` with the reason below when the machine
-lacks it; a session fixture that starts one of these services calls `require` first, so a test that
-takes the fixture skips with the same reason even without the marker.
+tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh` or `gpu` with the reason below when
+the machine lacks it; a session fixture that starts one of these services calls `require` first, so a
+test that takes the fixture skips with the same reason even without the marker.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SPECULATORS_PYTHON = REPO / ".venv-speculators" / "bin" / "python"
 SSHD = "/usr/sbin/sshd"
 
 
@@ -24,6 +25,15 @@ def _vllm() -> str | None:
         None
         if VLLM_PYTHON.exists()
         else f"{VLLM_PYTHON} missing: install the vLLM CPU build (make install-vllm)"
+    )
+
+
+def _speculators() -> str | None:
+    return (
+        None
+        if SPECULATORS_PYTHON.exists()
+        else f"{SPECULATORS_PYTHON} missing: install the speculators library's test environment "
+        "(make install-speculators)"
     )
 
 
@@ -41,11 +51,16 @@ def _gpu() -> str | None:
     return None if torch.cuda.is_available() else "needs a CUDA device"
 
 
-CHECKS: dict[str, Callable[[], str | None]] = {"vllm": _vllm, "ssh": _ssh, "gpu": _gpu}
+CHECKS: dict[str, Callable[[], str | None]] = {
+    "vllm": _vllm,
+    "speculators": _speculators,
+    "ssh": _ssh,
+    "gpu": _gpu,
+}
 
 
 def missing(need: str) -> str | None:
-    """Why `need` ("vllm", "ssh" or "gpu") cannot run on this machine; None when it can."""
+    """Why `need` (a key of CHECKS) cannot run on this machine; None when it can."""
     return CHECKS[need]()
 
 

@@ -63,6 +63,9 @@ def test_demo_produces_validated_checkpoint(demo_workdir: Path):
     assert json.dumps(stats)  # accounted and written
     config = json.loads((results / "draft" / "checkpoint" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    speculators = json.loads((results / "draft" / "speculators" / "config.json").read_text())
+    assert speculators["speculators_config"]["verifier"]["name_or_path"].endswith("resources/demo/target")
+    assert speculators["norm_before_residual"] is False
     offline = json.loads((results / "validation" / "offline.json").read_text())
     assert offline
     serve = json.loads((results / "validation" / "serve_check.json").read_text())

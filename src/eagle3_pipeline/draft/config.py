@@ -38,6 +38,20 @@ class DraftConfig:
     max_position_embeddings: int
     vocab_size: int  # the target vocabulary (embeddings, t2d)
     draft_vocab_size: int  # the draft's lm_head rows
+    # EAGLE-3.1's normalisations (speculators' Eagle3SpeculatorConfig names and meanings), all off in
+    # EAGLE-3: one RMSNorm over the concatenated auxiliary states before fc, or one per auxiliary state
+    # (exclusive), and the final norm's output fed back as the next step's hidden state
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError(
+                "draft.norm_before_fc and draft.fc_norm are exclusive (one norm over the concatenated "
+                "auxiliary states, or one per state; vLLM would apply both, speculators refuses both): "
+                "set one of them to false"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,10 +131,14 @@ def draft_config_from_target(
     head_dim: int | None = None,
     num_attention_heads: int | None = None,
     num_key_value_heads: int | None = None,
+    norm_before_fc: bool | None = None,
+    fc_norm: bool | None = None,
+    norm_output: bool | None = None,
 ) -> DraftConfig:
     """The draft's shape for `target` (a parsed config.json); draft_vocab_size is capped at the target's.
 
-    head_dim and the heads are config draft.* (None: see attention_shape). The draft always uses plain
+    head_dim and the heads are config draft.* (None: see attention_shape); so are the EAGLE-3.1 norms
+    (None: off). The draft always uses plain
     RoPE with the target's theta (trained and served alike); a target's own rope scaling is not carried
     over.
     """
@@ -138,4 +156,7 @@ def draft_config_from_target(
         max_position_embeddings=int(target.get("max_position_embeddings", 8192)),
         vocab_size=int(target["vocab_size"]),
         draft_vocab_size=min(int(draft_vocab_size), int(target["vocab_size"])),
+        norm_before_fc=bool(norm_before_fc),
+        fc_norm=bool(fc_norm),
+        norm_output=bool(norm_output),
     )

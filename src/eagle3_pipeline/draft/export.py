@@ -21,6 +21,24 @@ top-level key is absent; Model Runner V2's other fallback, eagle_config["layer_i
 
 When the draft vocabulary is the whole target vocabulary, d2t and t2d are left out: vLLM then has no
 draft_id_to_target_id parameter and refuses a checkpoint carrying d2t.
+
+EAGLE-3.1's options (draft.norm_before_fc, draft.fc_norm, draft.norm_output) are written at the top level,
+where vLLM's llama_eagle3.py reads them, with their tensors (input_norm.weight; fc_norm.{0,1,2}.weight).
+
+Beside it, `speculators/` holds the same tensors in vllm-project/speculators' self-describing format
+(speculators 0.9: Eagle3SpeculatorConfig, the layout its Eagle-3 converter writes), which `vllm serve
+<folder>` runs with no flags (vllm/transformers_utils/config.py, maybe_override_with_speculators: the
+verifier and the speculative config come from the folder):
+
+    config.json        speculators_model_type eagle3; speculators_config (the verifier by name_or_path,
+                       one greedy proposal method of validate.num_speculative_tokens tokens);
+                       transformer_layer_config (the draft layer as a LlamaConfig); draft_vocab_size,
+                       target_hidden_size, eagle_aux_hidden_state_layer_ids (vLLM's numbering, which
+                       speculators shares: speculators/models/utils.py resolve_target_layer_ids) and the
+                       norm flags, norm_before_residual written explicitly: vLLM's speculators reader
+                       defaults it to true (transformers_utils/configs/speculators/algos.py), this draft
+                       adds the residual before hidden_norm (false)
+    model.safetensors  midlayer.* renamed layers.0.*, everything else as above
 """
 
 from __future__ import annotations
@@ -34,7 +52,12 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
+from eagle3_pipeline.draft.config import (
+    NUM_AUX_LAYERS,
+    DraftConfig,
+    draft_config_from_target,
+    read_target_config,
+)
 from eagle3_pipeline.draft.vocab import load_vocab_map
 
 log = logging.getLogger(__name__)
@@ -58,12 +81,25 @@ WEIGHT_KEYS = (
     "lm_head.weight",
 )
 VOCAB_KEYS = ("d2t", "t2d")
+NORM_KEYS = {  # EAGLE-3.1: the tensors each option adds (names of vLLM's and speculators' loaders)
+    "norm_before_fc": ("input_norm.weight",),
+    "fc_norm": tuple(f"fc_norm.{i}.weight" for i in range(NUM_AUX_LAYERS)),
+    "norm_output": (),
+}
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose layout speculators_config() writes
 
 
 def expected_keys(config: DraftConfig) -> set[str]:
     """The exact tensor names of the exported checkpoint."""
     with_map = config.draft_vocab_size != config.vocab_size
-    return set(WEIGHT_KEYS) | (set(VOCAB_KEYS) if with_map else set())
+    norms = {key for option, keys in NORM_KEYS.items() if getattr(config, option) for key in keys}
+    return set(WEIGHT_KEYS) | (set(VOCAB_KEYS) if with_map else set()) | norms
+
+
+def norm_flags(config: DraftConfig) -> dict[str, bool]:
+    """The EAGLE-3.1 options under the names vLLM and speculators read, and norm_before_residual: false,
+    the residual this draft adds (model.py) and the one speculators' and vLLM's defaults disagree on."""
+    return {"norm_before_residual": False} | {option: bool(getattr(config, option)) for option in NORM_KEYS}
 
 
 def sglang_layer_ids(aux_layer_ids_vllm: list[int]) -> list[int]:
@@ -108,7 +144,70 @@ def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dic
             "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(aux_layer_ids_vllm),
             "use_aux_hidden_state": True,
         },
+        **norm_flags(config),  # vLLM reads them top level
     }
+
+
+def layer_config(config: DraftConfig) -> dict[str, Any]:
+    """speculators' transformer_layer_config: the draft's decoder layer as a transformers LlamaConfig."""
+    return {
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+    }
+
+
+def speculators_config(
+    config: DraftConfig,
+    aux_layer_ids_vllm: list[int],
+    verifier: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+) -> dict[str, Any]:
+    """config.json of the speculators-format checkpoint (module docstring)."""
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(speculative_tokens),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
+        },
+        "transformer_layer_config": layer_config(config),
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids_vllm),
+        **norm_flags(config),
+        "embed_requires_grad": False,
+        "dtype": "bfloat16",
+    }
+
+
+def speculators_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The EAGLE checkpoint's tensors under speculators' names (its converter renames midlayer.)."""
+    return {name.replace("midlayer.", "layers.0.", 1): t for name, t in tensors.items()}
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], config: DraftConfig) -> None:
@@ -117,8 +216,11 @@ def check_tensors(tensors: dict[str, torch.Tensor], config: DraftConfig) -> None
     if missing or unknown:
         raise ValueError(f"draft tensors: missing {sorted(missing)}, unknown {sorted(unknown)}")
     h, t = config.hidden_size, config.target_hidden_size
-    shapes = {"fc.weight": (h, 3 * t), "lm_head.weight": (config.draft_vocab_size, h), "norm.weight": (h,)}
+    shapes = {"fc.weight": (h, NUM_AUX_LAYERS * t), "lm_head.weight": (config.draft_vocab_size, h)}
+    shapes["norm.weight"] = (h,)
     shapes["midlayer.self_attn.q_proj.weight"] = (config.num_attention_heads * config.head_dim, 2 * h)
+    shapes |= {"input_norm.weight": (NUM_AUX_LAYERS * t,)} if config.norm_before_fc else {}
+    shapes |= {name: (t,) for name in NORM_KEYS["fc_norm"]} if config.fc_norm else {}
     for name, shape in shapes.items():
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
@@ -130,7 +232,14 @@ def check_fits_target(
     """Raise ValueError when the trained draft does not fit the target or the vocab map (the attention's
     shape, draft.head_dim and the heads, is the draft's own and not compared)."""
     base = draft_config_from_target(
-        target, draft_vocab_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+        target,
+        draft_vocab_size,
+        config.head_dim,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.norm_before_fc,
+        config.fc_norm,
+        config.norm_output,
     )
     if base != config:
         raise ValueError(f"{weights} was trained for another target or vocab map: {config} != {base}")
@@ -144,6 +253,13 @@ def aux_layers_from_metadata(metadata_path: str | Path) -> list[int]:
     return [int(i) for i in meta["aux_layers_vllm"]]
 
 
+def verifier_name(target: str | Path) -> str:
+    """The verifier as speculators_config names it: the target's folder, absolute (vLLM loads it from
+    there when serving the speculators folder without flags), or a hub id as given."""
+    path = Path(target)
+    return str(path.resolve()) if path.exists() else str(target)
+
+
 def export_checkpoint(
     weights: str | Path,
     vocab_map: str | Path,
@@ -151,19 +267,36 @@ def export_checkpoint(
     hidden_states_metadata: str | Path,
     output_config: str | Path,
     output_weights: str | Path,
+    speculators_dir: str | Path | None = None,
+    verifier: str | Path | None = None,
+    speculative_tokens: int = 3,
 ) -> None:
-    """Write config.json and model.safetensors of the EAGLE-3 checkpoint."""
+    """Write config.json and model.safetensors of the EAGLE-3 checkpoint, and with `speculators_dir` the
+    same draft in speculators' format there, naming `verifier` (default: the target's folder).
+
+    Raises:
+        ValueError: the trained draft does not fit the target, the vocab map or the loaders.
+    """
     d2t, t2d = load_vocab_map(vocab_map)
     with safe_open(str(weights), "pt") as f:
         config = DraftConfig(**json.loads(f.metadata()["draft_config"]))  # the shape it was trained in
         tensors = {k: f.get_tensor(k).to(torch.bfloat16) for k in f.keys()}  # noqa: SIM118
-    check_fits_target(config, read_target_config(target_config), len(d2t), weights)
+    target = read_target_config(target_config)
+    check_fits_target(config, target, len(d2t), weights)
     if config.draft_vocab_size != config.vocab_size:
         tensors |= {"d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     check_tensors(tensors, config)
     io.write_safetensors(tensors, output_weights, metadata={"format": "pt"})
     layer_ids = aux_layers_from_metadata(hidden_states_metadata)
     io.write_json(checkpoint_config(config, layer_ids), output_config, indent=1)
+    if speculators_dir is not None:
+        folder = Path(target_config)
+        verifier = verifier_name(verifier or (folder if folder.is_dir() else folder.parent))
+        architectures = target.get("architectures") or ["LlamaForCausalLM"]
+        spec = speculators_config(config, layer_ids, verifier, architectures, speculative_tokens)
+        out, metadata = Path(speculators_dir), {"format": "pt"}
+        io.write_safetensors(speculators_tensors(tensors), out / "model.safetensors", metadata=metadata)
+        io.write_json(spec, out / "config.json", indent=1)
     log.info(
         "exported %d tensors, aux layers %s (vLLM numbering; SGLang's %s), head_dim %d x %d heads, to %s",
         len(tensors),

@@ -17,7 +17,10 @@ from typing import Any
 from eagle3_pipeline import launch
 from eagle3_pipeline.settings import TRAIN_DEFAULTS
 
-DRAFT_SHAPE_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")  # config draft.*, None: default
+# config draft.*: the attention's shape (None: the default) and EAGLE-3.1's norms (false: off)
+DRAFT_ATTENTION_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")
+DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")
+DRAFT_SHAPE_KEYS = DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS  # what draft_config_from_target takes
 
 
 @dataclass
@@ -28,7 +31,7 @@ class TrainJob:
     validation_shards: list[str]
     vocab_map: str
     target: str  # the target model folder
-    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set)
+    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set/on)
     train: dict[str, Any]  # config train.*
     work: str
     weights: str  # output: trained tensors
@@ -85,7 +88,9 @@ def job_settings(draft: Mapping[str, Any], train: Mapping[str, Any]) -> tuple[di
         KeyError: a setting the job needs is missing from the config section.
     """
     settings = {"ttt_steps": int(draft["ttt_steps"]), "step_weight_decay": float(draft["step_weight_decay"])}
-    settings |= {key: int(draft[key]) for key in DRAFT_SHAPE_KEYS if draft.get(key) is not None}
+    settings |= {key: int(draft[key]) for key in DRAFT_ATTENTION_KEYS if draft.get(key) is not None}
+    # only when on: a draft without them keeps the job (and its resume fingerprint) it had before them
+    settings |= {key: True for key in DRAFT_NORM_KEYS if draft.get(key)}
     defaults = {  # newer keys: optional
         "activation_checkpointing": TRAIN_DEFAULTS.activation_checkpointing,
         "fsdp": TRAIN_DEFAULTS.fsdp,

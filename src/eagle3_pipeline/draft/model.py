@@ -10,6 +10,11 @@ One draft step, as vLLM and SGLang run it (vllm/model_executor/models/llama_eagl
     h' = h' + mlp(post_attention_layernorm(h'))               # fed back as h at the next step
     logits = lm_head(norm(h'))                                # [B, T, Vd]
 
+EAGLE-3.1's options (config draft.*, speculators' Eagle3SpeculatorConfig and vLLM's llama_eagle3.py read
+them under the same names): `norm_before_fc` puts one RMSNorm (input_norm) over cat(aux_low, aux_mid,
+aux_high) before fc; `fc_norm` one RMSNorm per auxiliary state (fc_norm.0-2) instead; `norm_output`
+feeds norm(h') back as the next step's h instead of h'.
+
 Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
 keys causally and, at its own position only, the key of each step 1..k (attention.py: `ttt_attention`,
 in memory linear in T, and `ttt_attention_dense`, the quadratic reference).
@@ -168,13 +173,23 @@ class Eagle3Draft(nn.Module):
         self.checkpointing = checkpointing
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(NUM_AUX_LAYERS * config.target_hidden_size, config.hidden_size, bias=False)
+        fc_width = NUM_AUX_LAYERS * config.target_hidden_size
+        # EAGLE-3.1 (module docstring): one norm over the fc input, or one per auxiliary state
+        self.input_norm = RMSNorm(fc_width, config.rms_norm_eps) if config.norm_before_fc else None
+        per_state = (RMSNorm(config.target_hidden_size, config.rms_norm_eps) for _ in range(NUM_AUX_LAYERS))
+        self.fc_norm = nn.ModuleList(per_state) if config.fc_norm else None
+        self.fc = nn.Linear(fc_width, config.hidden_size, bias=False)
         self.midlayer = DraftDecoderLayer(config, attention)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
 
     def project(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
         """[B, T, 3H_target] -> [B, T, H]: the step-0 hidden state."""
+        if self.input_norm is not None:
+            aux_hidden_states = self.input_norm(aux_hidden_states)
+        if self.fc_norm is not None:
+            chunks = aux_hidden_states.chunk(NUM_AUX_LAYERS, dim=-1)
+            aux_hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], -1)
         if torch.is_autocast_enabled(aux_hidden_states.device.type):  # fc casts it: no fp32 copy between
             return self.fc(aux_hidden_states)
         return self.fc(aux_hidden_states.to(self.fc.weight.dtype))
@@ -182,12 +197,14 @@ class Eagle3Draft(nn.Module):
     def step(
         self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step: tokens [B, T], hidden [B, T, H], positions [B, T] -> (hidden' [B, T, H],
-        logits [B, T, Vd]). Appends this step's keys and values to `cache`."""
+        """One draft step: tokens [B, T], hidden [B, T, H], positions [B, T] -> (the next step's hidden
+        [B, T, H]: h', or norm(h') with norm_output; logits [B, T, Vd]). Appends this step's keys and
+        values to `cache`."""
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         hidden = self.midlayer(embeds, hidden, cos, sin, cache)
-        return hidden, self.lm_head(self.norm(hidden))
+        normed = self.norm(hidden)
+        return (normed if self.config.norm_output else hidden), self.lm_head(normed)
 
     def forward(
         self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor, steps: int, logits: bool = True
@@ -207,7 +224,8 @@ class Eagle3Draft(nn.Module):
         half = len(cache) // 2
         pairs = list(zip(cache[:half], cache[half:], strict=True))
         hidden, (k, v) = self.midlayer.run(embeds, hidden, cos, sin, pairs)
-        return hidden, self.norm(hidden), k, v
+        normed = self.norm(hidden)
+        return (normed if self.config.norm_output else hidden), normed, k, v  # norm_output: normed fed back
 
     def hidden_states(
         self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor, steps: int
