@@ -2,6 +2,8 @@
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
+from eagle3_pipeline.draft.job import DRAFT_NORM_KEYS
+
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
 # train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
 # (recompute instead of keep: the same numbers) and train.fsdp (shard instead of replicate: the same
@@ -12,6 +14,10 @@ TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
 TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
+# EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained
+DRAFT_PARAMS = {
+    k: v for k, v in config["draft"].items() if v or k not in DRAFT_NORM_KEYS
+}
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 
 
@@ -79,7 +85,7 @@ if WINDOW:
         resources:
             gpu=1,  # as train_draft
         params:
-            draft=config["draft"],
+            draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
             # also the main-process port's key: the same for every window (they run one at a time)
@@ -107,7 +113,7 @@ if WINDOW:
             "../envs/pipeline.yaml"
         params:
             target=config["target"]["model"],
-            draft=config["draft"],
+            draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
         script:
@@ -135,7 +141,7 @@ else:
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
-            draft=config["draft"],
+            draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
             work=f"{WORK}/{{variant}}train",  # the training state (resume); also the main-process port's key
