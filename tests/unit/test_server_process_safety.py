@@ -19,12 +19,14 @@ from eagle3_pipeline.validate.interrupts import Interrupted, interrupts_as_excep
 
 
 def test_sighup_becomes_an_exception_like_sigterm():
-    """Item 5: a closed terminal (SIGHUP) unwinds through the restore."""
+    """Item 5: a closed terminal (SIGHUP) unwinds through the restore, and the handler that was there
+    before (SIG_DFL, or SIG_IGN under nohup) is put back."""
+    before = signal.getsignal(signal.SIGHUP)
     with pytest.raises(Interrupted) as info, interrupts_as_exceptions():
         os.kill(os.getpid(), signal.SIGHUP)
         signal.pause()
     assert info.value.signum == signal.SIGHUP
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) is before
 
 
 def _unrelated() -> subprocess.Popen:
