@@ -16,20 +16,18 @@ from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.model import Eagle3Draft
 
 
-def export_both(random_target: Path, folder: Path, options: dict[str, bool]) -> None:
-    """A random draft (its norms off one, so that a norm dropped or added shows) exported in both formats."""
-    config = draft_config_from_target(read_target_config(random_target), 40, **options)
-    torch.manual_seed(0)
-    model = Eagle3Draft(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    folder.mkdir(parents=True)
-    metadata = folder / "shard-00000.json"  # distinct layers: speculators checks them against the verifier
-    metadata.write_text(json.dumps({"aux_layers": [0, 1, 2], "aux_layers_vllm": [1, 2, 3]}))
+def export_model(
+    model: Eagle3Draft, random_target: Path, folder: Path, aux_layers: list[int], speculative_tokens: int = 3
+) -> tuple[dict, dict]:
+    """`model` through the export stage into folder/checkpoint (EAGLE) and folder/speculators, with the
+    shard metadata naming `aux_layers` (vLLM's ids one higher) and a vocabulary map of the target's;
+    returns both config.json files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    metadata = folder / "shard-00000.json"
+    vllm_layers = [k + 1 for k in aux_layers]
+    metadata.write_text(json.dumps({"aux_layers": aux_layers, "aux_layers_vllm": vllm_layers}))
     build_vocab_map_for(random_target, folder)
-    meta = {"draft_config": json.dumps(config.to_dict())}
+    meta = {"draft_config": json.dumps(model.config.to_dict())}
     save_file(model.exported_state_dict(), str(folder / "trained.safetensors"), metadata=meta)
     export_checkpoint(
         folder / "trained.safetensors",
@@ -40,7 +38,23 @@ def export_both(random_target: Path, folder: Path, options: dict[str, bool]) -> 
         folder / "checkpoint" / "model.safetensors",
         speculators_dir=folder / "speculators",
         verifier=random_target,
+        speculative_tokens=speculative_tokens,
     )
+    eagle, speculators = (folder / fmt / "config.json" for fmt in ("checkpoint", "speculators"))
+    return json.loads(eagle.read_text()), json.loads(speculators.read_text())
+
+
+def export_both(random_target: Path, folder: Path, options: dict[str, bool]) -> None:
+    """A random draft (its norms off one, so that a norm dropped or added shows) exported in both formats."""
+    config = draft_config_from_target(read_target_config(random_target), 40, **options)
+    torch.manual_seed(0)
+    model = Eagle3Draft(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    # distinct layers: speculators checks them against the verifier
+    export_model(model, random_target, folder, aux_layers=[0, 1, 2])
 
 
 # EAGLE-3 and EAGLE-3.1 drafts those tests export (all three options covered)

@@ -4,18 +4,17 @@ tensors round-trip through both exported formats (EAGLE and speculators) back in
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
-from support.draft import build_vocab_map_for
+from safetensors.torch import load_file
+from support.speculators_export import export_model
 
 from eagle3_pipeline.config import ConfigError, check_config
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
-from eagle3_pipeline.draft.export import WEIGHT_KEYS, export_checkpoint
+from eagle3_pipeline.draft.export import WEIGHT_KEYS
 from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
 from eagle3_pipeline.validate.offline import load_draft
 
@@ -108,27 +107,7 @@ def test_the_config_refuses_both_norms_naming_the_keys(tmp_path):
 
 
 def export_both(model: Eagle3Draft, random_target, tmp_path) -> tuple[dict, dict]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    metadata = tmp_path / "shard-00000.json"
-    metadata.write_text(json.dumps({"aux_layers": [1, 1, 0], "aux_layers_vllm": [2, 2, 1]}))
-    build_vocab_map_for(random_target, tmp_path)
-    meta = {"draft_config": json.dumps(model.config.to_dict())}
-    save_file(model.exported_state_dict(), str(tmp_path / "trained.safetensors"), metadata=meta)
-    export_checkpoint(
-        tmp_path / "trained.safetensors",
-        tmp_path / "vocab.safetensors",
-        random_target / "config.json",
-        metadata,
-        tmp_path / "checkpoint" / "config.json",
-        tmp_path / "checkpoint" / "model.safetensors",
-        speculators_dir=tmp_path / "speculators",
-        verifier=random_target,
-        speculative_tokens=5,
-    )
-    return (
-        json.loads((tmp_path / "checkpoint" / "config.json").read_text()),
-        json.loads((tmp_path / "speculators" / "config.json").read_text()),
-    )
+    return export_model(model, random_target, tmp_path, aux_layers=[1, 1, 0], speculative_tokens=5)
 
 
 @pytest.mark.parametrize("option", [None, *OPTIONS])
