@@ -15,11 +15,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from support.served_drafts import extract, greedy_traces, local_unit, questions, train_draft
 from support.vllm_server import copy_demo_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -37,136 +36,6 @@ def training_traces(demo_target, tmp_path_factory) -> Path:
     return path
 
 
-def questions(count: int, skip: int = 0) -> list[dict]:
-    from eagle3_pipeline.demo.target import load_rows
-
-    rows = load_rows(REPO / "config/demo/sample.jsonl")[skip : skip + count]
-    out = []
-    for i, row in enumerate(rows):
-        turns = {t["from"]: t["value"] for t in row["conversations"]}
-        out.append(
-            {
-                "id": f"q{skip + i:04d}",
-                "system": turns.get("system"),
-                "question": turns["human"],
-                "source": row.get("source"),
-                "original_answer": turns.get("gpt"),
-            }
-        )
-    return out
-
-
-def write_unit(target: Path, path: Path) -> Path:
-    from eagle3_pipeline.demo.target import render_unit
-
-    template = (REPO / "config/demo/vllm-demo.service.in").read_text()
-    path.write_text(render_unit(template, REPO, target, 18597))  # the check replaces the port
-    return path
-
-
-def greedy_traces(target: Path, asked: list[dict], max_new_tokens: int) -> pl.DataFrame:
-    """The target's own greedy replies (transformers, fp32) as trace rows with token ids: faster here than
-    vLLM on a loaded 2-core machine, and the same argmax the served target verifies against."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    rows = []
-    for q in asked:
-        messages = ([{"role": "system", "content": q["system"]}] if q["system"] else []) + [
-            {"role": "user", "content": q["question"]}
-        ]
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
-        completion = out[0, len(ids) :].tolist()
-        rows.append(
-            {
-                "id": q["id"],
-                "shard": 0,
-                "system": q["system"],
-                "question": q["question"],
-                "reasoning": None,
-                "content": tokenizer.decode(completion),
-                "prompt_token_ids": ids,
-                "completion_token_ids": completion,
-                "status": "ok",
-            }
-        )
-    return pl.DataFrame(
-        rows,
-        schema_overrides={
-            "shard": pl.Int32,
-            "prompt_token_ids": pl.List(pl.Int32),
-            "completion_token_ids": pl.List(pl.Int32),
-        },
-    )
-
-
-def extract(target: Path, traces: Path, shard: Path, layers: list | None = None) -> Path:
-    """One hidden-state shard of the traces (the pipeline's extraction; `layers` as hidden_states.layers)."""
-    from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shard
-
-    shard.parent.mkdir(parents=True, exist_ok=True)
-    extract_shard(
-        ExtractSettings(
-            traces=traces,
-            shard=0,
-            target=target,
-            output=shard,
-            metadata=shard.with_suffix(".json"),
-            work=shard.parent / "extract-work",
-            max_seq_len=1024,
-            layers=layers or ["auto"],
-        )
-    )
-    return shard
-
-
-def train_draft(target: Path, traces: Path, work: Path, layers: list | None = None) -> Path:
-    """Extraction, vocab map, training and export: the pipeline's stage code, small settings."""
-    from eagle3_pipeline.draft.export import export_checkpoint
-    from eagle3_pipeline.draft.train import TrainJob, main
-    from eagle3_pipeline.draft.vocab import build_vocab_map
-
-    shard = extract(target, traces, work / "hidden_states" / "shard-00000.safetensors", layers)
-    vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
-    build_vocab_map([shard.with_suffix(".json")], vocab_size, 512, work / "vocab_map.safetensors")
-    job = TrainJob(
-        train_shards=[str(shard)],
-        validation_shards=[],
-        vocab_map=str(work / "vocab_map.safetensors"),
-        target=str(target),
-        draft={"draft_vocab_size": 512, "ttt_steps": 3, "step_weight_decay": 0.8},
-        train={
-            "epochs": 100,
-            "lr": 3e-3,
-            "warmup_ratio": 0.05,
-            "weight_decay": 0.0,
-            "grad_clip": 0.5,
-            "batch_tokens": 2048,
-            "seed": 0,
-            "save_every_steps": 10_000,
-        },
-        work=str(work / "train"),
-        weights=str(work / "trained.safetensors"),
-        history=str(work / "history.json"),
-    )
-    assert main(job)
-    checkpoint = work / "checkpoint"
-    export_checkpoint(
-        job.weights,
-        job.vocab_map,
-        target / "config.json",
-        shard.with_suffix(".json"),
-        checkpoint / "config.json",
-        checkpoint / "model.safetensors",
-    )
-    return checkpoint
-
-
 def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, training_traces, tmp_path):
     import torch
     from support.validate_models import write_untrained_draft
@@ -175,11 +44,7 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, train
     from eagle3_pipeline.validate.serve_check import run_local_serve_check
 
     torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
-    server_cfg = {
-        "host": "local",
-        "unit": "vllm-demo.service",
-        "unit_file": str(write_unit(demo_target, tmp_path / "u")),
-    }
+    server_cfg = local_unit(demo_target, tmp_path / "u")
     validation = questions(6, skip=300)
     check = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
     trained = train_draft(demo_target, training_traces, tmp_path / "draft")
@@ -231,11 +96,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, trainin
     (tmp_path / "server.json").write_text(
         json.dumps({"model": str(demo_target), "served_model_name": "eagle3-demo-target"})
     )
-    server_cfg = {
-        "host": "local",
-        "unit": "vllm-demo.service",
-        "unit_file": str(write_unit(demo_target, tmp_path / "u")),
-    }
+    server_cfg = local_unit(demo_target, tmp_path / "u")
     generation = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0, "concurrency": 4}
     validate = {
         "max_questions": 12,

@@ -19,8 +19,8 @@ import math
 from pathlib import Path
 
 import pytest
+from support.served_drafts import greedy_traces, local_unit, questions, train_draft
 from support.vllm_server import DemoServer, demo_target_dir
-from test_serve_check import extract, greedy_traces, questions, write_unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -28,40 +28,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def train_and_export(target: Path, work: Path) -> tuple[Path, Path]:
     """The pipeline's stage code, small settings: greedy replies, extraction, vocab map, training, export
     in both formats -> (EAGLE checkpoint, speculators folder)."""
-    from eagle3_pipeline.draft.export import export_checkpoint
-    from eagle3_pipeline.draft.train import TrainJob, main
-    from eagle3_pipeline.draft.vocab import build_vocab_map
-
     greedy_traces(target, questions(24), 96).write_parquet(work / "traces.parquet")
-    shard = extract(target, work / "traces.parquet", work / "hidden_states" / "shard-00000.safetensors")
-    vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
-    build_vocab_map([shard.with_suffix(".json")], vocab_size, 512, work / "vocab_map.safetensors")
-    train = {"epochs": 30, "lr": 3e-3, "warmup_ratio": 0.05, "weight_decay": 0.0, "grad_clip": 0.5}
-    train |= {"batch_tokens": 2048, "seed": 0, "save_every_steps": 10_000}
-    job = TrainJob(
-        train_shards=[str(shard)],
-        validation_shards=[],
-        vocab_map=str(work / "vocab_map.safetensors"),
-        target=str(target),
-        draft={"draft_vocab_size": 512, "ttt_steps": 3, "step_weight_decay": 0.8},
-        train=train,
-        work=str(work / "train"),
-        weights=str(work / "trained.safetensors"),
-        history=str(work / "history.json"),
-        cpu_threads=1,
+    checkpoint = train_draft(
+        target, work / "traces.parquet", work, epochs=30, cpu_threads=1, speculators=True
     )
-    assert main(job)
-    export_checkpoint(
-        job.weights,
-        job.vocab_map,
-        target / "config.json",
-        shard.with_suffix(".json"),
-        work / "checkpoint" / "config.json",
-        work / "checkpoint" / "model.safetensors",
-        speculators_dir=work / "speculators",
-        verifier=target,
-    )
-    return work / "checkpoint", work / "speculators"
+    return checkpoint, work / "speculators"
 
 
 def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tmp_path):
@@ -76,11 +47,7 @@ def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tm
     torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
     target = demo_target_dir()
     eagle, speculators = train_and_export(target, tmp_path)
-    server_cfg = {
-        "host": "local",
-        "unit": "vllm-demo.service",
-        "unit_file": str(write_unit(target, tmp_path / "vllm-demo.service")),
-    }
+    server_cfg = local_unit(target, tmp_path / "vllm-demo.service")
     held_out = questions(8, skip=300)
     greedy = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
     # concurrency 1: the same batches in both runs, so greedy drafts are comparable request by request
