@@ -21,6 +21,7 @@ from eagle3_pipeline.server.replicas import (
     shard_caps,
 )
 from eagle3_pipeline.settings import as_params, build_settings, runtime_only
+from eagle3_pipeline.validate.learning_curve import curve_points, variant_name
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
 # The config as typed, frozen sections. Params are rerun triggers (rerun-triggers in profiles/): a
@@ -114,6 +115,27 @@ BASELINE = "baseline/"
 # the baseline's extraction engine (its own scope: nothing of the main draft waits on it)
 BASELINE_ENGINE_DIR = f"{WORK}/{BASELINE}hidden_states/engine"
 VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
+# validate.learning_curve: the main draft's rules again on its first k training shards (nested subsets
+# of the stable order, on the main draft's hidden states), as the variants learning_curve/shards-{k}/;
+# k = every shard is the main draft itself. CURVE: {variant: k} of the points trained apart.
+CURVE_POINTS = curve_points(SETTINGS.validate.learning_curve, len(SHARDS))
+CURVE = {variant_name(k, len(SHARDS)): k for k in CURVE_POINTS if k < len(SHARDS)}
+VARIANTS += list(CURVE)
+if WINDOW and CURVE_POINTS:
+    raise ConfigError(
+        "hidden_states.max_disk_gb with validate.learning_curve: no hidden states are kept to train the "
+        "subsets on; set validate.learning_curve: [] (or hidden_states.max_disk_gb: null)"
+    )
+
+
+def variant_shards(variant):
+    """The training shards of a variant: the first k for a learning-curve point, else all."""
+    return SHARDS[: CURVE[variant]] if variant in CURVE else SHARDS
+
+
+def states_of(variant):
+    """Whose hidden states a variant trains on: a learning-curve point on the main draft's."""
+    return "" if variant in CURVE else variant
 
 
 wildcard_constraints:
@@ -206,7 +228,9 @@ def variant_files(*patterns):
         variant: [
             path
             for pattern in patterns
-            for path in expand(pattern, shard=SHARDS, variant=variant)
+            for path in expand(
+                pattern, shard=variant_shards(variant), variant=states_of(variant)
+            )
         ]
         for variant in VARIANTS
     }
@@ -223,11 +247,17 @@ def variant_output(output, variant=BASELINE):
 
 
 # A variant's training states: its own train split; validation is always the main draft's (the
-# target's own validation traces), so both drafts are measured on the same held-out data.
-get_draft_states = variant_files(
-    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors",
-    f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors",
+# target's own validation traces, every shard), so every draft is measured on the same held-out data.
+get_variant_train_states = variant_files(
+    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors"
 )
+get_main_validation_states = shard_files(
+    f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
+)
+
+
+def get_draft_states(wildcards):
+    return get_variant_train_states(wildcards) + get_main_validation_states(wildcards)
 
 
 def window_state(epoch, window):
@@ -293,7 +323,13 @@ def get_engine_stopped(wildcards):
     if WINDOW:
         folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
     else:
-        folder = BASELINE_ENGINE_DIR if wildcards.get("variant") else ENGINE_ROOT
+        # a learning-curve point trains on the main states, yet waits on the baseline's engine too:
+        # it never holds the GPUs beside one
+        variant = wildcards.get("variant")
+        baseline = variant == BASELINE or (
+            variant in CURVE and SETTINGS.validate.baseline
+        )
+        folder = BASELINE_ENGINE_DIR if baseline else ENGINE_ROOT
     return [ancient(f"{folder}/stopped.json")]
 
 

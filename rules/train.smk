@@ -3,6 +3,7 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 from eagle3_pipeline.draft.job import DRAFT_NORM_KEYS
+from eagle3_pipeline.validate.selection import kept_epochs
 
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
 # train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
@@ -19,6 +20,31 @@ DRAFT_PARAMS = {
     k: v for k, v in config["draft"].items() if v or k not in DRAFT_NORM_KEYS
 }
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
+# validate.select_every_epochs: the epochs whose weights training keeps, the candidates of
+# select_checkpoint (rules/validate.smk); none: the last epoch's weights are exported as trained. Only
+# when on do the training rules get the param and outputs (off, their jobs are what they were before).
+KEPT_EPOCHS = kept_epochs(EPOCHS, SETTINGS.validate.select_every_epochs)
+EPOCH_CHECKPOINTS = [
+    f"{RESULTS}/{{variant}}draft/trained/epochs/epoch-{e:03d}.safetensors"
+    for e in KEPT_EPOCHS
+]
+KEPT = {"checkpoint_epochs": KEPT_EPOCHS} if KEPT_EPOCHS else {}
+KEPT_OUTPUTS = {"checkpoints": EPOCH_CHECKPOINTS} if KEPT_EPOCHS else {}
+# under a cap, the finishing rule also reads where the windows kept them
+KEPT_FINISH = KEPT | {"work": f"{WORK}/train"} if KEPT_EPOCHS else {}
+
+
+def get_export_weights(wildcards):
+    """What export_draft ships: the epoch select_checkpoint chose, else the last epoch's weights."""
+    folder = "selected" if KEPT_EPOCHS else "trained"
+    return f"{RESULTS}/{wildcards.variant}draft/{folder}/model.safetensors"
+
+
+def get_export_metadata(wildcards):
+    """The first training shard's metadata of the states the variant trained on (its layer numbering
+    and final-state kind)."""
+    states = f"{RESULTS}/{states_of(wildcards.variant)}hidden_states"
+    return f"{states}/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json"
 
 
 rule vocab_map:
@@ -85,6 +111,7 @@ if WINDOW:
         resources:
             gpu=1,  # as train_draft
         params:
+            **KEPT,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
@@ -104,6 +131,7 @@ if WINDOW:
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:
+            **KEPT_OUTPUTS,
             # {variant}: the main draft only (the baseline is not trained in windows)
             weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
@@ -112,6 +140,7 @@ if WINDOW:
         conda:
             "../envs/pipeline.yaml"
         params:
+            **KEPT_FINISH,
             target=config["target"]["model"],
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
@@ -131,6 +160,7 @@ else:
             # the corpus-wide checks (an id in two shards) pass before training; extraction never waits
             corpus=rules.merge_traces.output.stats,
         output:
+            **KEPT_OUTPUTS,  # validate.select_every_epochs: the kept epochs' weights
             weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
@@ -141,6 +171,7 @@ else:
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
+            **KEPT,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
@@ -153,11 +184,10 @@ else:
 
 rule export_draft:
     input:
-        weights=rules.train_draft.output.weights,
+        weights=get_export_weights,
         vocab_map=rules.vocab_map.output,
         target=get_target_config(),
-        # the variant's first training shard (its layer numbering and final-state kind)
-        hidden_states_metadata=f"{RESULTS}/{{variant}}hidden_states/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json",
+        hidden_states_metadata=get_export_metadata,
     output:
         config=f"{RESULTS}/{{variant}}draft/checkpoint/config.json",
         weights=f"{RESULTS}/{{variant}}draft/checkpoint/model.safetensors",
