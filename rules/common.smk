@@ -248,6 +248,8 @@ def variant_output(output, variant=BASELINE):
 
 # A variant's training states: its own train split; validation is always the main draft's (the
 # target's own validation traces, every shard), so every draft is measured on the same held-out data.
+# A learning-curve point trains on its k shards alone (no validation figures in its history): a shard
+# added later retrains no point whose k it leaves as it was, only remeasures it.
 get_variant_train_states = variant_files(
     f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors"
 )
@@ -257,7 +259,8 @@ get_main_validation_states = shard_files(
 
 
 def get_draft_states(wildcards):
-    return get_variant_train_states(wildcards) + get_main_validation_states(wildcards)
+    validation = [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
+    return get_variant_train_states(wildcards) + validation
 
 
 def window_state(epoch, window):

@@ -125,6 +125,7 @@ def select_checkpoint(
     history = json.loads(Path(history_path).read_text())
     target_dir = Path(target_config).parent
     candidates = []
+    Path(output_weights).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="select-", dir=Path(output_weights).parent) as scratch:
         for epoch, weights in zip(epochs, checkpoints, strict=True):
             folder = Path(scratch) / f"epoch-{epoch}"
