@@ -130,3 +130,34 @@ def test_the_selection_and_learning_curve_figures_are_drawn(tmp_path: Path):
     draw_curves({k: str(v) for k, v in inputs.items()}, outputs)
     for path in outputs.values():
         assert Image.open(path).size[0] > 500
+
+
+def test_the_learning_curve_reads_each_points_files(tmp_path: Path):
+    from eagle3_pipeline.validate.learning_curve import learning_curve
+
+    points = []
+    for k, tokens, tau in ((1, 5000, 1.8), (2, 10000, 2.0), (4, 20000, 2.2)):
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        lengths = [tau - 0.5, tau - 0.2, tau, tau + 0.1]
+        (folder / "offline.json").write_text(
+            json.dumps({"conditional": [0.5] * 4, "acceptance_length": lengths})
+        )
+        (folder / "history.json").write_text(
+            json.dumps([{"epoch": e, "train": {"tokens": tokens}} for e in range(2)])
+        )
+        selection = {"chosen": {"epoch": 0}} if k == 2 else None
+        if selection:
+            (folder / "selection.json").write_text(json.dumps(selection))
+        points.append(
+            {"shards": k, "fractions": [k / 4], "history": str(folder / "history.json"),
+             "offline": str(folder / "offline.json"),
+             "selection": str(folder / "selection.json") if selection else None}
+        )  # fmt: skip
+    record = learning_curve(points, 4, 3, tmp_path / "learning_curve.json")
+    assert json.loads((tmp_path / "learning_curve.json").read_text()) == record
+    assert [p["training_tokens"] for p in record["points"]] == [5000, 10000, 20000]
+    assert [p["mean_accepted_length"] for p in record["points"]] == [1.8, 2.0, 2.2]  # at k = 3
+    assert [p["epoch"] for p in record["points"]] == [1, 0, 1]  # the chosen epoch, else the last
+    assert record["points"][2]["fraction_of_shards"] == 1.0
+    assert record["trend"]["per_doubling"] == pytest.approx(0.2)
