@@ -53,14 +53,19 @@ if KEPT_EPOCHS:
 if CURVE_POINTS:
 
     # validate.learning_curve: one point per subset (rules/common.smk CURVE; k = every shard is the main
-    # draft), each with its history (training tokens), offline acceptance and choice of epoch
+    # draft), each with its history (training tokens) and offline acceptance: with selection, that of
+    # the chosen epoch in selection.json (the figures validate_offline would give its export, so a
+    # smaller point is neither exported nor validated apart), else offline.json
     CURVE_INPUTS = {
         f"{kind}_{k}": f"{RESULTS}/{variant_name(k, len(SHARDS))}{path}"
         for k in CURVE_POINTS
         for kind, path in (
             ("history", "draft/trained/history.json"),
-            ("offline", "validation/offline.json"),
-            *([("selection", "validation/selection.json")] if KEPT_EPOCHS else []),
+            (
+                ("selection", "validation/selection.json")
+                if KEPT_EPOCHS
+                else ("offline", "validation/offline.json")
+            ),
         )
     }
 

@@ -146,7 +146,8 @@ def test_the_learning_curve_reads_each_points_files(tmp_path: Path):
         (folder / "history.json").write_text(
             json.dumps([{"epoch": e, "train": {"tokens": tokens}} for e in range(2)])
         )
-        selection = {"chosen": {"epoch": 0}} if k == 2 else None
+        offline = {"epoch": 0, "conditional": [0.5] * 4, "acceptance_length": lengths}
+        selection = {"chosen": {"epoch": 0}, "candidates": [offline]} if k == 2 else None  # its figures
         if selection:
             (folder / "selection.json").write_text(json.dumps(selection))
         points.append(

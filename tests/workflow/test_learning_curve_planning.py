@@ -1,6 +1,6 @@
 """The learning curve and the selection by acceptance, planned by Snakemake itself (dry-run DAGs of the
 demo config): each point is the draft rules' {variant} on the main draft's states (training and
-validation jobs, nothing extracted or served again), and a point whose shards a new shard leaves as
+selection jobs, nothing extracted, exported or served again), and a point whose shards a new shard leaves as
 they were keeps its training job as it was (the same inputs and params: nothing for Snakemake to rerun),
 only its measurement on the grown validation set."""
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from support.workflow import planned_jobs, write_config
 
-POINT_RULES = {"vocab_map", "train_draft", "select_checkpoint", "export_draft", "validate_offline"}
+# with selection (the demo's), a point's acceptance is its chosen epoch's in selection.json: no export
+POINT_RULES = {"vocab_map", "train_draft", "select_checkpoint"}
 
 
 def _jobs(tmp_path: Path, num_samples: int) -> list[Any]:
@@ -40,7 +41,7 @@ def test_each_point_plans_training_and_validation_only_and_a_new_shard_retrains_
     points = sorted(v for v in variants if v.startswith("learning_curve/"))
     assert points == ["learning_curve/shards-00001/", "learning_curve/shards-00002/"]
     for variant in points:
-        assert set(variants[variant]) == POINT_RULES, variant  # no extraction, no serve check
+        assert set(variants[variant]) == POINT_RULES, variant  # no extraction, export or serve check
         train = variants[variant]["train_draft"]
         shards = [Path(f).name for f in train.input.states]
         assert shards == [f"shard-{k:05d}.safetensors" for k in range(int(variant[-3:-1]))]
@@ -49,7 +50,11 @@ def test_each_point_plans_training_and_validation_only_and_a_new_shard_retrains_
         # never beside an extraction engine: after the baseline's engine, the last to run, has stopped
         assert any("baseline/hidden_states/engine/stopped.json" in str(f) for f in train.input.engine_stopped)
     curve = next(job for job in four if job.rule.name == "learning_curve")
-    assert {Path(f).parts[-3] for f in curve.input if f.endswith("offline.json")} >= {"shards-00001"}
+    assert {Path(f).parts[-3] for f in curve.input if f.endswith("selection.json")} == {
+        "shards-00001",
+        "shards-00002",
+        "curve-plan",
+    }
     report = next(job for job in four if job.rule.name == "plot_validation")
     assert {"selection", "learning_curve"} <= set(report.output.keys())
 
@@ -63,5 +68,5 @@ def test_each_point_plans_training_and_validation_only_and_a_new_shard_retrains_
     for rule in ("vocab_map", "train_draft"):  # the same files in, the same params: not rerun
         assert list(map(str, after[rule].input)) == list(map(str, before[rule].input)), rule
         assert after[rule].params == before[rule].params, rule
-    grown = set(map(str, after["validate_offline"].input)) - set(map(str, before["validate_offline"].input))
+    grown = set(map(str, after["select_checkpoint"].input)) - set(map(str, before["select_checkpoint"].input))
     assert grown == {"results/curve-plan/hidden_states/validation/shard-00004.safetensors"}

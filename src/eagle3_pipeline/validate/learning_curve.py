@@ -104,6 +104,12 @@ def curve_record(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
     }
 
 
+def chosen_acceptance(selection: Mapping[str, Any]) -> dict[str, Any]:
+    """The offline figures of the epoch a selection chose (measured as validate_offline measures them)."""
+    epoch = selection["chosen"]["epoch"]
+    return next(c for c in selection["candidates"] if c["epoch"] == epoch)
+
+
 def learning_curve(
     points: Sequence[Mapping[str, Any]],
     shards: int,
@@ -113,15 +119,16 @@ def learning_curve(
     """Rule learning_curve: each point's history, offline.json (and selection.json) -> learning_curve.json.
 
     Args:
-        points: {"shards": k, "fractions", "history", "offline", "selection" (or None)} file paths.
+        points: {"shards": k, "fractions", "history", and "selection" (its chosen epoch's figures) or
+            "offline"} file paths.
         shards: training shards of the whole run.
         num_speculative_tokens: the k of the trend (validate.num_speculative_tokens).
     """
     rows = []
     for p in points:
-        offline = json.loads(Path(p["offline"]).read_text())
-        k = max(1, min(num_speculative_tokens, len(offline["acceptance_length"])))
         selection = json.loads(Path(p["selection"]).read_text()) if p.get("selection") else None
+        offline = chosen_acceptance(selection) if selection else json.loads(Path(p["offline"]).read_text())
+        k = max(1, min(num_speculative_tokens, len(offline["acceptance_length"])))
         history = json.loads(Path(p["history"]).read_text())
         rows.append(point(p["shards"], shards, p["fractions"], history, offline, selection, k))
     record = curve_record(rows, k)
