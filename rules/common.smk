@@ -22,6 +22,7 @@ from eagle3_pipeline.server.replicas import (
 )
 from eagle3_pipeline.settings import as_params, build_settings, runtime_only
 from eagle3_pipeline.validate.learning_curve import curve_points, variant_name
+from eagle3_pipeline.validate.selection import kept_epochs
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
 # The config as typed, frozen sections. Params are rerun triggers (rerun-triggers in profiles/): a
@@ -136,6 +137,24 @@ def variant_shards(variant):
 def states_of(variant):
     """Whose hidden states a variant trains on: a learning-curve point on the main draft's."""
     return "" if variant in CURVE else variant
+
+
+# validate.select_every_epochs: the epochs whose weights training keeps, the candidates of
+# select_checkpoint (rules/validate.smk); none: the last epoch's weights are exported as trained.
+KEPT_EPOCHS = kept_epochs(EPOCHS, SETTINGS.validate.select_every_epochs)
+
+
+def get_export_weights(wildcards):
+    """What export_draft ships: the epoch select_checkpoint chose, else the last epoch's weights."""
+    folder = "selected" if KEPT_EPOCHS else "trained"
+    return f"{RESULTS}/{wildcards.variant}draft/{folder}/model.safetensors"
+
+
+def get_export_metadata(wildcards):
+    """The first training shard's metadata of the states the variant trained on (its layer numbering
+    and final-state kind)."""
+    states = f"{RESULTS}/{states_of(wildcards.variant)}hidden_states"
+    return f"{states}/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json"
 
 
 wildcard_constraints:
@@ -259,7 +278,9 @@ get_main_validation_states = shard_files(
 
 
 def get_draft_states(wildcards):
-    validation = [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
+    validation = (
+        [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
+    )
     return get_variant_train_states(wildcards) + validation
 
 

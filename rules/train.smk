@@ -3,7 +3,6 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 from eagle3_pipeline.draft.job import DRAFT_NORM_KEYS
-from eagle3_pipeline.validate.selection import kept_epochs
 
 LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
 # train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
@@ -20,10 +19,8 @@ DRAFT_PARAMS = {
     k: v for k, v in config["draft"].items() if v or k not in DRAFT_NORM_KEYS
 }
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
-# validate.select_every_epochs: the epochs whose weights training keeps, the candidates of
-# select_checkpoint (rules/validate.smk); none: the last epoch's weights are exported as trained. Only
-# when on do the training rules get the param and outputs (off, their jobs are what they were before).
-KEPT_EPOCHS = kept_epochs(EPOCHS, SETTINGS.validate.select_every_epochs)
+# validate.select_every_epochs (KEPT_EPOCHS, rules/common.smk): only when on do the training rules get
+# the param and outputs (off, their jobs are what they were before the key existed).
 EPOCH_CHECKPOINTS = [
     f"{RESULTS}/{{variant}}draft/trained/epochs/epoch-{e:03d}.safetensors"
     for e in KEPT_EPOCHS
@@ -32,19 +29,6 @@ KEPT = {"checkpoint_epochs": KEPT_EPOCHS} if KEPT_EPOCHS else {}
 KEPT_OUTPUTS = {"checkpoints": EPOCH_CHECKPOINTS} if KEPT_EPOCHS else {}
 # under a cap, the finishing rule also reads where the windows kept them
 KEPT_FINISH = KEPT | {"work": f"{WORK}/train"} if KEPT_EPOCHS else {}
-
-
-def get_export_weights(wildcards):
-    """What export_draft ships: the epoch select_checkpoint chose, else the last epoch's weights."""
-    folder = "selected" if KEPT_EPOCHS else "trained"
-    return f"{RESULTS}/{wildcards.variant}draft/{folder}/model.safetensors"
-
-
-def get_export_metadata(wildcards):
-    """The first training shard's metadata of the states the variant trained on (its layer numbering
-    and final-state kind)."""
-    states = f"{RESULTS}/{states_of(wildcards.variant)}hidden_states"
-    return f"{states}/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json"
 
 
 rule vocab_map:
