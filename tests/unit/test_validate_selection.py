@@ -34,13 +34,13 @@ def test_the_longest_acceptance_at_k_is_chosen_not_the_last_epoch():
     chosen = choose(candidates, 3)
     assert chosen["epoch"] == 1
     assert chosen["acceptance_length"] == 2.6 and chosen["last_epoch_acceptance_length"] == 2.4
-    assert "epoch 1" in chosen["reason"] and "+0.200 over the last epoch (2" in chosen["reason"]
+    assert "epoch 2 has" in chosen["reason"] and "+0.200 over the last epoch (3:" in chosen["reason"]
 
 
 def test_a_tie_goes_to_the_later_epoch_and_the_last_says_so():
     chosen = choose([_candidate(0, 2.5), _candidate(1, 2.5)], 3)
     assert chosen["epoch"] == 1
-    assert chosen["reason"].startswith("the last epoch (1)")
+    assert chosen["reason"].startswith("the last epoch (2)")  # counted from 1
     with pytest.raises(ValueError, match="select_every_epochs"):
         choose([], 3)
 

@@ -55,12 +55,15 @@ def choose(candidates: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
     best = max(candidates, key=lambda c: (c["acceptance_length"][k - 1], c["epoch"]))
     last = candidates[-1]
     tau, tau_last = best["acceptance_length"][k - 1], last["acceptance_length"][k - 1]
+    # counted from 1 in the reason (as the report's axis), from 0 in "epoch" (as history.json)
     if best is last:
-        reason = f"the last epoch ({best['epoch']}) has the longest offline acceptance at k = {k}: {tau:.3f}"
+        reason = (
+            f"the last epoch ({last['epoch'] + 1}) has the longest offline acceptance at k = {k}: {tau:.3f}"
+        )
     else:
         reason = (
-            f"epoch {best['epoch']} has the longest offline acceptance at k = {k}: {tau:.3f}, "
-            f"{tau - tau_last:+.3f} over the last epoch ({last['epoch']}: {tau_last:.3f})"
+            f"epoch {best['epoch'] + 1} has the longest offline acceptance at k = {k}: {tau:.3f}, "
+            f"{tau - tau_last:+.3f} over the last epoch ({last['epoch'] + 1}: {tau_last:.3f})"
         )
     return {
         "epoch": best["epoch"],
