@@ -39,6 +39,7 @@ if KEPT_EPOCHS:
             f"{LOGS}/{{variant}}select_checkpoint.log",
         conda:
             "../envs/pipeline.yaml"
+        threads: 1  # torch threads on CPU, as train_draft (it runs beside the serve checks)
         resources:
             gpu=1,  # as validate_offline, once per kept epoch
         params:

@@ -19,4 +19,5 @@ select_checkpoint(
     every=snakemake.params.every,
     output_weights=snakemake.output.weights,
     output_selection=snakemake.output.selection,
+    cpu_threads=snakemake.threads,
 )

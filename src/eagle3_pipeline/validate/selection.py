@@ -116,14 +116,20 @@ def select_checkpoint(
     every: int,
     output_weights: str | Path,
     output_selection: str | Path,
+    cpu_threads: int = 0,
 ) -> dict[str, Any]:
     """Rule select_checkpoint: each kept epoch's weights exported (EAGLE-3, as export_draft does) to a
-    scratch folder and measured offline; the best one's weights linked to `output_weights`, the curve
-    written to `output_selection`."""
+    scratch folder and measured offline; the best one's weights copied to `output_weights`, the curve
+    written to `output_selection`. cpu_threads: torch threads without a GPU (the rule's threads)."""
     import json
+
+    import torch
 
     from eagle3_pipeline.draft.export import export_checkpoint
     from eagle3_pipeline.validate.offline import evaluate
+
+    if cpu_threads > 0 and not torch.cuda.is_available():
+        torch.set_num_threads(cpu_threads)  # as training: more threads than free cores slows OpenMP ops
 
     history = json.loads(Path(history_path).read_text())
     target_dir = Path(target_config).parent
