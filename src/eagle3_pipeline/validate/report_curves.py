@@ -77,7 +77,10 @@ def learning_curve_figure(curve_path: str | Path, output: str | Path) -> None:
     if trend:
         line = sorted(xs)
         fit = [trend["intercept"] + trend["per_doubling"] * math.log2(x) for x in line]
-        ax.plot(line, fit, "--", color="tab:gray", label=f"trend: {trend['per_doubling']:+.3f} per doubling")
+        r2 = "" if trend.get("r2") is None else f", r\u00b2 {trend['r2']:.2f}"
+        ax.plot(
+            line, fit, "--", color="tab:gray", label=f"trend: {trend['per_doubling']:+.3f} per doubling{r2}"
+        )
         title += f"\n{trend['per_doubling']:+.3f} tokens per target step per doubling of the data"
     ax.set_xscale("log", base=2)
     ax.set(
