@@ -10,12 +10,14 @@
 #   budget/        hidden_states/shard-{k:05d}.json (disk need, checked before shard k's extraction)
 #   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata); under hidden_states.max_disk_gb
 #                  epoch-{e}/{split}/..., deleted once trained on
-#   draft/         vocab_map.safetensors, windows/ (under a cap), trained/, checkpoint/ (EAGLE-3)
-#   validation/    offline.json, serve_check.json
+#   draft/         vocab_map.safetensors, windows/ (under a cap), trained/ (epochs/: the kept epochs),
+#                  selected/ (the epoch chosen by acceptance), checkpoint/ (EAGLE-3), speculators/
+#   validation/    offline.json, serve_check.json, selection.json, learning_curve.json
 #   report/        the pictures of `snakemake --report`
 #   baseline/      validate.baseline: the draft's rules again as {variant} baseline/ (main: ""), trained
 #                  on the dataset's original answers: traces/shards/train/, hidden_states/train/, draft/,
 #                  validation/ (logs/baseline/, work/baseline/)
+#   learning_curve/shards-{k}/  validate.learning_curve: the draft's rules on the first k shards
 #   work/          resumable state: generation journals, training state
 #   logs/          one log per job
 # resources/demo/  the embedded demo's tiny target and its systemd unit (demo.enabled)

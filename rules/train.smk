@@ -19,6 +19,16 @@ DRAFT_PARAMS = {
     k: v for k, v in config["draft"].items() if v or k not in DRAFT_NORM_KEYS
 }
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
+# validate.select_every_epochs (KEPT_EPOCHS, rules/common.smk): only when on do the training rules get
+# the param and outputs (off, their jobs are what they were before the key existed).
+EPOCH_CHECKPOINTS = [
+    f"{RESULTS}/{{variant}}draft/trained/epochs/epoch-{e:03d}.safetensors"
+    for e in KEPT_EPOCHS
+]
+KEPT = {"checkpoint_epochs": KEPT_EPOCHS} if KEPT_EPOCHS else {}
+KEPT_OUTPUTS = {"checkpoints": EPOCH_CHECKPOINTS} if KEPT_EPOCHS else {}
+# under a cap, the finishing rule also reads where the windows kept them
+KEPT_FINISH = KEPT | {"work": f"{WORK}/train"} if KEPT_EPOCHS else {}
 
 
 rule vocab_map:
@@ -85,6 +95,7 @@ if WINDOW:
         resources:
             gpu=1,  # as train_draft
         params:
+            **KEPT,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
@@ -104,6 +115,7 @@ if WINDOW:
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:
+            **KEPT_OUTPUTS,
             # {variant}: the main draft only (the baseline is not trained in windows)
             weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
@@ -112,6 +124,7 @@ if WINDOW:
         conda:
             "../envs/pipeline.yaml"
         params:
+            **KEPT_FINISH,
             target=config["target"]["model"],
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
@@ -131,6 +144,7 @@ else:
             # the corpus-wide checks (an id in two shards) pass before training; extraction never waits
             corpus=rules.merge_traces.output.stats,
         output:
+            **KEPT_OUTPUTS,  # validate.select_every_epochs: the kept epochs' weights
             weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:
@@ -141,6 +155,7 @@ else:
         resources:
             gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
         params:
+            **KEPT,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
@@ -153,11 +168,10 @@ else:
 
 rule export_draft:
     input:
-        weights=rules.train_draft.output.weights,
+        weights=get_export_weights,
         vocab_map=rules.vocab_map.output,
         target=get_target_config(),
-        # the variant's first training shard (its layer numbering and final-state kind)
-        hidden_states_metadata=f"{RESULTS}/{{variant}}hidden_states/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json",
+        hidden_states_metadata=get_export_metadata,
     output:
         config=f"{RESULTS}/{{variant}}draft/checkpoint/config.json",
         weights=f"{RESULTS}/{{variant}}draft/checkpoint/model.safetensors",

@@ -22,6 +22,74 @@ rule validate_offline:
         "../scripts/validate_offline.py"
 
 
+if KEPT_EPOCHS:
+
+    rule select_checkpoint:
+        input:
+            checkpoints=rules.train_draft.output.checkpoints,
+            history=rules.train_draft.output.history,
+            vocab_map=rules.vocab_map.output,
+            target=get_target_config(),
+            hidden_states_metadata=get_export_metadata,
+            states=get_validation_states(),  # the main draft's, as validate_offline
+        output:
+            weights=f"{RESULTS}/{{variant}}draft/selected/model.safetensors",
+            selection=f"{RESULTS}/{{variant}}validation/selection.json",
+        log:
+            f"{LOGS}/{{variant}}select_checkpoint.log",
+        conda:
+            "../envs/pipeline.yaml"
+        threads: 1  # torch threads on CPU, as train_draft (it runs beside the serve checks)
+        resources:
+            gpu=1,  # as validate_offline, once per kept epoch
+        params:
+            epochs=KEPT_EPOCHS,
+            every=SETTINGS.validate.select_every_epochs,
+            ttt_steps=SETTINGS.draft.ttt_steps,
+            num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
+        script:
+            "../scripts/select_checkpoint.py"
+
+
+if CURVE_POINTS:
+
+    # validate.learning_curve: one point per subset (rules/common.smk CURVE; k = every shard is the main
+    # draft), each with its history (training tokens) and offline acceptance: with selection, that of
+    # the chosen epoch in selection.json (the figures validate_offline would give its export, so a
+    # smaller point is neither exported nor validated apart), else offline.json
+    CURVE_INPUTS = {
+        f"{kind}_{k}": f"{RESULTS}/{variant_name(k, len(SHARDS))}{path}"
+        for k in CURVE_POINTS
+        for kind, path in (
+            ("history", "draft/trained/history.json"),
+            (
+                ("selection", "validation/selection.json")
+                if KEPT_EPOCHS
+                else ("offline", "validation/offline.json")
+            ),
+        )
+    }
+
+    rule learning_curve:
+        input:
+            **CURVE_INPUTS,
+        output:
+            f"{RESULTS}/validation/learning_curve.json",
+        log:
+            f"{LOGS}/learning_curve.log",
+        conda:
+            "../envs/pipeline.yaml"
+        params:
+            points=[
+                {"shards": k, "fractions": fractions}
+                for k, fractions in CURVE_POINTS.items()
+            ],
+            shards=len(SHARDS),
+            num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
+        script:
+            "../scripts/learning_curve.py"
+
+
 # One draft server at a time (the local demo's port, or production's unit behind its drop-in), yet
 # without ordering the checks: either may fail alone. Snakemake schedules draft_server like cores;
 # its limit is 1 unless the command line sets one (`--resources draft_server=N`).
@@ -79,6 +147,24 @@ REPORT_INPUTS = {
 }
 if SETTINGS.validate.serve_check:
     REPORT_INPUTS["serve_check"] = variant_output(rules.serve_check.output[0], "")
+# validate.select_every_epochs and validate.learning_curve: their curves, and a figure each
+CURVE_FIGURES = {}
+if KEPT_EPOCHS:
+    REPORT_INPUTS["selection"] = variant_output(
+        rules.select_checkpoint.output.selection, ""
+    )
+    CURVE_FIGURES["selection"] = report(
+        f"{RESULTS}/report/selection.png",
+        caption="../report/selection.rst",
+        category="3. Training",
+    )
+if CURVE_POINTS:
+    REPORT_INPUTS["learning_curve"] = rules.learning_curve.output[0]
+    CURVE_FIGURES["learning_curve"] = report(
+        f"{RESULTS}/report/learning_curve.png",
+        caption="../report/learning_curve.rst",
+        category="4. Validation",
+    )
 if SETTINGS.validate.baseline:
     REPORT_INPUTS["baseline_history"] = variant_output(rules.train_draft.output.history)
     REPORT_INPUTS["baseline_offline"] = variant_output(rules.validate_offline.output[0])
@@ -92,6 +178,7 @@ rule plot_validation:
     input:
         **REPORT_INPUTS,
     output:
+        **CURVE_FIGURES,
         server=report(
             f"{RESULTS}/report/server.html",
             caption="../report/server.rst",

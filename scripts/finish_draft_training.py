@@ -13,8 +13,10 @@ job = TrainJob(
     target=snakemake.params.target,
     draft=snakemake.params.draft,
     train=snakemake.params.runtime.section("train", snakemake.params.train),
-    work="",
+    work=snakemake.params.get("work", ""),  # the windows' kept epochs (validate.select_every_epochs)
     weights=snakemake.output.weights,
     history=snakemake.output.history,
+    checkpoint_epochs=snakemake.params.get("checkpoint_epochs", []),
+    checkpoints=snakemake.output.get("checkpoints", []),
 )
 finish(job, snakemake.input.state)

@@ -2,11 +2,11 @@
 
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.validate.report import draw_report
+from eagle3_pipeline.validate.report_curves import draw_curves
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
-draw_report(
-    inputs=dict(snakemake.input.items()),
-    outputs=dict(snakemake.output.items()),
-)
+inputs, outputs = dict(snakemake.input.items()), dict(snakemake.output.items())
+draw_report(inputs=inputs, outputs=outputs)
+draw_curves(inputs=inputs, outputs=outputs)  # selection and learning curve, when configured

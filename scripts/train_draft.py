@@ -18,6 +18,8 @@ job = rule_job(
     cpu_threads=snakemake.threads,
     weights=snakemake.output.weights,
     history=snakemake.output.history,
+    checkpoint_epochs=snakemake.params.get("checkpoint_epochs", []),  # validate.select_every_epochs
+    checkpoints=snakemake.output.get("checkpoints", []),
 )
 job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft.json")
 exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])

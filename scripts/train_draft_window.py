@@ -26,6 +26,7 @@ job = rule_job(
     work=snakemake.params.work,
     cpu_threads=snakemake.threads,
     window=window,
+    checkpoint_epochs=snakemake.params.get("checkpoint_epochs", []),  # validate.select_every_epochs
 )
 job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft_window-{epoch}-{index}.json")
 exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])

@@ -196,6 +196,8 @@ class ValidateSettings:
     remote_dir: str | None = None
     served_offline_tolerance: float | None = 0.2
     speedup: bool = True
+    select_every_epochs: int = 1
+    learning_curve: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Shapes follow the writers: server.json (snapshot_server), traces.parquet / stats.json (merge_traces),
 history.json (draft/train.py: one record per epoch, `summarize` figures per split), offline.json and
-serve_check.json (validate/offline.py and validate/serve_check.py).
+serve_check.json (validate/offline.py and validate/serve_check.py), selection.json and
+learning_curve.json (validate/selection.py, validate/learning_curve.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle3_pipeline.validate.learning_curve import curve_record
+from eagle3_pipeline.validate.selection import selection_record
 from eagle3_pipeline.validate.served import compare_with_offline
 
 UNIT = """# /etc/systemd/system/vllm.service
@@ -125,4 +128,27 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
                 "tokens_per_s_without_draft": 50.0,
             }
         paths[f"{key}serve_check"].write_text(json.dumps(figures))
+    _write_curves(root, paths)
     return paths
+
+
+def _write_curves(root: Path, paths: dict[str, Path]) -> None:
+    """selection.json and learning_curve.json (validate.select_every_epochs, validate.learning_curve),
+    through the writers' own builders."""
+    paths["selection"] = root / "validation/selection.json"
+    paths["learning_curve"] = root / "validation/learning_curve.json"
+    candidates = [
+        {"epoch": e, "step": 10 * (e + 1), "train_loss": 5.0 / (e + 1), "validation_loss": 5.5 / (e + 1)}
+        | _acceptance(0.6 + 0.07 * min(e, 2) - 0.03 * max(0, e - 2))  # acceptance peaks at epoch 2
+        | {"anchors": 500}
+        for e in range(4)
+    ]
+    paths["selection"].write_text(json.dumps(selection_record(candidates, 3, 1)))
+    points = [
+        {"fractions": [k / 4], "shards": k, "training_tokens": 1000 * k, "epoch": 3}
+        | _acceptance(0.5 + 0.1 * k)
+        for k in (1, 2, 4)
+    ]
+    for point in points:
+        point["mean_accepted_length"] = point["acceptance_length"][2]
+    paths["learning_curve"].write_text(json.dumps(curve_record(points, 3)))

@@ -164,7 +164,8 @@ def e2e_overrides(port: int) -> dict[str, Any]:
         "dataset": {"num_samples": 96, "shard_size": 32},
         "generation": {"max_tokens": 256},
         "train": {"epochs": 2},
-        "validate": {"max_questions": 8, "speedup": False},  # no test reads the timing
+        # no test reads the timing; one smaller learning-curve point (1 of the 3 shards), the cheapest
+        "validate": {"max_questions": 8, "speedup": False, "learning_curve": [0.3, 1.0]},
     }
 
 

@@ -72,6 +72,29 @@ def test_demo_produces_validated_checkpoint(demo_workdir: Path):
     assert serve
 
 
+def test_demo_selects_its_epoch_by_acceptance_and_writes_its_learning_curve(demo_workdir: Path):
+    results = demo_workdir / "results" / "e2e"
+    for variant in ("", "baseline/"):  # every variant chooses its epoch the same way
+        selection = json.loads((results / f"{variant}validation" / "selection.json").read_text())
+        assert [c["epoch"] for c in selection["candidates"]] == [0, 1]  # train.epochs 2, every epoch kept
+        chosen = selection["chosen"]
+        best = max(c["acceptance_length"][selection["k"] - 1] for c in selection["candidates"])
+        assert chosen["acceptance_length"] == best and "epoch" in chosen["reason"]
+        assert (results / f"{variant}draft" / "selected" / "model.safetensors").exists()
+    selection = json.loads((results / "validation" / "selection.json").read_text())
+    shipped = next(c for c in selection["candidates"] if c["epoch"] == selection["chosen"]["epoch"])
+    offline = json.loads((results / "validation" / "offline.json").read_text())
+    assert offline["acceptance_length"] == shipped["acceptance_length"]  # the chosen epoch was exported
+    curve = json.loads((results / "validation" / "learning_curve.json").read_text())
+    assert [p["shards"] for p in curve["points"]] == [1, 3]  # learning_curve [0.3, 1.0] of 3 shards
+    tokens = [p["training_tokens"] for p in curve["points"]]
+    assert 0 < tokens[0] < tokens[1]
+    assert curve["points"][1]["acceptance_length"] == offline["acceptance_length"]  # 1.0: the main draft
+    assert isinstance(curve["trend"]["per_doubling"], float)
+    for figure in ("selection.png", "learning_curve.png"):
+        assert (results / "report" / figure).stat().st_size > 0
+
+
 def test_demo_traces_carry_thinking_and_answer(demo_workdir: Path):
     import polars as pl
 

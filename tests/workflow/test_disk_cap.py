@@ -84,7 +84,7 @@ def test_a_capped_run_never_holds_more_than_the_cap(demo_vllm_server, tmp_path):
         "train": {"epochs": EPOCHS, "batch_tokens": 256},
         # offline validation reads the last window's validation states: give it some in 8 questions
         "traces": {"validation_fraction": 0.5},
-        "validate": {"serve_check": False, "baseline": False},
+        "validate": {"serve_check": False, "baseline": False, "learning_curve": []},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     results = tmp_path / "results" / "cap"

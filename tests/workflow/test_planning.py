@@ -75,7 +75,7 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
         run=f"test-{tmp_path.name}",
         hidden_states={"max_disk_gb": 0.3},
         train={"epochs": 3},
-        validate={"baseline": False},
+        validate={"baseline": False, "learning_curve": []},  # neither is trained under a cap
     )
     counts = job_counts(dry_run(config).stdout)
     assert counts["extract_hidden_states"] == 4 * 3  # every shard, every epoch
@@ -94,6 +94,10 @@ def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
     baseline = write_config(tmp_path / "b.yaml", run="t", hidden_states={"max_disk_gb": 1.0})
     refused = snakemake("-n", "--configfile", str(baseline))
     assert refused.returncode != 0 and "set validate.baseline: false" in refused.stdout + refused.stderr
+    curve = write_config(tmp_path / "lc.yaml", run="t", hidden_states={"max_disk_gb": 1.0},
+                         validate={"baseline": False})  # fmt: skip
+    refused = snakemake("-n", "--configfile", str(curve))  # the demo's learning curve
+    assert refused.returncode != 0 and "set validate.learning_curve: []" in refused.stdout + refused.stderr
 
 
 def test_lint_is_clean():

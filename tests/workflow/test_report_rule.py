@@ -42,6 +42,8 @@ def test_report_builds_from_finished_results(tmp_path, baseline):
         "training.png",
         "acceptance.png",
         "comparison.png",
+        "selection.png",  # validate.select_every_epochs and validate.learning_curve, on in the demo
+        "learning_curve.png",
     ):
         assert name in html, f"{name} missing from the report"
     assert "4. Validation" in html and "Published Kimi-K2.5 drafts" in html

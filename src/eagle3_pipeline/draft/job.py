@@ -10,7 +10,7 @@ the file back (`read_job`). The settings are typed here once (the config may hol
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ class TrainJob:
     stop_after_steps: int | None = None  # stop (state saved) after this many steps: an interruption
     cpu_threads: int = 0  # torch threads on CPU (0: torch's default); see docs/training.md
     window: WindowJob | None = None  # one window of one epoch (hidden_states.max_disk_gb), else all
+    # validate.select_every_epochs: the epochs whose weights are kept (under work/, then as `checkpoints`)
+    checkpoint_epochs: list[int] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)  # outputs: the kept epochs' weights, in order
 
 
 @dataclass
@@ -110,6 +113,8 @@ def rule_job(
     weights: str = "",
     history: str = "",
     window: WindowJob | None = None,
+    checkpoint_epochs: Sequence[int] = (),
+    checkpoints: Sequence[str] = (),
 ) -> TrainJob:
     """The job of a train_draft (weights, history) or train_draft_window (window) rule.
 
@@ -124,6 +129,8 @@ def rule_job(
         weights: Output: the trained tensors (train_draft).
         history: Output: the per-epoch metrics (train_draft).
         window: The window of one epoch (train_draft_window).
+        checkpoint_epochs: The epochs whose weights are kept (validate.select_every_epochs).
+        checkpoints: Outputs: their weights (train_draft).
     """
     train_shards, validation_shards = split_shards(list(states))
     draft_settings, train_settings = job_settings(draft, train)
@@ -139,6 +146,8 @@ def rule_job(
         history=str(history),
         cpu_threads=int(cpu_threads),
         window=window,
+        checkpoint_epochs=[int(e) for e in checkpoint_epochs],
+        checkpoints=[str(p) for p in checkpoints],
     )
 
 

@@ -22,6 +22,11 @@ Under a disk cap (hidden_states.max_disk_gb) one job trains one window of shards
 evaluates on the window's validation states (summed over the epoch's windows), and writes its state
 file; the learning-rate schedule spans every window of every epoch (draft/windows.py). `finish`
 turns the last state into the trained weights and history.
+
+With validate.select_every_epochs the weights after each kept epoch (job.checkpoint_epochs) are
+written under the work folder as that epoch ends, before the state that says it ended, and linked into
+the job's outputs at the end (validate/selection.py chooses among them); a run that starts afresh
+clears them first.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -281,7 +287,10 @@ def fingerprint(job: TrainJob) -> str:
     if job.window is not None:
         stamp.append(("window", job.window.epoch, job.window.window, job.window.windows))
     settings = {k: v for k, v in job.train.items() if k not in RUNTIME_TRAIN_KEYS}
-    text = json.dumps([stamp, job.draft, settings, job.target], sort_keys=True, default=str)
+    identity = [stamp, job.draft, settings, job.target]
+    if job.checkpoint_epochs:  # a resume keeps the epochs it kept: another choice starts afresh
+        identity.append(job.checkpoint_epochs)
+    text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -293,13 +302,52 @@ def save_outputs(ctx: Context, config: DraftConfig, history: list[dict[str, Any]
         write_outputs(tensors, ctx.job, config, history)
 
 
+def write_weights(trained: dict[str, torch.Tensor], config: DraftConfig, path: str | Path) -> None:
+    """Trained tensors (checkpoint names, fp32) with the draft's config, as export_draft reads them."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in trained.items()}
+    io.write_safetensors(tensors, path, metadata={"draft_config": json.dumps(config.to_dict())})
+
+
 def write_outputs(
     trained: dict[str, torch.Tensor], job: TrainJob, config: DraftConfig, history: list[dict[str, Any]]
 ) -> None:
-    """The trained tensors (checkpoint names, fp32) and history.json of `job`, written atomically."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in trained.items()}
-    io.write_safetensors(tensors, job.weights, metadata={"draft_config": json.dumps(config.to_dict())})
+    """The trained tensors and history.json of `job`, written atomically; the kept epochs' weights
+    linked from the work folder into their outputs."""
+    write_weights(trained, config, job.weights)
     io.write_json(history, job.history, indent=1)
+    for epoch, output in zip(job.checkpoint_epochs, job.checkpoints, strict=True):
+        kept = _epoch_path(job, epoch)
+        if not kept.exists():
+            raise FileNotFoundError(
+                f"{kept}: the weights of epoch {epoch} were not kept; delete {job.work} and rerun"
+            )
+        with io.atomic_path(output) as tmp:
+            try:
+                os.link(kept, tmp)  # no second copy of a large draft
+            except OSError:
+                shutil.copyfile(kept, tmp)
+
+
+def _epoch_path(job: TrainJob, epoch: int) -> Path:
+    return Path(job.work) / "epochs" / f"epoch-{epoch:03d}.safetensors"
+
+
+def keep_epoch(ctx: Context, epoch: int) -> None:
+    """The weights after `epoch` under the work folder, when it is a kept one (every process calls it:
+    a sharded draft is gathered; the main process writes)."""
+    if epoch not in ctx.job.checkpoint_epochs:
+        return
+    model = ctx.accelerator.unwrap_model(ctx.model)
+    tensors, _ = full_state(model, ctx.optimizer)
+    if ctx.accelerator.is_main_process:
+        write_weights(tensors, model.config, _epoch_path(ctx.job, epoch))
+        log.info("weights of epoch %d kept (%s)", epoch, _epoch_path(ctx.job, epoch))
+
+
+def clear_kept_epochs(ctx: Context, state: TrainState) -> None:
+    """A run starting afresh drops the kept weights of an earlier one (main process)."""
+    if ctx.accelerator.is_main_process and state.step == 0 and state.epoch == 0:
+        shutil.rmtree(Path(ctx.job.work) / "epochs", ignore_errors=True)
 
 
 def _accelerator(job: TrainJob) -> Accelerator:
@@ -334,6 +382,7 @@ def main(job: TrainJob) -> bool:
     head = {k: v.to(accelerator.device) for k, v in head.items()}
     ctx = Context(accelerator, model, optimizer, scheduler, head, job)
     state = load_state(ctx, fingerprint(job))
+    clear_kept_epochs(ctx, state)
     log.info(
         "%d training samples, %d batches per epoch per process; %d validation samples",
         len(train_data),
@@ -353,6 +402,7 @@ def main(job: TrainJob) -> bool:
         }
         log.info("epoch %d: %s", state.epoch, json.dumps(record))
         state.history.append(record)
+        keep_epoch(ctx, state.epoch)  # before the state that says the epoch ended
         state.epoch, state.batch_in_epoch, state.epoch_stats = state.epoch + 1, 0, None
         save_state(ctx, state)
     save_outputs(ctx, accelerator.unwrap_model(model).config, state.history)
@@ -395,6 +445,7 @@ def main_window(job: TrainJob) -> bool:
     head = {k: v.to(accelerator.device) for k, v in head.items()}
     ctx = Context(accelerator, model, optimizer, scheduler, head, job)
     state = _start_window(ctx, job, fingerprint(job))
+    clear_kept_epochs(ctx, state)
     if state.epoch != window.epoch:
         raise ValueError(
             f"{window.previous} ends in epoch {state.epoch}, not {window.epoch}: delete the draft/windows "
@@ -450,6 +501,7 @@ def main_window(job: TrainJob) -> bool:
         }
         log.info("epoch %d: %s", state.epoch, json.dumps(record))
         state.history.append(record)
+        keep_epoch(ctx, state.epoch)
         state.epoch, state.epoch_stats, state.validation_stats = state.epoch + 1, None, None
     state.batch_in_epoch = 0
     save_state(ctx, state, Path(window.state))

@@ -1,0 +1,18 @@
+"""Rule learning_curve: the points (training tokens, offline acceptance) and the gain per doubling."""
+
+from eagle3_pipeline.logs import stage
+from eagle3_pipeline.validate.learning_curve import learning_curve
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
+stage(snakemake)
+
+files = dict(snakemake.input.items())
+learning_curve(
+    points=[
+        point | {kind: files.get(f"{kind}_{point['shards']}") for kind in ("history", "offline", "selection")}
+        for point in snakemake.params.points
+    ],
+    shards=snakemake.params.shards,
+    num_speculative_tokens=snakemake.params.num_speculative_tokens,
+    output=snakemake.output[0],
+)
