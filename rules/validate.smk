@@ -127,6 +127,11 @@ rule plot_validation:
             caption="../report/comparison.rst",
             category="4. Validation",
         ),
+        slices=report(
+            f"{RESULTS}/report/slices.png",
+            caption="../report/slices.rst",
+            category="4. Validation",
+        ),
     log:
         f"{LOGS}/plot_validation.log",
     conda:
