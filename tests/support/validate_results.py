@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle3_pipeline.validate.matched import compare_matched
 from eagle3_pipeline.validate.served import compare_with_offline
 
 UNIT = """# /etc/systemd/system/vllm.service
@@ -105,6 +106,9 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
         paths[f"{key}history"].write_text(json.dumps(history))
         offline = {"reference": "target_argmax", "steps": 3, "anchors": 500, **_acceptance(scale)}
         offline["prefix_counts"] = [round(500 * r) for r in (0.75, 0.55, 0.35)]
+        part = {"anchors": 250, **_acceptance(scale)}  # each slice: half the anchors, the same rates
+        names = ("context 0-512", "context 512-2048", "thinking", "answer")
+        offline["slices"] = {reference: dict.fromkeys(names, part) for reference in ("greedy", "sampled")}
         paths[f"{key}offline"].write_text(json.dumps(offline))
         served = _acceptance(scale * 0.95)
         figures = {
@@ -115,7 +119,14 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
             "drafts": 100,
         }
         if not key:  # the trained run's check as serve_check.py writes it now; the baseline's as before
-            figures["offline_comparison"] = compare_with_offline(figures, offline, 0.15)
+            figures["greedy_comparison"] = compare_with_offline(figures, offline, 0.15)
+            replayed = [{"drafts": 100, "accepted_per_position": [60, 40, 25]}]
+            figures["sampled"] = {
+                "acceptance_length": 2.2,
+                "per_position_rate": [0.62, 0.38, 0.27],
+                "drafts": 90,
+            }
+            figures["offline_comparison"] = compare_matched(figures["sampled"], replayed, 0.02)
             figures["by_source"] = {
                 source: {"acceptance_length": length, "drafts": 30} for source, length in SOURCES.items()
             }

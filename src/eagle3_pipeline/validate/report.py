@@ -177,7 +177,16 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
             [served["acceptance_length"]],
             "r*",
             markersize=14,
-            label=f"served by vLLM: {served['acceptance_length']:.2f}",
+            label=f"served by vLLM, greedy: {served['acceptance_length']:.2f}",
+        )
+    sampled = (served or {}).get("sampled") or {}
+    if sampled.get("acceptance_length") is not None:
+        axes[1].plot(
+            [served["num_speculative_tokens"]],
+            [sampled["acceptance_length"]],
+            "mP",
+            markersize=11,
+            label=f"served by vLLM, generation's sampling: {sampled['acceptance_length']:.2f}",
         )
     axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
     axes[1].legend(fontsize=8)
