@@ -93,3 +93,17 @@ def test_special_token_ids_from_either_tokenizer_file(tmp_path):
     decoder = {"8": {"content": "<think>"}}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
     assert special_token_ids(tmp_path) == THINK
+
+
+def test_the_check_refuses_an_offline_json_without_a_matching_replay():
+    from eagle3_pipeline.validate.serve_check import ServeCheckError, matched_questions
+
+    questions = [{"id": "a"}, {"id": "b"}]
+    offline = {"served_replay": {"num_speculative_tokens": 3, "max_tokens": 128, "samples": {"b": {}}}}
+    assert matched_questions(questions, offline, {"num_speculative_tokens": 3}, 128) == [{"id": "b"}]
+    with pytest.raises(ServeCheckError, match="max_tokens 64"):
+        matched_questions(questions, offline, {"num_speculative_tokens": 3}, 64)
+    with pytest.raises(ServeCheckError, match="rerun validate_offline"):
+        matched_questions(questions, offline, {"num_speculative_tokens": 5})
+    with pytest.raises(ServeCheckError, match="rerun validate_offline"):
+        matched_questions(questions, {"anchors": 10}, {"num_speculative_tokens": 3})

@@ -117,19 +117,27 @@ def matched_sampling(generation: dict[str, Any], validate: dict[str, Any], model
 
 
 def matched_questions(
-    questions: list[dict], offline: dict[str, Any] | None, validate: dict[str, Any]
+    questions: list[dict],
+    offline: dict[str, Any] | None,
+    validate: dict[str, Any],
+    max_tokens: int | None = None,
 ) -> list[dict]:
-    """The questions whose traces offline.json replayed with the check's settings.
+    """The questions whose traces offline.json replayed with the check's settings (`max_tokens`: the
+    served requests'; a replay of whole traces, max_tokens null, fits any).
 
     Raises:
         ServeCheckError: offline.json has no replay, or one made with other settings (rerun validate_offline).
     """
     replay = (offline or {}).get("served_replay")
     k = validate["num_speculative_tokens"]
-    if not replay or replay.get("num_speculative_tokens") != k:
+    if (
+        not replay
+        or replay.get("num_speculative_tokens") != k
+        or replay.get("max_tokens") not in (None, max_tokens)
+    ):
         raise ServeCheckError(
-            f"offline.json has no replay of the served run with {k} draft tokens: rerun validate_offline "
-            "(snakemake --forcerun validate_offline)"
+            f"offline.json has no replay of the served run with {k} draft tokens and max_tokens "
+            f"{max_tokens}: rerun validate_offline (snakemake --forcerun validate_offline)"
         )
     chosen = [q for q in questions if q["id"] in replay["samples"]]
     if not chosen:
@@ -169,10 +177,8 @@ def serve_check(
     offline = json.loads(Path(offline_path).read_text()) if offline_path is not None else None
     matched = None
     if offline is not None:  # the run the offline replay matches: fresh replies at generation's sampling
-        matched = (
-            matched_questions(questions, offline, validate),
-            matched_sampling(generation, validate, model),
-        )
+        sampled = matched_sampling(generation, validate, model)
+        matched = (matched_questions(questions, offline, validate, sampled.max_tokens), sampled)
     same_run = matched is not None and matched == (questions, sampling)
     common = {
         "checkpoint_dir": checkpoint_dir,
