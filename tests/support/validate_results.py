@@ -119,14 +119,13 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
             "drafts": 100,
         }
         if not key:  # the trained run's check as serve_check.py writes it now; the baseline's as before
-            figures["greedy_comparison"] = compare_with_offline(figures, offline, 0.15)
             replayed = [{"drafts": 100, "accepted_per_position": [60, 40, 25]}]
-            figures["sampled"] = {
-                "acceptance_length": 2.2,
-                "per_position_rate": [0.62, 0.38, 0.27],
-                "drafts": 90,
+            figures["offline_comparison"] = compare_matched(figures, replayed, 0.02) | {"reference": "greedy"}
+            sampled = {"acceptance_length": 2.2, "per_position_rate": [0.62, 0.38, 0.27], "drafts": 90}
+            figures["sampled"] = sampled
+            figures["sampled_comparison"] = compare_matched(sampled, replayed, 0.02) | {
+                "reference": "sampled"
             }
-            figures["offline_comparison"] = compare_matched(figures["sampled"], replayed, 0.02)
             figures["by_source"] = {
                 source: {"acceptance_length": length, "drafts": 30} for source, length in SOURCES.items()
             }
@@ -135,5 +134,7 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
                 "tokens_per_s_with_draft": 90.0,
                 "tokens_per_s_without_draft": 50.0,
             }
+        else:  # as serve_check.py wrote it before the matched comparison
+            figures["offline_comparison"] = compare_with_offline(figures, offline, 0.15)
         paths[f"{key}serve_check"].write_text(json.dumps(figures))
     return paths

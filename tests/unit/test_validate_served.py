@@ -134,15 +134,18 @@ def test_the_target_alone_runs_without_any_speculative_config():
 
 @pytest.mark.parametrize(("tolerance", "raises"), [(0.02, True), (None, False)])
 def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(tmp_path, tolerance, raises):
-    """The matched run (at the generation's sampling) decides; the greedy run is compared and reported."""
+    """The greedy run against its greedy replay decides; the sampled run is compared and reported."""
     import json
 
     from eagle3_pipeline.validate.serve_check import ServeCheckError, check_against_offline
 
-    greedy = served("vllm-0.32.0-metrics-trained-draft.txt")  # agrees with the offline greedy figure
-    sampled = served("vllm-0.32.0-metrics-untrained-draft.txt") | {"question_ids": ["a", "b"], "failed": {}}
-    result = greedy | {"sampling": {"temperature": 0.0}, "sampled": sampled}
-    replay = {q: {"drafts": 50, "accepted_per_position": [40, 30, 20]} for q in ("a", "b", "c")}
+    ids = {"question_ids": ["a", "b"], "failed": {}}
+    greedy = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
+    sampled = served("vllm-0.32.0-metrics-trained-draft.txt") | ids | {"sampling": {"temperature": 0.6}}
+    result = greedy | {"sampled": sampled}
+    trained = {"drafts": 50, "accepted_per_position": [40, 30, 20]}
+    like_sampled = {"drafts": 35, "accepted_per_position": [32, 28, 26]}  # the sampled run's own rates
+    replay = {q: {"greedy": trained, "sampled": like_sampled} for q in ("a", "b", "c")}
     offline = offline_with([0.85, 0.72, 0.62]) | {
         "served_replay": {"num_speculative_tokens": 3, "samples": replay}
     }
@@ -156,7 +159,11 @@ def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(
     else:
         check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
         assert result["offline_comparison"]["agree"] is False and not result["offline_comparison"]["enforced"]
-    assert result["greedy_comparison"]["agree"] and not result["greedy_comparison"]["enforced"]
+    assert result["offline_comparison"]["reference"] == "greedy"
+    sampled_check = result["sampled_comparison"]
+    assert (
+        sampled_check["reference"] == "sampled" and sampled_check["agree"] and not sampled_check["enforced"]
+    )
 
 
 def test_a_source_that_fails_is_reported_and_the_others_measured():

@@ -1,19 +1,21 @@
-"""The serve check's matched comparison: vLLM's acceptance per position on fresh replies to the
-validation questions, at the generation's sampling and the check's max_tokens, against the same run
-replayed offline along those questions' validation traces (validate/slices.py: equal in expectation).
+"""The serve check's matched comparison: vLLM's acceptance per position on replies to the validation
+questions against the same run replayed offline along those questions' validation traces
+(validate/slices.py): the same questions, the same draft positions (where vLLM drafts, after each
+verification step), the same max_tokens and the same acceptance rule (greedy: the target's argmax;
+sampled: the trace's token, accepted with the same probability).
 
 Per position i, with r the replayed rate (drafts whose first i+1 tokens were accepted / drafts) over D
 replayed drafts and d served drafts:
 
     |served_i - r| <= tolerance + Z * sqrt(r(1-r)/D + r(1-r)/d)
 
-Both sides ask the same questions, so how hard each question is cancels out; what remains is the
-sampling of the replies, taken here as binomial over drafts. Drafts within one reply are correlated
-(a repetitive stretch is accepted throughout), so this understates the noise somewhat: the systematic
-allowance (validate.served_offline_tolerance; bf16 kernels against the fp32 replay, the last draft of
-each reply, which the replay leaves out) absorbs that too and is set from matched runs
-(docs/validation.md). A draft served with another vocabulary map, norm or layer than it was trained
-with falls below it wherever that costs acceptance.
+Both sides ask the same questions, so how hard each question is cancels out; what remains is taken here
+as binomial over drafts. Drafts within one reply are correlated (a repetitive stretch is accepted
+throughout), so this understates the noise somewhat: the systematic allowance
+(validate.served_offline_tolerance; bf16 kernels against the fp32 replay, a greedy reply leaving the
+sampled trace's context, the last draft of each reply, which the replay leaves out) absorbs that too
+and is set from matched runs (docs/validation.md). A draft served with another vocabulary map, norm or
+layer than it was trained with falls below it wherever that costs acceptance.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ from typing import Any
 Z = 3.0  # standard errors allowed per position (about 1 in 370 each)
 
 
-def replayed_counts(offline: Mapping[str, Any], ids: Sequence[str]) -> list[dict[str, Any]]:
-    """The replayed counts of the given questions (offline.json "served_replay"), in `ids` order.
-
-    Raises:
-        KeyError: offline.json has no replay (written by an older validate_offline), or lacks an id.
-    """
+def replayed_counts(offline: Mapping[str, Any], ids: Sequence[str], reference: str) -> list[dict[str, Any]]:
+    """The replayed counts of the given questions against `reference` ("greedy": the target's argmax,
+    "sampled": the trace's tokens; offline.json "served_replay"), in `ids` order."""
     samples = offline["served_replay"]["samples"]
-    return [samples[i] for i in ids]
+    return [samples[i][reference] for i in ids]
+
+
+def reference_of(sampling: Mapping[str, Any]) -> str:
+    """Which replay a served run matches: "greedy" at temperature 0, else "sampled"."""
+    return "greedy" if sampling.get("temperature") == 0 else "sampled"
 
 
 def replayed_rate(replayed: Sequence[Mapping[str, Any]], position: int) -> tuple[float | None, int]:
@@ -68,7 +72,7 @@ def compare_matched(
         )
     return {
         "agree": bool(positions) and all(p["agree"] for p in positions),
-        "matched": "served at the generation's sampling against the same run replayed along the traces",
+        "matched": "served against the same run replayed along the questions' traces",
         "tolerance": tolerance,
         "z": z,
         "drafts": served_drafts,

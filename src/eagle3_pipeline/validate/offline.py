@@ -202,9 +202,12 @@ def shard_counts(
             )
             if slicing is not None:
                 counts[-1] |= {"id": sample_id}
-                counts[-1]["replay"] = replay(
-                    guesses, sample["input_ids"], mask, slicing.served_k, slicing.served_max_tokens
-                )
+                # greedy serving accepts the target's argmax, sampled serving the trace's token (slices.py)
+                argmax_tokens = torch.cat([sample["input_ids"][:1].long(), greedy[:-1]])
+                counts[-1]["replay"] = {
+                    reference: replay(guesses, tokens, mask, slicing.served_k, slicing.served_max_tokens)
+                    for reference, tokens in (("greedy", argmax_tokens), ("sampled", sample["input_ids"]))
+                }
     return counts
 
 

@@ -195,30 +195,34 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
 
 
 def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, Any] | None) -> None:
-    """Share of drafts whose first i+1 tokens were accepted: greedy (offline over every anchor, served)
-    and at the generation's sampling (replayed offline, served), the matched pair with its allowance."""
+    """Share of drafts whose first i+1 tokens were accepted: offline over every anchor, and each served
+    run (greedy, at the generation's sampling) beside its offline replay, the checked pair with its
+    allowance."""
     anchors = offline.get("anchors") or 0
-    rates = [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
-    series = {"offline, greedy": rates}
-    comparison = (served or {}).get("offline_comparison")
-    if served:
-        series["served, greedy"] = served["per_position_rate"]
-    if comparison and comparison.get("matched"):
-        series["replayed, sampled"] = [p["offline"] for p in comparison["positions"]]
-        series["served, sampled"] = [p["served"] for p in comparison["positions"]]
+    series = {
+        "offline, every anchor": [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
+    }
+    served = served or {}
+    comparison = served.get("offline_comparison")
+    for figures in (comparison, served.get("sampled_comparison")):
+        if figures and figures.get("reference"):
+            series[f"replayed, {figures['reference']}"] = [p["offline"] for p in figures["positions"]]
+            series[f"served, {figures['reference']}"] = [p["served"] for p in figures["positions"]]
+    if served and not (comparison and comparison.get("reference")):
+        series["served"] = served["per_position_rate"]
     _bars(ax, series, "First i+1 draft tokens accepted")
     if comparison:
-        index = list(series).index("replayed, sampled") if comparison.get("matched") else 0
-        offset = (index - (len(series) - 1) / 2) * 0.8 / len(series)
+        name = (
+            f"replayed, {comparison['reference']}" if comparison.get("reference") else "offline, every anchor"
+        )
+        offset = (list(series).index(name) - (len(series) - 1) / 2) * 0.8 / len(series)
         for p in comparison["positions"]:
-            # on the offline bar of the compared pair: the band the served bar must fall in
+            # on the offline bar of the checked pair: the band the served bar must fall in
             ax.errorbar(
                 p["position"] + 1 + offset, p["offline"], yerr=p["allowed"], fmt="none", ecolor="k", capsize=4
             )
         verdict = "agree" if comparison["agree"] else "DISAGREE"
-        ax.set_title(
-            f"First i+1 draft tokens accepted\nmatched served and offline {verdict} (whiskers: allowed)"
-        )
+        ax.set_title(f"First i+1 draft tokens accepted\nchecked pair {verdict} (whiskers: allowed)")
 
 
 def _by_source(ax: plt.Axes, served: dict[str, Any] | None) -> None:

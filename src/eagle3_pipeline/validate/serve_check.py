@@ -178,7 +178,8 @@ def serve_check(
     matched = None
     if offline is not None:  # the run the offline replay matches: fresh replies at generation's sampling
         sampled = matched_sampling(generation, validate, model)
-        matched = (matched_questions(questions, offline, validate, sampled.max_tokens), sampled)
+        questions = matched_questions(questions, offline, validate, sampled.max_tokens)
+        matched = (questions, sampled)
     same_run = matched is not None and matched == (questions, sampling)
     common = {
         "checkpoint_dir": checkpoint_dir,
@@ -203,6 +204,7 @@ def serve_check(
 
         result = run_remote_serve_check(server_cfg, server_json, **common, remote_dir=validate["remote_dir"])
     result |= {
+        "question_ids": [q["id"] for q in questions],
         "checkpoint": str(checkpoint_dir),
         "num_speculative_tokens": validate["num_speculative_tokens"],
         "sampling": _sampling_dict(sampling),
@@ -317,26 +319,30 @@ def _group_asker(
 def check_against_offline(
     result: dict[str, Any], offline_path: str | Path | None, validate: dict[str, Any], work_dir: str | Path
 ) -> None:
-    """Add the served-vs-offline comparisons to `result`: "offline_comparison", the matched one (the run at
-    the generation's sampling against its offline replay, validate/matched.py), enforced unless
-    validate.served_offline_tolerance is null, and "greedy_comparison" (the greedy run against the
-    offline greedy figure over every anchor: not matched, reported only). Raise ServeCheckError when the
-    matched ones disagree (the figures kept in work_dir/serve_check.rejected.json)."""
-    from eagle3_pipeline.validate.matched import compare_matched, replayed_counts
-    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, compare_with_offline, disagreement_message
+    """Add the matched comparisons (validate/matched.py) to `result`: "offline_comparison", the first run
+    (greedy by default) against its offline replay, enforced unless validate.served_offline_tolerance is
+    null, and "sampled_comparison", the run at the generation's sampling against its replay, reported.
+    Raise ServeCheckError when the enforced one disagrees (the figures kept in
+    work_dir/serve_check.rejected.json)."""
+    from eagle3_pipeline.validate.matched import compare_matched, reference_of, replayed_counts
+    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, disagreement_message
 
     if offline_path is None:
         return
     tolerance = validate.get("served_offline_tolerance", DEFAULT_TOLERANCE)
     allowance = DEFAULT_TOLERANCE if tolerance is None else tolerance
     offline = json.loads(Path(offline_path).read_text())
-    result["greedy_comparison"] = compare_with_offline(result, offline, allowance) | {"enforced": False}
-    sampled = result.get("sampled")
-    if sampled is None:
-        return
-    answered = [i for i in sampled["question_ids"] if i not in sampled.get("failed", {})]
-    comparison = compare_matched(sampled, replayed_counts(offline, answered), allowance)
+
+    def matched(run: dict[str, Any]) -> dict[str, Any]:
+        answered = [i for i in run["question_ids"] if i not in run.get("failed", {})]
+        reference = reference_of(run["sampling"])
+        replayed = replayed_counts(offline, answered, reference)
+        return compare_matched(run, replayed, allowance) | {"reference": reference}
+
+    comparison = matched(result)
     result["offline_comparison"] = comparison | {"enforced": tolerance is not None}
+    if result.get("sampled"):
+        result["sampled_comparison"] = matched(result["sampled"]) | {"enforced": False}
     if tolerance is not None and not comparison["agree"]:
         kept = Path(work_dir) / "serve_check.rejected.json"
         write_json(result, kept)

@@ -17,7 +17,12 @@ the same sampling, "the draft's guess equals the trace's next token" happens wit
 p_target(x), and after a miss the trace goes on with a token drawn from p_target without x. So walking
 each trace as vLLM would (the first draft right after the first reply token, the next one after the
 accepted tokens and the one the target adds) gives per-position counts with the same expectation as
-vLLM's /metrics over fresh replies to the same questions at that sampling and length.
+vLLM's /metrics over fresh replies to the same questions at that sampling and length. For greedy
+serving the walk compares the guesses with the target's argmax instead (what the greedy rejection rule
+accepts) along the trace's own context: exact where the trace took the argmax, which offline.json's
+`trace_greedy_agreement` counts. The walk's anchors are where vLLM drafts (after each verification
+step), not every position: on the demo that alone explained the 0.08 per position by which served
+greedy acceptance sat below the figure over every anchor.
 """
 
 from __future__ import annotations
@@ -128,7 +133,8 @@ def replay(
 
     Args:
         guesses: [steps >= k, T] the draft's chained guesses at every row, as target ids.
-        input_ids: [T] the trace (prompt and reply).
+        input_ids: [T] the token each guess is compared with at each position: the trace itself (sampled
+            serving) or the target's argmax for it (greedy serving).
         loss_mask: [T] 1 over the reply.
         k: draft tokens per step (validate.num_speculative_tokens).
         max_tokens: the served requests' max_tokens: no draft once the reply has that many tokens.
