@@ -1,6 +1,7 @@
 # Does the served model accept the draft? Offline acceptance on held-out hidden states, and the draft
 # actually served by vLLM with its spec-decode counters read from /metrics. Per {variant}: the main
 # draft and, with validate.baseline, the baseline (results/{run}/baseline/), on the same validation data.
+from eagle3_pipeline.settings import served_max_tokens
 
 
 rule validate_offline:
@@ -18,6 +19,10 @@ rule validate_offline:
         gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
     params:
         ttt_steps=SETTINGS.draft.ttt_steps,
+        # the slices, and the serve check's run replayed along the traces (validate/slices.py)
+        context_buckets=SETTINGS.validate.context_buckets,
+        num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
+        served_max_tokens=served_max_tokens(SETTINGS),
     script:
         "../scripts/validate_offline.py"
 
@@ -207,6 +212,11 @@ rule plot_validation:
         comparison=report(
             f"{RESULTS}/report/comparison.png",
             caption="../report/comparison.rst",
+            category="4. Validation",
+        ),
+        slices=report(
+            f"{RESULTS}/report/slices.png",
+            caption="../report/slices.rst",
             category="4. Validation",
         ),
     log:

@@ -1,4 +1,5 @@
-"""Rule validate_offline: the exported draft run greedily over the validation hidden states."""
+"""Rule validate_offline: the exported draft run greedily over the validation hidden states, by slice, and
+the serve check's run replayed along the validation traces."""
 
 import os
 
@@ -14,4 +15,7 @@ validate_offline(
     shard_paths=snakemake.input.states,
     steps=snakemake.params.ttt_steps,
     output_path=snakemake.output[0],
+    context_buckets=snakemake.params.context_buckets,
+    num_speculative_tokens=snakemake.params.num_speculative_tokens,
+    served_max_tokens=snakemake.params.served_max_tokens,
 )

@@ -194,10 +194,11 @@ class ValidateSettings:
     temperature: float | None = 0.0
     enforce_eager: bool = True
     remote_dir: str | None = None
-    served_offline_tolerance: float | None = 0.2
+    served_offline_tolerance: float | None = 0.02
     speedup: bool = True
     select_every_epochs: int = 1
     learning_curve: tuple[float, ...] = ()
+    context_buckets: tuple[int, ...] = (512, 2048, 8192)
 
 
 @dataclass(frozen=True)
@@ -307,3 +308,10 @@ VALIDATE_DEFAULTS = ValidateSettings()
 HIDDEN_STATES_DEFAULTS = HiddenStatesSettings()
 TRACES_DEFAULTS = TracesSettings()
 TRAIN_DEFAULTS = TrainSettings()
+
+
+def served_max_tokens(settings: Settings) -> int:
+    """max_tokens of the serve check's requests, and of its run replayed offline: generation.max_tokens,
+    capped by validate.max_tokens."""
+    cap = settings.generation.max_tokens
+    return min(cap, settings.validate.max_tokens or cap)

@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from eagle3_pipeline.validate.learning_curve import curve_record
+from eagle3_pipeline.validate.matched import compare_matched
 from eagle3_pipeline.validate.selection import selection_record
 from eagle3_pipeline.validate.served import compare_with_offline
 
@@ -108,6 +109,9 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
         paths[f"{key}history"].write_text(json.dumps(history))
         offline = {"reference": "target_argmax", "steps": 3, "anchors": 500, **_acceptance(scale)}
         offline["prefix_counts"] = [round(500 * r) for r in (0.75, 0.55, 0.35)]
+        part = {"anchors": 250, **_acceptance(scale)}  # each slice: half the anchors, the same rates
+        names = ("context 0-512", "context 512-2048", "thinking", "answer")
+        offline["slices"] = {reference: dict.fromkeys(names, part) for reference in ("greedy", "sampled")}
         paths[f"{key}offline"].write_text(json.dumps(offline))
         served = _acceptance(scale * 0.95)
         figures = {
@@ -118,7 +122,13 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
             "drafts": 100,
         }
         if not key:  # the trained run's check as serve_check.py writes it now; the baseline's as before
-            figures["offline_comparison"] = compare_with_offline(figures, offline, 0.15)
+            replayed = [{"drafts": 100, "accepted_per_position": [60, 40, 25]}]
+            figures["offline_comparison"] = compare_matched(figures, replayed, 0.02) | {"reference": "greedy"}
+            sampled = {"acceptance_length": 2.2, "per_position_rate": [0.62, 0.38, 0.27], "drafts": 90}
+            figures["sampled"] = sampled
+            figures["sampled_comparison"] = compare_matched(sampled, replayed, 0.02) | {
+                "reference": "sampled"
+            }
             figures["by_source"] = {
                 source: {"acceptance_length": length, "drafts": 30} for source, length in SOURCES.items()
             }
@@ -127,6 +137,8 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
                 "tokens_per_s_with_draft": 90.0,
                 "tokens_per_s_without_draft": 50.0,
             }
+        else:  # as serve_check.py wrote it before the matched comparison
+            figures["offline_comparison"] = compare_with_offline(figures, offline, 0.15)
         paths[f"{key}serve_check"].write_text(json.dumps(figures))
     _write_curves(root, paths)
     return paths

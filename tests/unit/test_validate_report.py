@@ -15,6 +15,7 @@ NAMES = {
     "training": "training.png",
     "acceptance": "acceptance.png",
     "comparison": "comparison.png",
+    "slices": "slices.png",
 }
 
 
@@ -23,7 +24,7 @@ def test_every_picture_is_drawn(tmp_path, baseline):
     inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", baseline).items()}
     outputs = {k: str(tmp_path / "report" / v) for k, v in NAMES.items()}
     draw_report(inputs, outputs)
-    for key in ("trace_lengths", "training", "acceptance", "comparison"):
+    for key in ("trace_lengths", "training", "acceptance", "comparison", "slices"):
         with Image.open(outputs[key]) as image:
             assert image.size[0] > 600 and image.size[1] > 300
     page = (tmp_path / "report" / "server.html").read_text()

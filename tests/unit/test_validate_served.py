@@ -132,30 +132,38 @@ def test_the_target_alone_runs_without_any_speculative_config():
     assert words[-4:] == ["--host", "127.0.0.1", "--port", "19301"] and "--port=8000" not in words
 
 
-@pytest.mark.parametrize(
-    ("temperature", "tolerance", "raises"), [(0.0, 0.2, True), (0.6, 0.2, False), (0.0, None, False)]
-)
-def test_the_check_fails_only_for_a_greedy_disagreement_with_a_tolerance(
-    tmp_path, temperature, tolerance, raises
-):
+@pytest.mark.parametrize(("tolerance", "raises"), [(0.02, True), (None, False)])
+def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(tmp_path, tolerance, raises):
+    """The greedy run against its greedy replay decides; the sampled run is compared and reported."""
     import json
 
     from eagle3_pipeline.validate.serve_check import ServeCheckError, check_against_offline
 
-    result = served("vllm-0.32.0-metrics-untrained-draft.txt") | {"sampling": {"temperature": temperature}}
-    (tmp_path / "offline.json").write_text(json.dumps(offline_with([0.85, 0.72, 0.62])))
+    ids = {"question_ids": ["a", "b"], "failed": {}}
+    greedy = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
+    sampled = served("vllm-0.32.0-metrics-trained-draft.txt") | ids | {"sampling": {"temperature": 0.6}}
+    result = greedy | {"sampled": sampled}
+    trained = {"drafts": 50, "accepted_per_position": [40, 30, 20]}
+    like_sampled = {"drafts": 35, "accepted_per_position": [32, 28, 26]}  # the sampled run's own rates
+    replay = {q: {"greedy": trained, "sampled": like_sampled} for q in ("a", "b", "c")}
+    offline = offline_with([0.85, 0.72, 0.62]) | {
+        "served_replay": {"num_speculative_tokens": 3, "samples": replay}
+    }
+    (tmp_path / "offline.json").write_text(json.dumps(offline))
     validate = {"served_offline_tolerance": tolerance}
     if raises:
-        with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.850"):
+        with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.800"):
             check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
         kept = json.loads((tmp_path / "work" / "serve_check.rejected.json").read_text())
-        assert kept["offline_comparison"]["agree"] is False
+        assert kept["offline_comparison"]["agree"] is False and kept["offline_comparison"]["questions"] == 2
     else:
         check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
-        assert (
-            result["offline_comparison"]["agree"] is False
-            and result["offline_comparison"]["enforced"] is False
-        )
+        assert result["offline_comparison"]["agree"] is False and not result["offline_comparison"]["enforced"]
+    assert result["offline_comparison"]["reference"] == "greedy"
+    sampled_check = result["sampled_comparison"]
+    assert (
+        sampled_check["reference"] == "sampled" and sampled_check["agree"] and not sampled_check["enforced"]
+    )
 
 
 def test_a_source_that_fails_is_reported_and_the_others_measured():

@@ -95,6 +95,31 @@ def test_demo_selects_its_epoch_by_acceptance_and_writes_its_learning_curve(demo
         assert (results / "report" / figure).stat().st_size > 0
 
 
+def test_demo_reports_acceptance_by_slice_and_the_matched_serve_check(demo_workdir: Path):
+    """Issue 25: offline acceptance by context bucket and thinking vs answer against both references; the
+    serve check's greedy run (compared, enforced, with its offline replay over the same questions) and
+    its run at the generation's sampling (compared, reported); the report's slice figure."""
+    results = demo_workdir / "results" / "e2e"
+    offline = json.loads((results / "validation" / "offline.json").read_text())
+    for reference in ("greedy", "sampled"):
+        slices = offline["slices"][reference]
+        buckets = [name for name in slices if name.startswith("context ")]
+        assert len(buckets) == len(offline["slicing"]["context_buckets"]) + 1
+        assert sum(slices[name]["anchors"] for name in buckets) == offline["anchors"]
+        assert slices["thinking"]["anchors"] > 0 and slices["answer"]["anchors"] > 0
+        assert slices["thinking"]["anchors"] + slices["answer"]["anchors"] == offline["anchors"]
+    serve = json.loads((results / "validation" / "serve_check.json").read_text())
+    assert serve["sampling"]["temperature"] == 0.0 and serve["sampled"]["sampling"]["temperature"] == 0.6
+    assert serve["sampled"]["drafts"] > 0 and serve["question_ids"] == serve["sampled"]["question_ids"]
+    assert set(serve["question_ids"]) <= set(offline["served_replay"]["samples"])
+    matched = serve["offline_comparison"]
+    assert matched["reference"] == "greedy" and matched["enforced"] and matched["agree"], matched
+    assert len(matched["positions"]) == serve["num_speculative_tokens"] and matched["questions"] > 0
+    assert serve["sampled_comparison"]["reference"] == "sampled"
+    assert serve["sampled_comparison"]["enforced"] is False
+    assert (results / "report" / "slices.png").stat().st_size > 0
+
+
 def test_demo_traces_carry_thinking_and_answer(demo_workdir: Path):
     import polars as pl
 

@@ -600,8 +600,10 @@ def run_remote_serve_check(
     enforce_eager: bool = True,
     concurrency: int = 8,
     request_timeout_s: float = 600.0,
+    matched: tuple[list[dict], Any] | None = None,
 ) -> dict[str, Any]:
-    """The serve check through systemd (an SSH host, or this machine when it runs systemd)."""
+    """The serve check through systemd (an SSH host, or this machine when it runs systemd); `matched`:
+    a second run's questions and sampling, its figures under "sampled" (as run_local_serve_check)."""
     from eagle3_pipeline.server import api_key, auth_headers, tls_verify
     from eagle3_pipeline.server.lifecycle import UnitWatch, server_url, wait_healthy
     from eagle3_pipeline.server.remote import open_host
@@ -647,6 +649,11 @@ def run_remote_serve_check(
                     base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s,
                     ca_bundle=server_cfg.get("ca_bundle"),
                 )  # fmt: skip
+                if matched is not None:
+                    result["sampled"] = measure(
+                        base_url, *matched, api_key(server_cfg), concurrency, request_timeout_s,
+                        ca_bundle=server_cfg.get("ca_bundle"),
+                    )  # fmt: skip
         finally:
             if folder is not None:
                 remote_checkpoint.remove(host, folder)

@@ -177,7 +177,16 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
             [served["acceptance_length"]],
             "r*",
             markersize=14,
-            label=f"served by vLLM: {served['acceptance_length']:.2f}",
+            label=f"served by vLLM, greedy: {served['acceptance_length']:.2f}",
+        )
+    sampled = (served or {}).get("sampled") or {}
+    if sampled.get("acceptance_length") is not None:
+        axes[1].plot(
+            [served["num_speculative_tokens"]],
+            [sampled["acceptance_length"]],
+            "mP",
+            markersize=11,
+            label=f"served by vLLM, generation's sampling: {sampled['acceptance_length']:.2f}",
         )
     axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
     axes[1].legend(fontsize=8)
@@ -186,22 +195,34 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
 
 
 def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, Any] | None) -> None:
-    """Share of drafts whose first i+1 tokens were accepted: offline, and served with its allowance."""
+    """Share of drafts whose first i+1 tokens were accepted: offline over every anchor, and each served
+    run (greedy, at the generation's sampling) beside its offline replay, the checked pair with its
+    allowance."""
     anchors = offline.get("anchors") or 0
-    rates = [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
-    series = {"offline (simulated)": rates}
-    if served:
-        series["served by vLLM"] = served["per_position_rate"]
+    series = {
+        "offline, every anchor": [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
+    }
+    served = served or {}
+    comparison = served.get("offline_comparison")
+    for figures in (comparison, served.get("sampled_comparison")):
+        if figures and figures.get("reference"):
+            series[f"replayed, {figures['reference']}"] = [p["offline"] for p in figures["positions"]]
+            series[f"served, {figures['reference']}"] = [p["served"] for p in figures["positions"]]
+    if served and not (comparison and comparison.get("reference")):
+        series["served"] = served["per_position_rate"]
     _bars(ax, series, "First i+1 draft tokens accepted")
-    comparison = (served or {}).get("offline_comparison")
     if comparison:
+        name = (
+            f"replayed, {comparison['reference']}" if comparison.get("reference") else "offline, every anchor"
+        )
+        offset = (list(series).index(name) - (len(series) - 1) / 2) * 0.8 / len(series)
         for p in comparison["positions"]:
-            # on the offline bar (left of the pair): the band the served bar must fall in
+            # on the offline bar of the checked pair: the band the served bar must fall in
             ax.errorbar(
-                p["position"] + 0.8, p["offline"], yerr=p["allowed"], fmt="none", ecolor="k", capsize=4
+                p["position"] + 1 + offset, p["offline"], yerr=p["allowed"], fmt="none", ecolor="k", capsize=4
             )
         verdict = "agree" if comparison["agree"] else "DISAGREE"
-        ax.set_title(f"First i+1 draft tokens accepted\nserved and offline {verdict} (whiskers: allowed)")
+        ax.set_title(f"First i+1 draft tokens accepted\nchecked pair {verdict} (whiskers: allowed)")
 
 
 def _by_source(ax: plt.Axes, served: dict[str, Any] | None) -> None:
@@ -270,6 +291,51 @@ def comparison(
     _save(fig, output)
 
 
+def slices(offline_path: str | Path, serve_path: str | Path | None, output: str | Path) -> None:
+    """Offline acceptance length at the served k by context-length bucket and by thinking vs answer,
+    against the target's argmax (greedy) and the trace's sampled tokens, with the served figures (greedy
+    and at the generation's sampling, over all questions) as lines."""
+    offline, served = _read_json(offline_path), _read_json(serve_path) or {}
+    k = served.get("num_speculative_tokens") or (offline.get("served_replay") or {}).get(
+        "num_speculative_tokens"
+    )
+    by_reference = offline.get("slices") or {}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4), sharey=True)
+    for ax, title, chosen in (
+        (axes[0], "By context length (tokens read, prompt included)", lambda n: n.startswith("context ")),
+        (axes[1], "Thinking vs answer", lambda n: n in ("thinking", "answer")),
+    ):
+        names = [n for n in (by_reference.get("greedy") or {}) if chosen(n)]
+        if not names or not k:
+            ax.text(
+                0.5, 0.5, "not measured (no slices or no think tokens)", transform=ax.transAxes, ha="center"
+            )
+            ax.set(title=title)
+            continue
+        for i, reference in enumerate(("greedy", "sampled")):
+            figures = [by_reference[reference][n] for n in names]
+            xs = [j + (i - 0.5) * 0.4 for j in range(len(names))]
+            values = [f["acceptance_length"][k - 1] if f["anchors"] else 1.0 for f in figures]
+            ax.bar(xs, values, width=0.4, label=f"offline, {reference}")
+            for x, v, f in zip(xs, values, figures, strict=True):
+                ax.text(x, v, f"{v:.2f}\n({f['anchors']})", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(names)), [n.removeprefix("context ") for n in names])
+        for label, figure, style in (
+            ("served, greedy", served, "--"),
+            ("served, sampled", served.get("sampled"), ":"),
+        ):
+            if figure and figure.get("acceptance_length") is not None:
+                ax.axhline(
+                    figure["acceptance_length"],
+                    linestyle=style,
+                    color="k",
+                    label=f"{label}: {figure['acceptance_length']:.2f}",
+                )
+        ax.set(title=title, ylabel=f"acceptance length at k = {k}", ylim=(1, k + 1.3))
+        ax.legend(fontsize=8, loc="upper right")
+    _save(fig, output)
+
+
 def draw_report(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
     """Rule plot_validation: every picture of the report (see the rule for the names)."""
     server_page(inputs["unit"], inputs["server"], outputs["server"])
@@ -277,6 +343,7 @@ def draw_report(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
     trace_lengths(inputs["traces"], outputs["trace_lengths"])
     training_curves(inputs["history"], outputs["training"], inputs.get("baseline_history"))
     acceptance(inputs["offline"], inputs.get("serve_check"), outputs["acceptance"])
+    slices(inputs["offline"], inputs.get("serve_check"), outputs["slices"])
     comparison(
         inputs["offline"],
         inputs.get("serve_check"),

@@ -9,6 +9,7 @@ a temporary drop-in on the same unit, because the draft must run on the GPUs the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -45,6 +46,7 @@ def run_local_serve_check(
     api_key: str | None = None,
     concurrency: int = 8,
     request_timeout_s: float = 600.0,
+    matched: tuple[list[dict], Sampling] | None = None,
 ) -> dict[str, Any]:
     """Serve the local unit file's target with the draft on a free port, measure, stop it (always).
 
@@ -61,6 +63,8 @@ def run_local_serve_check(
         api_key: the server's key, when its unit sets one.
         concurrency: requests in flight.
         request_timeout_s: seconds for one request.
+        matched: questions and sampling of a second run on the same server, its figures under "sampled"
+            (the generation's sampling: `matched_sampling`).
     """
     from eagle3_pipeline.server.lifecycle import local_command
 
@@ -80,6 +84,8 @@ def run_local_serve_check(
             lambda group: measure(base_url, group, sampling, api_key, concurrency, request_timeout_s),
             questions,
         )
+        if matched is not None:
+            result["sampled"] = measure(base_url, *matched, api_key, concurrency, request_timeout_s)
     finally:
         handle.stop()
     return result | {"mode": "local", "base_url": base_url}
@@ -98,6 +104,45 @@ def serve_sampling(generation: dict[str, Any], validate: dict[str, Any], model: 
         temperature=sampling.temperature if temperature is None else temperature,
         chat_template_kwargs=sampling.chat_template_kwargs,
     )
+
+
+def matched_sampling(generation: dict[str, Any], validate: dict[str, Any], model: str) -> Sampling:
+    """The generation's own sampling (what the validation traces were drawn with) at the check's
+    max_tokens (settings.served_max_tokens): the served run the offline replay matches
+    (validate/matched.py)."""
+    cap = generation.get("max_tokens", GENERATION_DEFAULTS.max_tokens)
+    return dataclasses.replace(
+        Sampling.from_config(generation, model), max_tokens=min(cap, validate.get("max_tokens") or cap)
+    )
+
+
+def matched_questions(
+    questions: list[dict],
+    offline: dict[str, Any] | None,
+    validate: dict[str, Any],
+    max_tokens: int | None = None,
+) -> list[dict]:
+    """The questions whose traces offline.json replayed with the check's settings (`max_tokens`: the
+    served requests'; a replay of whole traces, max_tokens null, fits any).
+
+    Raises:
+        ServeCheckError: offline.json has no replay, or one made with other settings (rerun validate_offline).
+    """
+    replay = (offline or {}).get("served_replay")
+    k = validate["num_speculative_tokens"]
+    if (
+        not replay
+        or replay.get("num_speculative_tokens") != k
+        or replay.get("max_tokens") not in (None, max_tokens)
+    ):
+        raise ServeCheckError(
+            f"offline.json has no replay of the served run with {k} draft tokens and max_tokens "
+            f"{max_tokens}: rerun validate_offline (snakemake --forcerun validate_offline)"
+        )
+    chosen = [q for q in questions if q["id"] in replay["samples"]]
+    if not chosen:
+        raise ServeCheckError("none of the served validation questions has hidden states in offline.json")
+    return chosen
 
 
 @interrupts_as_exceptions()  # SIGTERM (a SLURM cancel) unwinds through the cleanup: see dropin.py
@@ -127,9 +172,15 @@ def serve_check(
     questions = load_questions(validation_path, validate["max_questions"])
     server_json = json.loads(Path(server_json_path).read_text())
     secrets.learn(server_json)  # the unit's secrets, hidden in this job's log and errors
-    sampling = serve_sampling(
-        generation, validate, server_json.get("served_model_name") or server_json["model"]
-    )
+    model = server_json.get("served_model_name") or server_json["model"]
+    sampling = serve_sampling(generation, validate, model)
+    offline = json.loads(Path(offline_path).read_text()) if offline_path is not None else None
+    matched = None
+    if offline is not None:  # the run the offline replay matches: fresh replies at generation's sampling
+        sampled = matched_sampling(generation, validate, model)
+        questions = matched_questions(questions, offline, validate, sampled.max_tokens)
+        matched = (questions, sampled)
+    same_run = matched is not None and matched == (questions, sampling)
     common = {
         "checkpoint_dir": checkpoint_dir,
         "questions": questions,
@@ -139,6 +190,7 @@ def serve_check(
         "enforce_eager": validate.get("enforce_eager", VALIDATE_DEFAULTS.enforce_eager),
         "concurrency": min(generation.get("concurrency", GENERATION_DEFAULTS.concurrency), len(questions)),
         "request_timeout_s": generation.get("request_timeout_s", GENERATION_DEFAULTS.request_timeout_s),
+        "matched": None if same_run else matched,
     }
     if uses_local_process(server_cfg):
         result = run_local_serve_check(
@@ -152,16 +204,24 @@ def serve_check(
 
         result = run_remote_serve_check(server_cfg, server_json, **common, remote_dir=validate["remote_dir"])
     result |= {
+        "question_ids": [q["id"] for q in questions],
         "checkpoint": str(checkpoint_dir),
         "num_speculative_tokens": validate["num_speculative_tokens"],
-        "sampling": {k: v for k, v in sampling.__dict__.items() if k != "model"} | {"model": sampling.model},
+        "sampling": _sampling_dict(sampling),
     }
+    if matched is not None:
+        sampled = {k: v for k, v in result.items() if k in SAMPLED_KEYS} if same_run else result["sampled"]
+        result["sampled"] = sampled | {
+            "sampling": _sampling_dict(matched[1]),
+            "question_ids": [q["id"] for q in matched[0]],
+        }
     log.info(
-        "serve check: acceptance length %s over %d drafts (%d/%d questions answered)",
+        "serve check: acceptance length %s over %d drafts (%d/%d questions answered)%s",
         result["acceptance_length"],
         result["drafts"],
         result["answered"],
         result["questions"],
+        f"; at the generation's sampling {result['sampled']['acceptance_length']}" if matched else "",
     )
     check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
     if uses_local_process(server_cfg):
@@ -170,6 +230,17 @@ def serve_check(
         result["speedup"] = production_speedup(server_cfg, server_json, result, common, validate)
     write_json(result, output_path)
     return result
+
+
+SAMPLED_KEYS = (
+    "acceptance_length", "accepted_per_position", "accepted_tokens", "answered", "completion_tokens",
+    "conditional", "draft_acceptance_rate", "draft_tokens", "drafts", "failed", "per_position_rate",
+    "questions", "seconds", "tokens_per_s",
+)  # fmt: skip
+
+
+def _sampling_dict(sampling: Sampling) -> dict[str, Any]:
+    return {k: v for k, v in sampling.__dict__.items() if k != "model"} | {"model": sampling.model}
 
 
 def local_speedup(
@@ -248,20 +319,31 @@ def _group_asker(
 def check_against_offline(
     result: dict[str, Any], offline_path: str | Path | None, validate: dict[str, Any], work_dir: str | Path
 ) -> None:
-    """Add the served-vs-offline comparison to `result`; raise ServeCheckError when they disagree (the
-    figures kept in work_dir/serve_check.rejected.json)."""
-    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, compare_with_offline, disagreement_message
+    """Add the matched comparisons (validate/matched.py) to `result`: "offline_comparison", the first run
+    (greedy by default) against its offline replay, enforced unless validate.served_offline_tolerance is
+    null, and "sampled_comparison", the run at the generation's sampling against its replay, reported.
+    Raise ServeCheckError when the enforced one disagrees (the figures kept in
+    work_dir/serve_check.rejected.json)."""
+    from eagle3_pipeline.validate.matched import compare_matched, reference_of, replayed_counts
+    from eagle3_pipeline.validate.served import DEFAULT_TOLERANCE, disagreement_message
 
+    if offline_path is None:
+        return
     tolerance = validate.get("served_offline_tolerance", DEFAULT_TOLERANCE)
-    if offline_path is not None:
-        offline = json.loads(Path(offline_path).read_text())
-        comparison = compare_with_offline(
-            result, offline, DEFAULT_TOLERANCE if tolerance is None else tolerance
-        )
-        # offline simulates greedy verification: under sampling the served figure is lower by design
-        enforced = tolerance is not None and result["sampling"]["temperature"] == 0
-        result["offline_comparison"] = comparison | {"enforced": enforced}
-        if enforced and not comparison["agree"]:
-            kept = Path(work_dir) / "serve_check.rejected.json"
-            write_json(result, kept)
-            raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")
+    allowance = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    offline = json.loads(Path(offline_path).read_text())
+
+    def matched(run: dict[str, Any]) -> dict[str, Any]:
+        answered = [i for i in run["question_ids"] if i not in run.get("failed", {})]
+        reference = reference_of(run["sampling"])
+        replayed = replayed_counts(offline, answered, reference)
+        return compare_matched(run, replayed, allowance) | {"reference": reference}
+
+    comparison = matched(result)
+    result["offline_comparison"] = comparison | {"enforced": tolerance is not None}
+    if result.get("sampled"):
+        result["sampled_comparison"] = matched(result["sampled"]) | {"enforced": False}
+    if tolerance is not None and not comparison["agree"]:
+        kept = Path(work_dir) / "serve_check.rejected.json"
+        write_json(result, kept)
+        raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")
