@@ -323,7 +323,8 @@ def get_baseline_extraction_gate(wildcards):
     GPUs together, nor an engine and a training job. Ancient: the main draft retrained reruns no
     baseline extraction; the main never waits on the baseline (validate.baseline toggles replan none
     of its jobs). The main serve check becomes ready at the same moment and runs first, alone
-    (rules/validate.smk, get_serve_check_resources): its timing is not the baseline engine's victim."""
+    (rules/validate.smk, get_serve_check_resources): the baseline's engine never skews its timing.
+    """
     if not VLLM_ENGINE:
         return []  # transformers: every extraction job holds the GPUs (resource gpu)
     return [ancient(f"{RESULTS}/validation/offline.json")]
