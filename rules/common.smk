@@ -382,10 +382,39 @@ def get_baseline_extraction_gate(wildcards):
     validation, after its training, after the main engine's stop) is done: two engines never hold the
     GPUs together, nor an engine and a training job. Ancient: the main draft retrained reruns no
     baseline extraction; the main never waits on the baseline (validate.baseline toggles replan none
-    of its jobs)."""
+    of its jobs). The main serve check becomes ready at the same moment and runs first, alone
+    (get_serve_check_resources): the baseline's engine never skews its timing.
+    """
     if not VLLM_ENGINE:
         return []  # transformers: every extraction job holds the GPUs (resource gpu)
     return [ancient(f"{RESULTS}/validation/offline.json")]
+
+
+def get_serve_check_resources():
+    """draft_server, and what keeps the check's timing its own: the served check must not share the
+    box with an extraction engine at work or a GPU job. With validate.baseline, the baseline's
+    extraction becomes ready with the main check (both wait for the main offline validation,
+    get_baseline_extraction_gate); the check goes first (its priority) and holds every extraction-client
+    slot, so no extraction job (each keeps its engine busy) starts beside it. The baseline's engine is
+    started by its first client, after the check, and stopped before the baseline trains; the check
+    cannot become ready later (every input of it is done before the gate). Locally the check's vLLM runs on
+    this box's accelerators: it holds all of them (resource gpu). Resources, not a DAG edge: the main
+    draft never waits on the baseline, so toggling validate.baseline replans none of its jobs.
+    """
+    resources = {"draft_server": 1}
+    if VLLM_ENGINE:
+        resources["extraction_clients"] = resource_limit("extraction_clients")
+    gpus = resource_limit("gpu")
+    if SETTINGS.server.host == "local" and isinstance(gpus, int):
+        resources["gpu"] = gpus
+    return resources
+
+
+def resource_limit(name):
+    """The run's limit on resource `name` (the command line's or the profile's, a Resource there, or
+    one set by these rules); None when unlimited."""
+    limit = workflow.global_resources.get(name)
+    return getattr(limit, "value", limit)
 
 
 def stop_engines():

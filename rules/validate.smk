@@ -112,10 +112,12 @@ rule serve_check:
         f"{RESULTS}/{{variant}}validation/serve_check.json",
     log:
         f"{LOGS}/{{variant}}serve_check.log",
+    # before any extraction job that is ready with it (the baseline's): see get_serve_check_resources
+    priority: 1
     conda:
         "../envs/pipeline.yaml"
     resources:
-        draft_server=1,
+        **get_serve_check_resources(),
     params:
         # the requests' sampling and concurrency (the tokens/s compared) and the check's own keys;
         # which server is an input (server.json), reaching and restarting it is run-time only

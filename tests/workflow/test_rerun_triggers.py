@@ -5,7 +5,8 @@ input set, its code), exactly what a real run leaves in .snakemake/metadata; the
 and `snakemake -n` plans what it would rerun. Runtime-only knobs (timeouts, concurrency caps) plan
 nothing; toggling validate.baseline replans only the report (its inputs change), never the main serve
 check (which restarts the production unit); a key that shapes an output reruns from there (the
-control that shows the params are recorded at all).
+control that shows the params are recorded at all). The same records, touched again by the scheduler
+on two cores, show the order it really takes: the main serve check alone, before the baseline's engine.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def _configure(workdir: Path, **sections: Any) -> None:
 def _planned(workdir: Path) -> dict[str, int]:
     out = _snakemake(workdir, "-n", "--quiet", "rules")
     return {} if "Nothing to be done" in out else dict(job_counts(out))
+
+
+def _scheduled_rounds(log: str) -> list[list[dict[str, str]]]:
+    """A run's jobs as the scheduler selected them: one list per 'Execute N jobs...' round, each job its
+    rule, output and resources line as logged."""
+    rounds: list[list[dict[str, str]]] = []
+    for block in re.split(r"^Execute \d+ jobs\.\.\.$", log, flags=re.MULTILINE)[1:]:
+        jobs = re.findall(
+            r"^(?:local)?rule (\w+):\n(?: .*\n)*? +output: (.+)\n(?: .*\n)*? +resources: (.+)$",
+            block.split("Select jobs to execute...")[0],
+            re.MULTILINE,
+        )
+        rounds.append([{"rule": r, "output": o, "resources": res} for r, o, res in jobs])
+    return rounds
 
 
 def _planned_outputs(plan: str) -> list[str]:
@@ -139,3 +154,28 @@ def test_a_filter_key_reruns_the_filters_and_the_merge(finished):
     planned = _planned(finished)
     assert planned["filter_traces"] == 4 and planned["merge_traces"] == 1
     assert "generate_shard" not in planned
+
+
+def test_the_main_serve_check_runs_alone_before_the_baselines_engine(finished):
+    # The baseline's extraction becomes ready with the main serve check (both wait for the main offline
+    # validation): the scheduler, on the demo's two cores and its profile's resources, must start the
+    # check first and alone, and nothing of the baseline's engine or GPU jobs until it is done. --touch
+    # runs every job through the real scheduler, in no time: a job's round is its start.
+    _configure(finished)
+    command = ["--snakefile", str(REPO / "Snakefile"), "--cores", "2", "--configfile", "c.yaml"]
+    result = snakemake(*command, "--touch", "--forceall", cwd=finished, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rounds = _scheduled_rounds(result.stderr)
+    blocks = re.findall(r"^(?:local)?rule \w+:$", result.stderr, re.MULTILINE)
+    assert sum(map(len, rounds)) == len(blocks) - 1 > 40  # every job parsed but `all` (no output)
+    starts = {f: i for i, jobs in enumerate(rounds) for job in jobs for f in job["output"].split(", ")}
+    check = starts["results/demo/validation/serve_check.json"]
+    (job,) = rounds[check]  # alone in its round
+    # while it runs, no extraction client (every slot held: max_clients 2) nor GPU job can start
+    assert job["resources"].endswith("draft_server=1, extraction_clients=2, gpu=1"), job
+    baseline = [f for f in starts if f.startswith(("results/demo/baseline/hidden_states/", BASELINE_WORK))]
+    trained = ("draft/trained/history.json", "validation/offline.json")
+    baseline += [f"results/demo/baseline/{f}" for f in trained]
+    assert len(baseline) == 4 * 2 + 1 + 2, baseline  # 4 shards' states and metadata, the engine's stop
+    assert all(starts[f] > check for f in baseline), {f: starts[f] for f in baseline} | {"check": check}
+    assert starts["results/demo/validation/offline.json"] < check
