@@ -17,6 +17,7 @@ pytest_plugins = [
     "support.generation_server",
     "support.hidden_states",
     "support.http_endpoint",
+    "support.served_drafts",
     "support.sshd",
     "support.traces",
     "support.workflow",

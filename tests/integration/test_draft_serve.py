@@ -2,8 +2,10 @@
 
 Hidden states come from running the target (the demo target when built, else the hidden-state tests'
 tiny servable Llama) over random sequences; the draft is trained briefly, exported, and served with
-`--speculative-config '{"method": "eagle3", ...}'`; /metrics must then count drafts. Two draft
-vocabularies: smaller than the target's (d2t in the checkpoint) and the whole of it (no d2t).
+`--speculative-config '{"method": "eagle3", ...}'`; /metrics must then count drafts. Here a draft whose
+vocabulary is the whole of the target's (no d2t in the checkpoint); a smaller vocabulary (d2t) and
+non-default layers are served, with the same checks, by tests/integration/test_serve_check.py's drafts
+(trained on the demo target's greedy replies, served by the rule's own entry).
 """
 
 from __future__ import annotations
@@ -125,11 +127,7 @@ def counter(metrics: str, name: str) -> float:
     return sum(float(v) for v in values)
 
 
-@pytest.mark.parametrize(
-    ("draft_vocab_size", "layers", "port"),
-    [(128, None, 18560), (32000, None, 18561), (128, [0, 2, 6], 18562)],
-    ids=["d2t", "full-vocab", "non-default-layers"],
-)
+@pytest.mark.parametrize(("draft_vocab_size", "layers", "port"), [(32000, None, 18561)], ids=["full-vocab"])
 def test_exported_draft_serves_as_eagle3_in_vllm(servable_target, tmp_path, draft_vocab_size, layers, port):
     checkpoint = exported_draft(Path(servable_target), tmp_path, draft_vocab_size, layers)
     log = tmp_path / "vllm.log"

@@ -2,65 +2,61 @@
 pipeline's own code on the target's own greedy outputs is accepted (length > 1) and beats an untrained
 draft on held-out questions.
 
-Flow (one test, minutes of CPU): greedy replies of the target to training questions (its own outputs,
-with token ids); hidden-state extraction, vocab map, a few hundred training steps and export with the
-pipeline's own code; then the rule's entry (`run_local_serve_check`) serves the target twice, with an
-untrained draft and with the trained one, on validation questions, and the counters are compared.
+Flow (minutes of CPU, shared with test_speculators_serve.py through support.served_drafts' session
+fixtures): greedy replies of the target to training questions (its own outputs, with token ids);
+hidden-state extraction, vocab map, a few hundred training steps and export with the pipeline's own
+code; then the rule's entry (`run_local_serve_check`) serves the target with the trained draft and with
+an untrained one on validation questions, and the counters are compared.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
-from support.served_drafts import extract, greedy_traces, local_unit, questions, train_draft
-from support.vllm_server import copy_demo_target
+from support.served_drafts import (
+    extract,
+    greedy_traces,
+    held_out_questions,
+    local_unit,
+    questions,
+    train_draft,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-@pytest.fixture(scope="module")
-def demo_target(tmp_path_factory) -> Path:
-    """A private copy of the shared demo target (fitted once: support.vllm_server), since these checks
-    start and stop their own servers on it."""
-    return copy_demo_target(tmp_path_factory.mktemp("demo"))
-
-
-@pytest.fixture(scope="module")
-def training_traces(demo_target, tmp_path_factory) -> Path:
-    """The target's greedy replies to the first 32 questions (128 tokens), computed once for both tests."""
-    path = tmp_path_factory.mktemp("greedy") / "traces.parquet"
-    greedy_traces(demo_target, questions(32), 128).write_parquet(path)
-    return path
-
-
-def test_trained_draft_is_accepted_and_beats_an_untrained_one(demo_target, training_traces, tmp_path):
+def test_trained_draft_is_accepted_and_beats_an_untrained_one(served_target, served_trained_draft, tmp_path):
+    """Also: the draft's vocabulary (512) is smaller than the target's (1,024), so vLLM serves it through
+    the checkpoint's d2t map, drafts 3 tokens a step and feeds it EAGLE-3's default layers."""
     import torch
+    from support.served_drafts import greedy_sampling
     from support.validate_models import write_untrained_draft
 
-    from eagle3_pipeline.generate.client import Sampling
     from eagle3_pipeline.validate.serve_check import run_local_serve_check
 
     torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
-    server_cfg = local_unit(demo_target, tmp_path / "u")
-    validation = questions(6, skip=300)
-    check = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
-    trained = train_draft(demo_target, training_traces, tmp_path / "draft")
-    untrained = write_untrained_draft(tmp_path / "untrained", demo_target, draft_vocab_size=512)
+    server_cfg = local_unit(served_target, tmp_path / "u")
+    validation = held_out_questions()
+    untrained = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
 
-    before = run_local_serve_check(server_cfg, untrained, validation, check, tmp_path / "state0", 3)
-    after = run_local_serve_check(server_cfg, trained, validation, check, tmp_path / "state1", 3)
+    before = run_local_serve_check(
+        server_cfg, untrained, validation, greedy_sampling(), tmp_path / "state0", 3
+    )
+    after = served_trained_draft.result
     (tmp_path / "result.json").write_text(json.dumps({"untrained": before, "trained": after}, indent=1))
 
     assert before["answered"] == after["answered"] == len(validation)
     assert after["drafts"] > 0 and len(after["per_position_rate"]) == 3
+    assert after["draft_tokens"] >= 3 * after["drafts"]
     assert after["acceptance_length"] > 1.0
     assert after["acceptance_length"] > before["acceptance_length"], (before, after)
+    # vLLM's runner logs the layers it captures for the draft, in its numbering (the 8-layer default)
+    assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served_trained_draft.log
 
 
-def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, training_traces, tmp_path):
+def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greedy_training_traces, tmp_path):
     """The rule's entry (`serve_check`) on a draft trained on NON-default layers: vLLM's served acceptance
     per position matches the offline simulation on the same questions, acceptance by source and the
     speedup are reported; another checkpoint served in its place is refused. The figures land in
@@ -73,30 +69,30 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, trainin
     torch.set_num_threads(1)
     layers = [0, 2, 6]  # the 8-layer target's default (auto) is [1, 3, 4]
     max_tokens = 64
-    trained = train_draft(demo_target, training_traces, tmp_path / "draft", layers)
+    trained = train_draft(served_target, greedy_training_traces, tmp_path / "draft", layers)
     config = json.loads((trained / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 7]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == layers
 
     # offline: the same validation questions, the target's greedy replies as long as the served ones
     asked = questions(12, skip=300)
-    greedy_traces(demo_target, asked, max_tokens).write_parquet(tmp_path / "validation-traces.parquet")
+    greedy_traces(served_target, asked, max_tokens).write_parquet(tmp_path / "validation-traces.parquet")
     shard = extract(
-        demo_target,
+        served_target,
         tmp_path / "validation-traces.parquet",
         tmp_path / "val" / "shard-00000.safetensors",
         layers,
     )
-    offline = evaluate(trained, demo_target, [shard], steps=3, device="cpu")
+    offline = evaluate(trained, served_target, [shard], steps=3, device="cpu")
     (tmp_path / "offline.json").write_text(json.dumps(offline))
 
     pl.DataFrame([{k: q[k] for k in ("id", "system", "question", "source")} for q in asked]).write_parquet(
         tmp_path / "validation.parquet"
     )
     (tmp_path / "server.json").write_text(
-        json.dumps({"model": str(demo_target), "served_model_name": "eagle3-demo-target"})
+        json.dumps({"model": str(served_target), "served_model_name": "eagle3-demo-target"})
     )
-    server_cfg = local_unit(demo_target, tmp_path / "u")
+    server_cfg = local_unit(served_target, tmp_path / "u")
     generation = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0, "concurrency": 4}
     validate = {
         "max_questions": 12,
@@ -115,7 +111,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, trainin
     # demo target cannot reveal a layer-numbering bug through acceptance; docs/validation.md.)
     from support.validate_models import write_untrained_draft
 
-    wrong = write_untrained_draft(tmp_path / "untrained", demo_target, draft_vocab_size=512)
+    wrong = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
     with pytest.raises(ServeCheckError, match="does not behave like the trained one") as refused:
         serve_check(wrong, *args, tmp_path / "work-wrong", tmp_path / "wrong.json", tmp_path / "offline.json")
     rejected = json.loads((tmp_path / "work-wrong" / "serve_check.rejected.json").read_text())
@@ -138,3 +134,6 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(demo_target, trainin
         result["speedup"]["completion_tokens_without_draft"] == result["completion_tokens"]
     )  # greedy: same text
     assert rejected["acceptance_length"] < 1.5 < result["acceptance_length"]
+    # vLLM's runner logs the layers it captures for the draft: the trained ones, in its numbering
+    served_log = (tmp_path / "work" / "serve-check.log").read_text()
+    assert f"Using auxiliary layers from speculative config: {tuple(i + 1 for i in layers)}" in served_log

@@ -16,45 +16,29 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
-from support.served_drafts import greedy_traces, local_unit, questions, train_draft
-from support.vllm_server import DemoServer, demo_target_dir
+from support.served_drafts import greedy_sampling, held_out_questions
+from support.vllm_server import DemoServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def train_and_export(target: Path, work: Path) -> tuple[Path, Path]:
-    """The pipeline's stage code, small settings: greedy replies, extraction, vocab map, training, export
-    in both formats -> (EAGLE checkpoint, speculators folder)."""
-    greedy_traces(target, questions(24), 96).write_parquet(work / "traces.parquet")
-    checkpoint = train_draft(
-        target, work / "traces.parquet", work, epochs=30, cpu_threads=1, speculators=True
-    )
-    return checkpoint, work / "speculators"
-
-
-def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(tmp_path):
-    import torch
-
-    from eagle3_pipeline.generate.client import Sampling
+def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(
+    trained_draft, served_trained_draft, tmp_path
+):
+    """The EAGLE checkpoint's figures are support.served_drafts' `served_trained_draft` (the draft trained
+    and served once per session, also checked by test_serve_check.py); the speculators folder is served
+    here on the same questions, greedy, one request at a time."""
     from eagle3_pipeline.ports import free_port
-    from eagle3_pipeline.validate.serve_check import run_local_serve_check
     from eagle3_pipeline.validate.served import measure_by_source
     from eagle3_pipeline.validate.serving import measure
 
-    torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
-    target = demo_target_dir()
-    eagle, speculators = train_and_export(target, tmp_path)
-    server_cfg = local_unit(target, tmp_path / "vllm-demo.service")
-    held_out = questions(8, skip=300)
-    greedy = Sampling(model="eagle3-demo-target", max_tokens=64, temperature=0.0, top_p=1.0, seed=0)
-    # concurrency 1: the same batches in both runs, so greedy drafts are comparable request by request
-    eagle_served = run_local_serve_check(
-        server_cfg, eagle, held_out, greedy, tmp_path / "eagle", 3, concurrency=1
-    )
-    server = DemoServer(speculators, free_port(), tmp_path / "speculators.log")  # the unit, --model FOLDER
+    held_out, greedy = held_out_questions(), greedy_sampling()
+    eagle_served = served_trained_draft.result
+    server = DemoServer(
+        trained_draft.speculators, free_port(), tmp_path / "speculators.log"
+    )  # --model FOLDER
     server.start()
     try:
         speculators_served = measure_by_source(

@@ -1,14 +1,22 @@
 """What the served-check tests build on the demo target with the pipeline's own stage code: validation
 questions from the bundled sample, the demo unit for a target, the target's own greedy replies as
 traces, their hidden states and a draft trained and exported from them
-(tests/integration/test_serve_check.py, test_speculators_serve.py)."""
+(tests/integration/test_serve_check.py, test_speculators_serve.py).
+
+Built once per session and shared by those tests (session fixtures, registered in tests/conftest.py):
+`served_target` (a private copy of the demo target), `greedy_training_traces`, `trained_draft` (exported
+in both formats) and `served_trained_draft` (that draft served by the serve check's own entry on the
+held-out questions, greedy, one request at a time, with the server's log).
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,3 +165,76 @@ def train_draft(
 def local_unit(target: Path, path: Path) -> dict:
     """The serve check's server settings for the demo unit serving `target` as a local process."""
     return {"host": "local", "unit": "vllm-demo.service", "unit_file": str(write_unit(target, path))}
+
+
+@pytest.fixture(scope="session")
+def served_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of the shared demo target (fitted once: support.vllm_server) for the tests that
+    start and stop their own servers on it."""
+    from support.vllm_server import copy_demo_target
+
+    return copy_demo_target(tmp_path_factory.mktemp("served-demo"))
+
+
+@pytest.fixture(scope="session")
+def greedy_training_traces(served_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The target's greedy replies to the first 32 questions (128 tokens), computed once per session."""
+    path = tmp_path_factory.mktemp("greedy") / "traces.parquet"
+    greedy_traces(served_target, questions(32), 128).write_parquet(path)
+    return path
+
+
+@dataclass(frozen=True)
+class TrainedDraft:
+    eagle: Path  # the EAGLE-3 checkpoint folder (draft vocab 512 < the target's 1024: d2t in it)
+    speculators: Path  # the same draft in the speculators format, the target as its verifier
+
+
+@pytest.fixture(scope="session")
+def trained_draft(
+    served_target: Path, greedy_training_traces: Path, tmp_path_factory: pytest.TempPathFactory
+) -> TrainedDraft:
+    """A draft trained on the default layers by the pipeline's stage code (100 epochs), exported in both
+    formats."""
+    work = tmp_path_factory.mktemp("trained-draft")
+    # one thread: on a shared 2-core machine two OpenMP threads spin-wait for each other
+    eagle = train_draft(served_target, greedy_training_traces, work, cpu_threads=1, speculators=True)
+    return TrainedDraft(eagle=eagle, speculators=work / "speculators")
+
+
+def held_out_questions() -> list[dict]:
+    """The served checks' validation questions: 8, none of them trained on."""
+    return questions(8, skip=300)
+
+
+def greedy_sampling(max_tokens: int = 64):
+    from eagle3_pipeline.generate.client import Sampling
+
+    return Sampling(model="eagle3-demo-target", max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0)
+
+
+@dataclass(frozen=True)
+class ServedDraft:
+    result: dict  # run_local_serve_check's figures
+    log: str  # the server's log (vLLM names the layers it feeds the draft)
+
+
+@pytest.fixture(scope="session")
+def served_trained_draft(
+    served_target: Path, trained_draft: TrainedDraft, tmp_path_factory: pytest.TempPathFactory
+) -> ServedDraft:
+    """`trained_draft` served by the rule's local entry (`run_local_serve_check`: the demo unit's vLLM with
+    `--speculative-config`) on `held_out_questions`, greedy, concurrency 1 (the same batches as any
+    other server measured that way, so drafts compare request by request)."""
+    from support.requirements import require
+
+    from eagle3_pipeline.validate.serve_check import run_local_serve_check
+
+    require("vllm")
+    state = tmp_path_factory.mktemp("served-trained")
+    unit = local_unit(served_target, state / "vllm-demo.service")
+    result = run_local_serve_check(
+        unit, trained_draft.eagle, held_out_questions(), greedy_sampling(), state, 3, concurrency=1
+    )
+    (state / "result.json").write_text(json.dumps(result, indent=1))
+    return ServedDraft(result=result, log=(state / "serve-check.log").read_text())
