@@ -12,6 +12,7 @@ an untrained one on validation questions, and the counters are compared.
 from __future__ import annotations
 
 import json
+import shutil
 
 import polars as pl
 import pytest
@@ -59,7 +60,8 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(served_target, ser
 def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greedy_training_traces, tmp_path):
     """The rule's entry (`serve_check`) on a draft trained on NON-default layers: vLLM's served acceptance
     per position matches the offline simulation on the same questions, acceptance by source and the
-    speedup are reported; another checkpoint served in its place is refused. The figures land in
+    speedup are reported; another checkpoint served in its place is refused, and so is the trained
+    draft served with a wrong vocabulary map (its d2t shifted). The figures land in
     tmp_path/figures.json (docs/validation.md)."""
     import torch
 
@@ -109,13 +111,25 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     # another checkpoint served in its place (an untrained draft of the same shape): refused. (The same
     # weights fed the default layers instead were accepted at 3.68 against 3.76 here: this repetitive
     # demo target cannot reveal a layer-numbering bug through acceptance; docs/validation.md.)
-    from support.validate_models import write_untrained_draft
+    from support.validate_models import shift_vocab_map, write_untrained_draft
 
     wrong = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
     with pytest.raises(ServeCheckError, match="does not behave like the trained one") as refused:
         serve_check(wrong, *args, tmp_path / "work-wrong", tmp_path / "wrong.json", tmp_path / "offline.json")
     rejected = json.loads((tmp_path / "work-wrong" / "serve_check.rejected.json").read_text())
     assert not (tmp_path / "wrong.json").exists() and "speedup" not in rejected  # failed before timing
+
+    # the trained draft served with a wrong vocabulary map (its d2t shifted by one): refused by the
+    # matched comparison, below the replay by more than the allowance at the first position
+    shifted = shutil.copytree(trained, tmp_path / "shifted-d2t")
+    shift_vocab_map(shifted)
+    with pytest.raises(ServeCheckError, match="does not behave like the trained one"):
+        serve_check(shifted, *args, tmp_path / "work-d2t", tmp_path / "d2t.json", tmp_path / "offline.json")
+    first = json.loads((tmp_path / "work-d2t" / "serve_check.rejected.json").read_text())[
+        "offline_comparison"
+    ]["positions"][0]
+    assert first["served"] < first["offline"] - first["allowed"], first
+    assert not (tmp_path / "d2t.json").exists()
     figures = {
         "offline": offline,
         "served": result,

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
@@ -146,3 +146,13 @@ def write_untrained_draft(path: Path, target_dir: Path, draft_vocab_size: int = 
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tensors, str(path / "model.safetensors"))
     return path
+
+
+def shift_vocab_map(checkpoint: Path) -> None:
+    """A wrong vocabulary map: rewrite the checkpoint's d2t in place so that draft id i maps to the
+    target id meant for i + 1 (used[i] = i + d2t[i])."""
+    tensors = load_file(checkpoint / "model.safetensors")
+    if "d2t" not in tensors:
+        raise ValueError(f"{checkpoint}: no d2t (the draft vocabulary is the target's): nothing to shift")
+    tensors["d2t"] = torch.roll(tensors["d2t"], -1) + 1  # i + d2t'[i] = (i + 1) + d2t[i + 1]
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
