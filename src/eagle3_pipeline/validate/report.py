@@ -171,23 +171,19 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
     _served_vs_offline(axes[0], offline, served)
     ks = range(1, len(offline["acceptance_length"]) + 1)
     axes[1].plot(ks, offline["acceptance_length"], "o-", label="offline (simulated, greedy)")
-    if served and served.get("acceptance_length") is not None:
-        axes[1].plot(
-            [served["num_speculative_tokens"]],
-            [served["acceptance_length"]],
-            "r*",
-            markersize=14,
-            label=f"served by vLLM, greedy: {served['acceptance_length']:.2f}",
-        )
-    sampled = (served or {}).get("sampled") or {}
-    if sampled.get("acceptance_length") is not None:
-        axes[1].plot(
-            [served["num_speculative_tokens"]],
-            [sampled["acceptance_length"]],
-            "mP",
-            markersize=11,
-            label=f"served by vLLM, generation's sampling: {sampled['acceptance_length']:.2f}",
-        )
+    runs = [
+        (served or {}, "r*", 14, "greedy"),
+        ((served or {}).get("sampled") or {}, "mP", 11, "generation's sampling"),
+    ]
+    for run, marker, size, name in runs:
+        if run.get("acceptance_length") is not None:
+            axes[1].plot(
+                [served["num_speculative_tokens"]],
+                [run["acceptance_length"]],
+                marker,
+                markersize=size,
+                label=f"served by vLLM, {name}: {run['acceptance_length']:.2f}",
+            )
     axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
     axes[1].legend(fontsize=8)
     _by_source(axes[2], served)
