@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.hidden_states import trace_rows, write_traces
+from support.vllm_server import cpu_vllm_env
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
 from eagle3_pipeline.hidden_states.extract import ExtractSettings
@@ -38,8 +39,8 @@ ENGINE = {
 
 @pytest.fixture()
 def cpu_env(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    for name, value in cpu_vllm_env().items():
+        monkeypatch.setenv(name, value)
 
 
 def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path, **vllm) -> ExtractSettings:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.hidden_states import trace_rows, write_traces
+from support.vllm_server import cpu_vllm_env
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, extract, final_norm
 from eagle3_pipeline.hidden_states.extract import ExtractSettings
@@ -39,8 +40,8 @@ MAX_RELATIVE = 0.03
 @pytest.fixture(scope="module")
 def cpu_env() -> None:
     patch = pytest.MonkeyPatch()
-    patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    for name, value in cpu_vllm_env().items():
+        patch.setenv(name, value)
     yield
     patch.undo()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.requirements import REPO, VLLM_PYTHON, require
-from support.vllm_server import VllmServer, copy_demo_target
+from support.vllm_server import VllmServer, copy_demo_target, cpu_vllm_env
 
 from eagle3_pipeline.ports import free_port
 
@@ -50,13 +50,7 @@ class VllmProcess(VllmServer):
         ]
         if reasoning_parser:
             argv += ["--reasoning-parser", reasoning_parser]
-        env = dict(
-            os.environ,
-            VLLM_CPU_KVCACHE_SPACE="1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_CPU_OMP_THREADS_BIND="nobind",
-        )
+        env = {**os.environ, **cpu_vllm_env()}
         super().__init__(argv, env, port, log_dir / f"vllm-{port}.log", "eagle3-demo-target")
         self.target_dir, self.reasoning_parser, self.max_model_len = model, reasoning_parser, max_model_len
 

@@ -43,6 +43,14 @@ TEST_FIT_SECONDS = 240.0  # CPU seconds, as the rule: less does not reliably clo
 HEALTH_TIMEOUT_S = 600.0  # a loaded 2-core machine
 
 
+def cpu_vllm_env() -> dict[str, str]:
+    """The environment the demo unit gives vLLM's CPU build (its Environment= lines, by the snapshot's
+    parser): every vLLM process the suite starts outside that unit takes the same (KV cache size, no
+    thread binding, the engine core's model in its own process on one OpenMP thread)."""
+    unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, BUILT_TARGET, 0)
+    return dict(merge_unit([("vllm-demo.service", unit)], "vllm-demo.service").environment)
+
+
 def demo_target_dir() -> Path:
     """The built demo target, or one built (once, cached) under .pytest_cache for the tests."""
     if (BUILT_TARGET / "model.safetensors").exists() and (BUILT_TARGET / "tokenizer.json").exists():

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.hidden_states import trace_rows, write_traces
+from support.vllm_server import cpu_vllm_env
 from support.workflow import run_extraction_rule
 
 from eagle3_pipeline.hidden_states import HiddenStateShard
@@ -44,7 +45,7 @@ def test_rule_runs_the_vllm_backend_with_the_snapshots_settings(hs_target, hs_to
         "max_model_len": 512,
         "trust_remote_code": False,
         "args": {"--dtype": "bfloat16", "--enforce-eager": True},
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        "env": {k: v for k, v in cpu_vllm_env().items() if k.startswith("VLLM_")},
     }
     (results / "server" / "server.json").write_text(json.dumps(snapshot))
     (tmp_path / "config").symlink_to(REPO / "config")
