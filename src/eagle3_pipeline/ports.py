@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 
@@ -9,7 +10,9 @@ class PortError(RuntimeError):
     """No port of the range asked for is free; the message names the range."""
 
 
-def free_port(low: int | None = None, high: int | None = None, host: str = "127.0.0.1") -> int:
+def free_port(
+    low: int | None = None, high: int | None = None, host: str = "127.0.0.1", shuffle: bool = False
+) -> int:
     """A TCP port nobody is bound to on `host` right now (bind test).
 
     Args:
@@ -17,6 +20,7 @@ def free_port(low: int | None = None, high: int | None = None, host: str = "127.
             free port the kernel picks.
         high: The last port of the range.
         host: The address the port is for.
+        shuffle: Search the range in random order: two callers starting at once rarely pick the same.
 
     Raises:
         PortError: every port of [low, high] is taken.
@@ -25,7 +29,10 @@ def free_port(low: int | None = None, high: int | None = None, host: str = "127.
         with socket.socket() as sock:
             sock.bind((host, 0))
             return sock.getsockname()[1]
-    for port in range(low, high + 1):
+    ports = list(range(low, high + 1))
+    if shuffle:
+        random.shuffle(ports)
+    for port in ports:
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))

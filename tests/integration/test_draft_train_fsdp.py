@@ -19,19 +19,20 @@ from safetensors.torch import load_file
 
 from eagle3_pipeline.draft.job import write_job
 from eagle3_pipeline.draft.train import TrainJob
+from eagle3_pipeline.ports import free_port
 
 TORCHRUN = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
 ENV = os.environ | {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
 
 
-def _run(job: TrainJob, out: Path, port: int, stop_after_steps: int | None = None, **train: object) -> str:
-    """torchrun: two CPU processes of `python -m eagle3_pipeline.draft JOB.json` (rule train_draft's);
-    -> their log."""
+def _run(job: TrainJob, out: Path, stop_after_steps: int | None = None, **train: object) -> str:
+    """torchrun: two CPU processes of `python -m eagle3_pipeline.draft JOB.json` (rule train_draft's)
+    on a port the kernel picks (no fixed number another test may hold); -> their log."""
     moved = replace(job, work=str(out / "work"), weights=str(out / "model.safetensors"))
     moved = replace(moved, history=str(out / "history.json"), stop_after_steps=stop_after_steps)
     moved = replace(moved, train=job.train | train)
     job_file = write_job(moved, out / "jobs" / "train_draft.json")
-    argv = [sys.executable, *TORCHRUN, str(port), "-m", "eagle3_pipeline.draft", str(job_file)]
+    argv = [sys.executable, *TORCHRUN, str(free_port()), "-m", "eagle3_pipeline.draft", str(job_file)]
     result = subprocess.run(argv, env=ENV, timeout=600, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stderr
@@ -45,8 +46,8 @@ def _history(out: Path) -> list[dict]:
 def test_fsdp_trains_as_ddp_does_and_resumes(draft_train_job, tmp_path):
     job = draft_train_job
     ddp, fsdp, resumed = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "fsdp-resumed"
-    assert "sharded" not in _run(job, ddp, 18591, save_every_steps=1)
-    assert "AdamW state sharded over 2 processes" in _run(job, fsdp, 18592, save_every_steps=1, fsdp=True)
+    assert "sharded" not in _run(job, ddp, save_every_steps=1)
+    assert "AdamW state sharded over 2 processes" in _run(job, fsdp, save_every_steps=1, fsdp=True)
     a, b = _history(ddp), _history(fsdp)
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for x, y in zip(a, b, strict=True):
@@ -67,16 +68,16 @@ def test_fsdp_trains_as_ddp_does_and_resumes(draft_train_job, tmp_path):
             k: v.shape for k, v in sb["optimizer"]["state"][i].items()
         }
     # stopped after one step (its state saved), started again: the uninterrupted run's result
-    _run(job, resumed, 18593, stop_after_steps=1, fsdp=True)
+    _run(job, resumed, stop_after_steps=1, fsdp=True)
     assert not (resumed / "model.safetensors").exists()
     across = tmp_path / "resumed-by-ddp"  # the same state file resumed without train.fsdp
     (across / "work").mkdir(parents=True)
     shutil.copy(resumed / "work" / "state.pt", across / "work" / "state.pt")
-    assert "resuming at epoch 0, step 1" in _run(job, across, 18594)
+    assert "resuming at epoch 0, step 1" in _run(job, across)
     for x, y in zip(b, _history(across), strict=True):
         assert x["train"]["tokens"] == y["train"]["tokens"]
         assert y["train"]["loss"] == pytest.approx(x["train"]["loss"], rel=1e-4)
-    _run(job, resumed, 18593, fsdp=True)
+    _run(job, resumed, fsdp=True)
     assert _history(resumed) == b
     wc = load_file(resumed / "model.safetensors")
     for name in wb:

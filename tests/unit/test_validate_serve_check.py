@@ -110,3 +110,56 @@ def test_serve_sampling_caps_max_tokens_and_sets_temperature():
     assert (greedy.max_tokens, greedy.temperature, greedy.top_p) == (128, 0.0, 0.95)
     same = serve_sampling(generation, {"max_tokens": None, "temperature": None}, "m")
     assert (same.max_tokens, same.temperature) == (8192, 0.6)
+
+
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_port_taken_by_another_server_while_the_check_starts_is_never_measured(tmp_path):
+    """The race of two checks starting on one host at once: the first port's /health is answered by a
+    server that is not the check's own process (it took the port between the free-port test and the
+    bind): that process is stopped and another port tried; the second attempt's own server is used."""
+    import http.server
+    import sys
+    import threading
+
+    from eagle3_pipeline.server.process_identity import group_listens_on
+    from eagle3_pipeline.validate.serving import serve_local
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    foreign, ports = [], []
+
+    def command_on(port: int) -> list[str]:
+        ports.append(port)
+        if len(ports) == 1:  # somebody else's server takes the port first; ours never binds it
+            foreign.append(http.server.ThreadingHTTPServer(("127.0.0.1", port), Health))
+            threading.Thread(target=foreign[0].serve_forever, daemon=True).start()
+            return ["sleep", "60"]
+        return [sys.executable, "-c", HEALTH_SERVER, str(port)]
+
+    try:
+        handle, base_url = serve_local(command_on, {}, None, tmp_path, 30, (18610, 18619))
+        try:
+            assert len(ports) == 2 and ports[0] != ports[1] and base_url.endswith(f":{ports[1]}")
+            assert group_listens_on(handle.pid, ports[1]) is True
+            assert group_listens_on(handle.pid, ports[0]) is False  # the foreign one is not its
+        finally:
+            handle.stop()
+    finally:
+        foreign[0].shutdown()
+        foreign[0].server_close()

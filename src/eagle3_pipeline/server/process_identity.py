@@ -69,3 +69,35 @@ def pid_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state != "Z"
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on TCP `port` (any address), from /proc/net/tcp{,6}."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()  # sl local_address rem_address st ... inode (10th)
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(fields[9])
+    return inodes
+
+
+def group_listens_on(pgid: int, port: int) -> bool | None:
+    """Whether a process of process group `pgid` holds the socket listening on `port`: a server that
+    answers a port it was started on may be another program that took the port first. None where
+    /proc cannot say (no /proc/net/tcp)."""
+    if not Path("/proc/net/tcp").exists():
+        return None
+    inodes = _listening_inodes(port)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(Path(entry, "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:  # field 5
+                continue
+            for fd in Path(entry, "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.settings import GENERATION_DEFAULTS, SERVER_DEFAULTS, VALIDATE_DEFAULTS
 from eagle3_pipeline.validate.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.validate.serving import (
@@ -69,14 +68,16 @@ def run_local_serve_check(
     from eagle3_pipeline.server.lifecycle import local_command
 
     argv, env, cwd = local_command(server_cfg)
-    port = free_port(*port_range)
-    served = with_speculative_draft(
-        argv, str(checkpoint_dir), num_speculative_tokens, "127.0.0.1", port, enforce_eager
-    )
-    log.info("serving the draft: %s", " ".join(served))
+
+    def served(port: int) -> list[str]:
+        words = with_speculative_draft(
+            argv, str(checkpoint_dir), num_speculative_tokens, "127.0.0.1", port, enforce_eager
+        )
+        log.info("serving the draft: %s", " ".join(words))
+        return words
+
     Path(state_dir).mkdir(parents=True, exist_ok=True)
-    base_url = f"http://127.0.0.1:{port}"
-    handle = serve_local(served, env, cwd, Path(state_dir), base_url, start_timeout_s)
+    handle, base_url = serve_local(served, env, cwd, Path(state_dir), start_timeout_s, port_range)
     try:
         from eagle3_pipeline.validate.served import measure_by_source
 

@@ -239,17 +239,15 @@ def run_local_without_draft(
     """
     from pathlib import Path
 
-    from eagle3_pipeline.ports import free_port
     from eagle3_pipeline.server.lifecycle import local_command
     from eagle3_pipeline.validate.serving import serve_local
 
     argv, env, cwd = local_command(server_cfg)
-    port = free_port(*port_range)
-    base_url = f"http://127.0.0.1:{port}"
     Path(state_dir).mkdir(parents=True, exist_ok=True)
-    handle = serve_local(
-        without_draft(argv, "127.0.0.1", port), env, cwd, Path(state_dir), base_url, start_timeout_s
-    )
+    handle, base_url = serve_local(
+        lambda port: without_draft(argv, "127.0.0.1", port), env, cwd, Path(state_dir), start_timeout_s,
+        port_range,
+    )  # fmt: skip
     try:
         return time_by_source(lambda group: ask_group(base_url, group), questions)
     finally:

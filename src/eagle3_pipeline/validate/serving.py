@@ -22,6 +22,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.generate.client import ChatClient, Sampling
+from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.secrets import redact_data
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
@@ -197,20 +198,45 @@ def measure(
     }
 
 
-def serve_local(
-    argv: list[str], env: dict[str, str], cwd: str | None, state_dir: Path, base_url: str, timeout_s: float
-):
-    """Start the draft-serving command (see `with_speculative_draft`) as a local process and wait for
-    /health; returns its handle (the caller stops it)."""
-    from eagle3_pipeline.server import lifecycle
+PORT_ATTEMPTS = 3
 
-    handle = lifecycle.launch_local(argv, env, cwd, state_dir, "serve-check")
-    try:
-        lifecycle.wait_healthy(base_url, timeout_s, handle.log_tail, handle.alive)
-    except BaseException:
+
+def serve_local(
+    command_on: Callable[[int], list[str]],
+    env: dict[str, str],
+    cwd: str | None,
+    state_dir: Path,
+    timeout_s: float,
+    port_range: tuple[int, int],
+) -> tuple[Any, str]:
+    """Start the draft-serving command (`command_on(port)`, see `with_speculative_draft`) as a local
+    process on a free port of `port_range` and wait for /health; returns (its handle, its base URL): the
+    caller stops it.
+
+    A port free when chosen can be taken before vLLM binds it (another check starting on this host at
+    the same moment): the server that answers must hold the port itself (its process group's socket),
+    or it is stopped and another port tried, so that a check never measures somebody else's server.
+    """
+    from eagle3_pipeline.server import lifecycle
+    from eagle3_pipeline.server.process_identity import group_listens_on
+
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port(*port_range, shuffle=True)
+        base_url = f"http://127.0.0.1:{port}"
+        handle = lifecycle.launch_local(command_on(port), env, cwd, state_dir, "serve-check")
+        try:
+            lifecycle.wait_healthy(base_url, timeout_s, handle.log_tail, handle.alive)
+        except BaseException:
+            handle.stop()
+            raise
+        if group_listens_on(handle.pid, port) is not False:
+            return handle, base_url
         handle.stop()
-        raise
-    return handle
+        log.warning("port %d is served by another process (attempt %d): trying another", port, attempt)
+    raise ServeCheckError(
+        f"every port tried in {port_range[0]}-{port_range[1]} was taken by another server while vLLM "
+        "started; stop the servers that listen there"
+    )
 
 
 def write_json(data: dict[str, Any], path: str | Path) -> None:
