@@ -31,9 +31,12 @@ CONFIG ?= config/config.yaml
 cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
 	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG)
 
-# every tier (tests/unit, tests/integration, tests/workflow), the 15 slowest tests listed at the end
+# every tier (tests/unit, tests/integration, tests/workflow) on TEST_WORKERS pytest-xdist workers (the
+# units of work and their order: tests/conftest.py), the 15 slowest tests listed at the end
+TEST_WORKERS ?= 2
 test: install
-	source .venv/bin/activate && python -m pytest --durations=15 $(PYTEST_ARGS)
+	source .venv/bin/activate && python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		--durations=15 $(PYTEST_ARGS)
 
 # the edit loop: tests/unit only (no vLLM, no fit, no snakemake run; about 2 minutes on 2 cores); installs
 # .venv only when it is missing
