@@ -35,14 +35,14 @@ cost:  # read-only and fast: no install step (make install-pipeline first on a f
 # units of work and their order: tests/conftest.py), the 15 slowest tests listed at the end
 TEST_WORKERS ?= 2
 test: install
-	source .venv/bin/activate && python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	source .venv/bin/activate && python -m pytest -n $(TEST_WORKERS) --dist loadscope \
 		--durations=15 $(PYTEST_ARGS)
 
-# the edit loop: tests/unit only (no vLLM, no fit, no snakemake run; about 2 minutes on 2 cores); installs
-# .venv only when it is missing
+# the edit loop: tests/unit only (no vLLM, no fit, no snakemake run), its tests spread over the workers;
+# installs .venv only when it is missing (or predates pytest-xdist)
 test-fast:
-	[ -x .venv/bin/python ] || $(MAKE) install-pipeline
-	source .venv/bin/activate && python -m pytest tests/unit --durations=15 $(PYTEST_ARGS)
+	.venv/bin/python -c "import xdist" 2>/dev/null || $(MAKE) install-pipeline
+	source .venv/bin/activate && python -m pytest tests/unit -n $(TEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 lint: install-pipeline
 	source .venv/bin/activate && ruff check src scripts tests benchmarks envs && ruff format --check src scripts tests benchmarks envs \

@@ -6,12 +6,11 @@ demo target) and tests/workflow (Snakemake itself). A test marked `vllm`, `ssh` 
 here, with the reason from support.requirements, on a machine without that. The session ends with a
 count of the vLLM starts and demo-target fits it cost (support.costs).
 
-`make test` runs the tiers on two pytest-xdist workers (`-n 2 --dist loadgroup`): a test module is one
-unit of work, and the modules that share a session setup costing minutes (SHARED_SETUP) are one unit, so
-that setup is built once, by one worker; the costliest units are handed out first.
+`make test` runs the tiers on two pytest-xdist workers (`-n 2 --dist loadscope`, with the scheduler
+below): a test module is one unit of work, and the modules that share a session setup costing minutes
+(SHARED_SETUP) are one unit, so that setup is built once, by one worker; the costliest units are handed
+out first.
 """
-
-from pathlib import Path
 
 import pytest
 from support.costs import COUNTER
@@ -30,33 +29,61 @@ pytest_plugins = [
 ]
 
 
-# session fixtures that cost minutes -> the unit of work of every module that uses one
+# session fixtures that cost minutes -> the unit of work of the modules that use one
 SHARED_SETUP = {
     "demo_e2e_workdir": "demo-e2e",  # the demo DAG, run once (support.workflow)
     "served_target": "served-draft",  # a draft trained, exported and served (support.served_drafts)
     "demo_vllm_server": "demo-server",  # the session's vLLM server (support.vllm_server)
 }
-# the units handed out first, costliest first; tests/unit second, so that the other worker runs it while
-# the first fits the demo target
-FIRST = ["demo-e2e", "unit-tier", "served-draft", "demo-server"]
+# ... written out by module: xdist's controller schedules by node id alone (collection checks the list)
+SHARED_MODULES = {
+    "tests/workflow/test_demo_e2e.py": "demo-e2e",
+    "tests/workflow/test_disk_cap.py": "demo-e2e",
+    "tests/workflow/test_incremental.py": "demo-e2e",
+    "tests/integration/test_serve_check.py": "served-draft",
+    "tests/integration/test_speculators_serve.py": "served-draft",
+    "tests/integration/test_demo_target.py": "demo-server",
+}
+# handed out first, the costliest first; tests/unit second, so that the other worker runs it while the
+# first fits the demo target
+FIRST = ["demo-e2e", "tests/unit/", "served-draft", "demo-server"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def unit_of_work(nodeid: str) -> str:
+    """The scope a test is scheduled with: its shared setup's group, or its module."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED_MODULES.get(module, module)
+
+
+def _rank(nodeid: str) -> int:
+    unit = unit_of_work(nodeid)
+    return next((i for i, first in enumerate(FIRST) if unit.startswith(first)), len(FIRST))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadscope with SHARED_MODULES merged into one scope each, in collection order."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order below, costliest first
+    return SharedSetupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-
-    def rank(group: str) -> int:
-        return FIRST.index(group) if group in FIRST else len(FIRST)
-
-    groups: dict[Path, str] = {}  # module -> its unit of work
     for item in items:
-        module = str(item.path.relative_to(tests))
-        default = "unit-tier" if module.startswith("unit/") else module
-        shared = [SHARED_SETUP[name] for name in SHARED_SETUP if name in item.fixturenames]
-        groups[item.path] = min([groups.get(item.path, default), *shared], key=rank)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
-    items.sort(key=lambda item: rank(groups[item.path]))  # stable: the files' order within a rank
+        for fixture, group in SHARED_SETUP.items():
+            module = item.nodeid.split("::", 1)[0]
+            if fixture in item.fixturenames and SHARED_MODULES.get(module) != group:
+                raise pytest.UsageError(
+                    f"{module} uses the session fixture {fixture}: add it to SHARED_MODULES in "
+                    f"tests/conftest.py as {group!r}, so that one xdist worker builds it once"
+                )
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: the files' order within a rank
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
