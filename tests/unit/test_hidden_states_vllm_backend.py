@@ -85,6 +85,10 @@ def test_worker_env_has_the_units_vllm_variables_our_package_and_no_launcher_ran
     assert env["VLLM_ATTENTION_BACKEND"] == "FLASHMLA" and "OTHER" not in env and "RANK" not in env
     assert "VLLM_API_KEY" not in env and "MASTER_PORT" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["PYTHONPATH"] == str(folder) and (folder / "eagle3_pipeline" / "hidden_states").is_dir()
+    # a unit (the demo's) or a shell that runs vLLM's engine in-process: the worker's runs in its own
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    in_process = {**SNAPSHOT, "env": {**SNAPSHOT["env"], "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+    assert vllm_backend.worker_env(folder, in_process)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def _checkpoint(folder: Path, keys: dict[str, torch.Tensor], config: dict) -> Path:

@@ -274,6 +274,10 @@ def worker_env(package_dir: Path, snapshot: dict[str, Any] | None) -> dict[str, 
     env.update({k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV})
     env["PYTHONPATH"] = str(package_dir)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the worker steps the engine while its writer thread reads the states: the engine core runs in a
+    # process of its own, whatever the unit says (in-process, vLLM 0.32's CPU build stalled at the first
+    # request; the demo unit sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for its server)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     return env
 
 
