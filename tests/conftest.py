@@ -45,8 +45,9 @@ SHARED_MODULES = {
     "tests/integration/test_demo_target.py": "demo-server",
 }
 # handed out first, the costliest first; tests/unit second, so that the other worker runs it while the
-# first fits the demo target
-FIRST = ["demo-e2e", "tests/unit/", "served-draft", "demo-server"]
+# first fits the demo target; then the workflow tier (its modules take a minute or two), so that the
+# run ends on the integration tier's short SSH modules
+FIRST = ["demo-e2e", "tests/unit/", "served-draft", "demo-server", "tests/workflow/"]
 
 
 def unit_of_work(nodeid: str) -> str:
