@@ -39,6 +39,9 @@ class FitSettings:
     lr: float = 3e-3
     warmup_share: float = 0.05
     threads: int = 2  # 1 when the machine is busier than its cores (see _threads)
+    steps: int | None = (
+        None  # a fixed number of steps instead of the CPU budget: the same model under any load
+    )
 
 
 def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -138,7 +141,8 @@ def _threads(wanted: int) -> int:
 def fit(
     model: LlamaForCausalLM, examples: list[tuple[list[int], int]], pad_id: int, settings: FitSettings
 ) -> dict[str, float]:
-    """Fit ``model`` for ``settings.seconds`` (cosine schedule over that budget, not over steps).
+    """Fit ``model`` for ``settings.seconds`` (cosine schedule over that budget, not over steps), or for
+    ``settings.steps`` when set (the schedule over those steps).
 
     The budget is the process's CPU time (all threads), not wall time: on a machine shared with other
     work the fit gets the same compute, so the same quality, only later.
@@ -158,8 +162,13 @@ def fit(
     def used() -> float:
         return time.process_time() - cpu0
 
-    while used() < settings.seconds or not losses:
-        scale = _lr_scale(used() / max(settings.seconds, 1e-9), settings.warmup_share)
+    def progress() -> float:
+        if settings.steps:
+            return len(losses) / settings.steps
+        return used() / max(settings.seconds, 1e-9)
+
+    while progress() < 1.0 or not losses:
+        scale = _lr_scale(progress(), settings.warmup_share)
         for group in optimizer.param_groups:
             group["lr"] = settings.lr * scale
         loss = model(**_batch(next(batches), pad_id)).loss
