@@ -39,9 +39,8 @@ class FitSettings:
     lr: float = 3e-3
     warmup_share: float = 0.05
     threads: int = 2  # 1 when the machine is busier than its cores (see _threads)
-    steps: int | None = (
-        None  # a fixed number of steps instead of the CPU budget: the same model under any load
-    )
+    # a fixed step count instead of the CPU budget: the same model under any load
+    steps: int | None = None
 
 
 def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
