@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
+from collections.abc import Iterator
 
 
 class PortError(RuntimeError):
@@ -39,4 +41,32 @@ def free_port(
             except OSError:
                 continue
             return port
+    raise PortError(f"no free port in {low}-{high} on {host}; stop what listens there or widen the range")
+
+
+@contextlib.contextmanager
+def reserved_port(low: int, high: int, host: str = "127.0.0.1") -> Iterator[int]:
+    """A free port of [low, high] (random order) held for the caller until the block ends: bound here
+    exclusively, then marked SO_REUSEADDR, so that a server binding it with SO_REUSEADDR (vLLM, uvicorn)
+    can listen on it while every other `free_port` or `reserved_port` finds it taken. Without this,
+    two checks starting together can pick the same port in the tens of seconds before vLLM binds it.
+
+    Raises:
+        PortError: every port of [low, high] is taken.
+    """
+    ports = list(range(low, high + 1))
+    random.shuffle(ports)
+    for port in ports:
+        sock = socket.socket()
+        try:
+            sock.bind((host, port))  # no SO_REUSEADDR yet: fails on a port anyone holds
+        except OSError:
+            sock.close()
+            continue
+        # set after the bind: the kernel checks the flag of the socket already bound when a server
+        # binds with SO_REUSEADDR, and a bound socket that does not listen takes no connection
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with sock:
+            yield port
+        return
     raise PortError(f"no free port in {low}-{high} on {host}; stop what listens there or widen the range")

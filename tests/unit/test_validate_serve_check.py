@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from eagle3_pipeline.ports import PortError, free_port
+from eagle3_pipeline.ports import PortError, free_port, reserved_port
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
 from eagle3_pipeline.validate.dropin import dropin_text, exec_start_with_draft, systemd_quote, vllm_exec
 from eagle3_pipeline.validate.serve_check import (
@@ -59,6 +59,27 @@ def test_free_port_skips_a_taken_one():
         with pytest.raises(PortError, match="no free port"):
             free_port(18599, 18599)
     assert free_port(18599, 18599) == 18599
+
+
+def test_a_reserved_port_is_taken_for_everyone_but_the_server_started_on_it():
+    """Two checks starting at once cannot pick the same port: the reservation is held until the server
+    answers, and a server binding it as vLLM does (SO_REUSEADDR) can still listen on it."""
+    with reserved_port(18598, 18598) as port:
+        assert port == 18598
+        with pytest.raises(PortError, match="no free port"):
+            free_port(18598, 18598)
+        with pytest.raises(PortError, match="no free port"), reserved_port(18598, 18598):
+            pass
+    assert free_port(18598, 18598) == 18598  # released
+    with reserved_port(18598, 18598) as port, socket.socket() as server:  # vLLM's create_server_socket
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        accepted = server.accept()[0]  # connections reach the server, not the reservation
+        client.close()  # first, so that TIME_WAIT holds the client's port, not 18598
+        assert accepted.recv(1) == b""
+        accepted.close()
 
 
 def test_systemd_quote_round_trips_through_the_unit_parser():

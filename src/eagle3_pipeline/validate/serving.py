@@ -22,7 +22,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.generate.client import ChatClient, Sampling
-from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.ports import reserved_port
 from eagle3_pipeline.server.secrets import redact_data
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
@@ -213,22 +213,23 @@ def serve_local(
     process on a free port of `port_range` and wait for /health; returns (its handle, its base URL): the
     caller stops it.
 
-    A port free when chosen can be taken before vLLM binds it (another check starting on this host at
-    the same moment): the server that answers must hold the port itself (its process group's socket),
-    or it is stopped and another port tried, so that a check never measures somebody else's server.
+    The port stays reserved until the server answers (`reserved_port`: another check starting on this
+    host at the same moment picks another one). A program that ignores the reservation could still
+    take it: the server that answers must hold the port itself (its process group's socket), or it is
+    stopped and another port tried, so that a check never measures somebody else's server.
     """
     from eagle3_pipeline.server import lifecycle
     from eagle3_pipeline.server.process_identity import group_listens_on
 
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        port = free_port(*port_range, shuffle=True)
-        base_url = f"http://127.0.0.1:{port}"
-        handle = lifecycle.launch_local(command_on(port), env, cwd, state_dir, "serve-check")
-        try:
-            lifecycle.wait_healthy(base_url, timeout_s, handle.log_tail, handle.alive)
-        except BaseException:
-            handle.stop()
-            raise
+        with reserved_port(*port_range) as port:
+            base_url = f"http://127.0.0.1:{port}"
+            handle = lifecycle.launch_local(command_on(port), env, cwd, state_dir, "serve-check")
+            try:
+                lifecycle.wait_healthy(base_url, timeout_s, handle.log_tail, handle.alive)
+            except BaseException:
+                handle.stop()
+                raise
         if group_listens_on(handle.pid, port) is not False:
             return handle, base_url
         handle.stop()
