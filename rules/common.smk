@@ -410,6 +410,26 @@ def get_serve_check_resources():
     return resources
 
 
+def get_serve_check_settings(wildcards):
+    """The check's own validate.* keys. validate.speedup for the main draft only: the target alone,
+    timed on the same questions, is the same run for every variant, and the report shows the main
+    draft's speedup; the baseline is compared by acceptance (a vLLM start and a timed run saved).
+    """
+    keys = as_params(
+        SETTINGS.validate,
+        "num_speculative_tokens",
+        "max_questions",
+        "max_tokens",
+        "temperature",
+        "enforce_eager",
+        "served_offline_tolerance",
+        "speedup",
+    )
+    if wildcards.variant == BASELINE:
+        keys["speedup"] = False
+    return keys
+
+
 def resource_limit(name):
     """The run's limit on resource `name` (the command line's or the profile's, a Resource there, or
     one set by these rules); None when unlimited."""

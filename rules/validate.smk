@@ -123,16 +123,7 @@ rule serve_check:
         # which server is an input (server.json), reaching and restarting it is run-time only
         generation=sampling_params(config["generation"])
         | as_params(SETTINGS.generation, "concurrency"),
-        validate=as_params(
-            SETTINGS.validate,
-            "num_speculative_tokens",
-            "max_questions",
-            "max_tokens",
-            "temperature",
-            "enforce_eager",
-            "served_offline_tolerance",
-            "speedup",
-        ),
+        validate=get_serve_check_settings,
         runtime=runtime_only(
             server=SERVER,
             generation=as_params(SETTINGS.generation, "retries", "request_timeout_s"),

@@ -142,6 +142,16 @@ def test_a_serve_check_key_reruns_both_checks_and_the_report_only(finished):
     assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}
 
 
+def test_the_speedup_key_reruns_the_main_check_only(finished):
+    # the baseline's check never times the target alone (the same run as the main draft's)
+    _configure(finished, validate={"speedup": False})
+    planned = _planned(finished)
+    assert planned == {"serve_check": 1, "plot_validation": 1, "all": 1}, planned
+    outputs = _planned_outputs(_snakemake(finished, "-n"))
+    assert "results/demo/validation/serve_check.json" in outputs
+    assert "results/demo/baseline/validation/serve_check.json" not in outputs
+
+
 def test_a_sampling_key_reruns_generation(finished):
     _configure(finished, generation={"max_tokens": 256})
     planned = _planned(finished)

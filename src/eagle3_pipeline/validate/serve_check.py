@@ -30,6 +30,8 @@ from eagle3_pipeline.validate.serving import (
 )
 
 log = logging.getLogger(__name__)
+# the rules turn the timing off for the baseline draft: the target alone is the same run for both
+SPEEDUP_OFF = "not timed: validate.speedup is false, or this is the baseline draft's check"
 
 
 def run_local_serve_check(
@@ -251,7 +253,7 @@ def local_speedup(
     from eagle3_pipeline.validate.served import run_local_without_draft, speedup
 
     if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
-        return {"speedup": None, "reason": "validate.speedup is false"}
+        return {"speedup": None, "reason": SPEEDUP_OFF}
     without = run_local_without_draft(
         server_cfg,
         common["questions"],
@@ -285,7 +287,7 @@ def production_speedup(
     from eagle3_pipeline.validate.served import speedup, time_by_source
 
     if not validate.get("speedup", VALIDATE_DEFAULTS.speedup):
-        return {"speedup": None, "reason": "validate.speedup is false"}
+        return {"speedup": None, "reason": SPEEDUP_OFF}
     base_url = server_url(server_json, server_cfg, Path(common["state_dir"]))
     if not check_health(base_url, auth_headers(server_cfg), verify=tls_verify(server_cfg)):
         return {
