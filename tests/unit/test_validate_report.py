@@ -68,3 +68,13 @@ def test_baseline_without_answers_is_refused(tmp_path):
     assert pl.read_parquet(tmp_path / "out.parquet").height == 0
     with pytest.raises(BaselineError, match="no original_answer column"):
         baseline_frame(pl.DataFrame({"id": ["a"]}))
+
+
+def test_slices_are_drawn_in_context_order_then_thinking_before_answer():
+    # offline.json's keys come sorted as text ("context 128-192" before "context 64-128")
+    from eagle3_pipeline.validate.report import _slice_order
+
+    names = ["answer", "context 0-64", "context 128-192", "context 192+", "context 64-128", "thinking"]
+    contexts = sorted((n for n in names if n.startswith("context")), key=_slice_order)
+    assert contexts == ["context 0-64", "context 64-128", "context 128-192", "context 192+"]
+    assert sorted(["answer", "thinking"], key=_slice_order) == ["thinking", "answer"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,13 @@ def comparison(
     _save(fig, output)
 
 
+def _slice_order(name: str) -> tuple[int, str]:
+    """Context buckets by their first token count ("context 64-128" after "context 0-64", not by the
+    text offline.json's sorted keys give), then thinking before answer."""
+    bucket = re.match(r"context (\d+)", name)
+    return (int(bucket.group(1)), name) if bucket else (0, {"thinking": "0", "answer": "1"}.get(name, name))
+
+
 def slices(offline_path: str | Path, serve_path: str | Path | None, output: str | Path) -> None:
     """Offline acceptance length at the served k by context-length bucket and by thinking vs answer,
     against the target's argmax (greedy) and the trace's sampled tokens, with the served figures (greedy
@@ -301,7 +309,7 @@ def slices(offline_path: str | Path, serve_path: str | Path | None, output: str 
         (axes[0], "By context length (tokens read, prompt included)", lambda n: n.startswith("context ")),
         (axes[1], "Thinking vs answer", lambda n: n in ("thinking", "answer")),
     ):
-        names = [n for n in (by_reference.get("greedy") or {}) if chosen(n)]
+        names = sorted((n for n in (by_reference.get("greedy") or {}) if chosen(n)), key=_slice_order)
         if not names or not k:
             ax.text(
                 0.5, 0.5, "not measured (no slices or no think tokens)", transform=ax.transAxes, ha="center"
