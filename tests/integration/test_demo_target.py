@@ -1,25 +1,26 @@
 """The fitted demo target: greedy decoding thinks, closes </think> and answers, offline (the target rule
-build_demo_target built, when there is one) and served by the real vLLM CPU server (the shared one)."""
+build_demo_target built, when there is one, else the suite's) and served by the real vLLM CPU server
+(the shared one)."""
 
 from __future__ import annotations
 
 import pytest
 import requests
 from support.demo_check import greedy_replies
-from support.vllm_server import BUILT_TARGET, SAMPLE
+from support.vllm_server import SAMPLE, demo_target_dir
 
 from eagle3_pipeline.demo.target import load_rows
 
 
 @pytest.mark.slow
 def test_fitted_target_thinks_then_answers():
-    if not (BUILT_TARGET / "model.safetensors").exists():
-        pytest.skip("resources/demo/target not built: snakemake --cores 2 resources/demo/vllm-demo.service")
+    """The demo's built target when there is one, else the suite's own (fitted once, the same steps):
+    every test that serves a target relies on it closing </think>."""
     questions = [
         row["conversations"][-2 if row["conversations"][-1]["from"] == "gpt" else -1]["value"]
         for row in load_rows(SAMPLE)[:8]
     ]
-    replies = greedy_replies(BUILT_TARGET, questions, max_new_tokens=300)
+    replies = greedy_replies(demo_target_dir(), questions, max_new_tokens=300)
     good = [r for r in replies if r.closed_thinking and r.reasoning and r.content and r.finished]
     assert len(good) >= 6, replies
 
