@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +23,7 @@ import requests
 
 from eagle3_pipeline.demo.target import SERVED_MODEL_NAME, render_unit
 from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.server import lifecycle
 from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,28 +38,18 @@ def unit_command(target: Path, port: int) -> tuple[list[str], dict[str, str]]:
     return command_argv(unit.exec_start[-1], unit.environment, []), dict(unit.environment)
 
 
-def one_start(target: Path, case: str, log: Path) -> dict:
+def one_start(target: Path, case: str, state_dir: Path) -> dict:
+    """Started and waited for as the serve check does (lifecycle.launch_local: the unit's environment
+    on a minimal systemd-like one; /health polled every second)."""
     port = free_port()
-    argv, unit_env = unit_command(target, port)
+    argv, env = unit_command(target, port)
     if case == "vllm defaults":
-        unit_env = {k: v for k, v in unit_env.items() if k not in UNIT_ONLY}
-    env = {k: v for k, v in os.environ.items() if k not in UNIT_ONLY} | unit_env
+        env = {k: v for k, v in env.items() if k not in UNIT_ONLY}
     url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    handle = lifecycle.launch_local(argv, env, None, state_dir, case.replace(" ", "-"))
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited ({process.returncode}); see {log}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
+        lifecycle.wait_healthy(url, 600, handle.log_tail, handle.alive)
         healthy = time.perf_counter() - start
         start = time.perf_counter()
         for question in QUESTIONS:
@@ -79,8 +67,7 @@ def one_start(target: Path, case: str, log: Path) -> dict:
         replies = time.perf_counter() - start
         return {"case": case, "health_s": round(healthy, 1), "replies_s": round(replies, 2)}
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+        handle.stop()
 
 
 def main() -> None:
@@ -95,15 +82,15 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = ["unit", "vllm defaults"] if round_ % 2 == 0 else ["vllm defaults", "unit"]
             for case in order:
-                record = one_start(args.target.resolve(), case, Path(tmp) / f"{case}-{round_}.log")
+                record = one_start(args.target.resolve(), case, Path(tmp) / str(round_))
                 results[case].append(record)
                 sys.stdout.write(json.dumps({"round": round_, **record}) + "\n")
                 sys.stdout.flush()
+    keys = ("health_s", "replies_s")
     median = {
-        case: {key: statistics.median(r[key] for r in records) for key in ("health_s", "replies_s")}
+        case: {key: round(statistics.median(r[key] for r in records), 2) for key in keys}
         for case, records in results.items()
     }
-    keys = ("health_s", "replies_s")
     ratio = {key: round(median["vllm defaults"][key] / median["unit"][key], 2) for key in keys}
     sys.stdout.write(json.dumps({"median": median, "defaults_over_unit": ratio}) + "\n")
 

@@ -12,9 +12,7 @@ class PortError(RuntimeError):
     """No port of the range asked for is free; the message names the range."""
 
 
-def free_port(
-    low: int | None = None, high: int | None = None, host: str = "127.0.0.1", shuffle: bool = False
-) -> int:
+def free_port(low: int | None = None, high: int | None = None, host: str = "127.0.0.1") -> int:
     """A TCP port nobody is bound to on `host` right now (bind test).
 
     Args:
@@ -22,7 +20,6 @@ def free_port(
             free port the kernel picks.
         high: The last port of the range.
         host: The address the port is for.
-        shuffle: Search the range in random order: two callers starting at once rarely pick the same.
 
     Raises:
         PortError: every port of [low, high] is taken.
@@ -31,17 +28,9 @@ def free_port(
         with socket.socket() as sock:
             sock.bind((host, 0))
             return sock.getsockname()[1]
-    ports = list(range(low, high + 1))
-    if shuffle:
-        random.shuffle(ports)
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise PortError(f"no free port in {low}-{high} on {host}; stop what listens there or widen the range")
+    sock, port = _bind_first(list(range(low, high + 1)), host, (low, high))
+    sock.close()
+    return port
 
 
 @contextlib.contextmanager
@@ -56,17 +45,24 @@ def reserved_port(low: int, high: int, host: str = "127.0.0.1") -> Iterator[int]
     """
     ports = list(range(low, high + 1))
     random.shuffle(ports)
+    sock, port = _bind_first(ports, host, (low, high))
+    # set after the bind: the kernel checks the flag of the socket already bound when a server binds
+    # with SO_REUSEADDR, and a bound socket that does not listen takes no connection
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with sock:
+        yield port
+
+
+def _bind_first(ports: list[int], host: str, span: tuple[int, int]) -> tuple[socket.socket, int]:
+    """The first of `ports` nobody holds on `host`, bound (no SO_REUSEADDR: the bind fails on a port any
+    socket holds, listening or reserved)."""
     for port in ports:
         sock = socket.socket()
         try:
-            sock.bind((host, port))  # no SO_REUSEADDR yet: fails on a port anyone holds
+            sock.bind((host, port))
         except OSError:
             sock.close()
             continue
-        # set after the bind: the kernel checks the flag of the socket already bound when a server
-        # binds with SO_REUSEADDR, and a bound socket that does not listen takes no connection
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with sock:
-            yield port
-        return
+        return sock, port
+    low, high = span
     raise PortError(f"no free port in {low}-{high} on {host}; stop what listens there or widen the range")
