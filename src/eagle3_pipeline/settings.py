@@ -287,6 +287,11 @@ class RuntimeOnly:
         """Section `name` whole again: the values recorded as params with these run-time ones added."""
         return {**(recorded or {}), **self.sections.get(name, {})}
 
+    def typed(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
+        """Section `name` as its typed settings (`cls`): the recorded params with these run-time values
+        added, a key given by neither taking the schema's default. What a script hands the package."""
+        return section(cls, self.section(name, recorded))
+
 
 def runtime_only(**sections: Mapping[str, Any]) -> RuntimeOnly:
     """Run-time values by section, e.g. runtime_only(server=as_params(settings.server)): see RuntimeOnly."""
