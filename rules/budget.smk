@@ -8,7 +8,7 @@ from eagle3_pipeline.budget import budget_at_start
 
 
 onstart:
-    logger.info(budget_at_start(config, RESULTS))
+    logger.info(budget_at_start(SETTINGS, RESULTS))
 
 
 localrules:

@@ -20,7 +20,12 @@ from eagle3_pipeline.server.replicas import (
     resource_name,
     shard_caps,
 )
-from eagle3_pipeline.settings import as_params, build_settings, runtime_only
+from eagle3_pipeline.settings import (
+    TRAIN_RUNTIME_KEYS,
+    as_params,
+    build_settings,
+    runtime_only,
+)
 from eagle3_pipeline.validate.learning_curve import curve_points, variant_name
 from eagle3_pipeline.validate.selection import kept_epochs
 
@@ -30,13 +35,6 @@ check_config(config, workflow.source_path("../config/schema.yaml"))
 # it runs (timeouts, pacing, how to reach a server whose identity is an input) as runtime_only(...),
 # an object Snakemake does not record (eagle3_pipeline.settings.RuntimeOnly): changing it reruns nothing.
 SETTINGS = build_settings(config)
-# generation.* that pace the requests without shaping an answer
-GENERATION_PACING = (
-    "concurrency",
-    "global_concurrency",
-    "retries",
-    "request_timeout_s",
-)
 
 RESULTS = f"results/{SETTINGS.run}"
 LOGS = f"{RESULTS}/logs"
@@ -47,7 +45,7 @@ SHARDS = shard_ids(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size)
 # train_draft_window and deleted; a cap below one shard is refused here, with the numbers. The cap
 # also holds the two training state files windowed training keeps at once (budget.py).
 WINDOW = (
-    capped_window_shards(config, parse_time_hidden_size(config))
+    capped_window_shards(SETTINGS, parse_time_hidden_size(SETTINGS))
     if SETTINGS.hidden_states.max_disk_gb is not None
     else None
 )
@@ -104,6 +102,12 @@ ENGINE_RUNTIME_KEYS = (
     "max_clients",
     "idle_timeout_s",
 )
+# the other hidden_states.vllm keys: recorded params of extract_hidden_states (rerun triggers)
+ENGINE_PARAMS = {
+    key: value
+    for key, value in as_params(SETTINGS.hidden_states.vllm).items()
+    if key not in ENGINE_RUNTIME_KEYS
+}
 if VLLM_ENGINE and "extraction_clients" not in workflow.global_resources:
     # jobs feeding one engine at once (one plans or packs while another's batches run)
     workflow.global_resources["extraction_clients"] = (
@@ -183,8 +187,8 @@ def shard_files(*patterns):
 
 def get_unit_file_input():
     """The local unit file when the snapshot reads one (so the demo builder runs first)."""
-    unit_file = SETTINGS.server.unit_file
-    return [unit_file] if SETTINGS.server.host == "local" and unit_file else []
+    unit_file = SETTINGS.server.local_unit_file
+    return [unit_file] if unit_file else []
 
 
 def get_dataset_input():
@@ -277,24 +281,23 @@ get_main_validation_states = shard_files(
 )
 
 
-def get_draft_states(wildcards):
-    validation = (
-        [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
-    )
-    return get_variant_train_states(wildcards) + validation
+def get_draft_validation_states(wildcards):
+    return [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
 
 
-def window_state(epoch, window):
-    """The training state after window `window` of epoch `epoch` (a temp file: kept until used)."""
+def window_training_state(epoch, window):
+    """The training state (weights, optimiser, schedule) after window `window` of epoch `epoch` (a temp
+    file: kept until used)."""
     return f"{RESULTS}/draft/windows/epoch-{epoch}/window-{window}.pt"
 
 
-def previous_window_state(epoch, window):
-    """The state a window starts from: the previous window's, the last of the previous epoch, or none."""
+def previous_window_training_state(epoch, window):
+    """The training state a window starts from: the previous window's, the last of the previous epoch,
+    or none."""
     if window > 0:
-        return [window_state(epoch, window - 1)]
+        return [window_training_state(epoch, window - 1)]
     if epoch > 0:
-        return [window_state(epoch - 1, WINDOW_COUNT - 1)]
+        return [window_training_state(epoch - 1, WINDOW_COUNT - 1)]
     return []
 
 
@@ -304,7 +307,7 @@ def get_extraction_gate(wildcards):
     if not WINDOW:
         return []
     epoch = int(wildcards.epoch)
-    return previous_window_state(epoch, window_of(epoch, wildcards.shard))
+    return previous_window_training_state(epoch, window_of(epoch, wildcards.shard))
 
 
 def engine_dir(epoch=None, shard=None):
@@ -315,15 +318,19 @@ def engine_dir(epoch=None, shard=None):
 
 
 def engine_runtime(where):
-    """An extraction job's engine: its folder and the run-time keys (not recorded: see runtime_only)."""
-    options = config["hidden_states"]["vllm"]
+    """An extraction job's run-time values (not recorded: see runtime_only): hidden_states.device_map
+    (recorded through launch_mode), the engine's run-time keys, its folder and its log.
+    """
     scope = where.removeprefix(f"{WORK}/") if where else None
     return runtime_only(
+        hidden_states={
+            "device_map": SETTINGS.hidden_states.device_map,
+            "vllm": as_params(SETTINGS.hidden_states.vllm, *ENGINE_RUNTIME_KEYS),
+        },
         engine={
             "dir": where,
             "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,
-            **{key: options.get(key) for key in ENGINE_RUNTIME_KEYS},
-        }
+        },
     )
 
 
@@ -448,17 +455,29 @@ def stop_engines():
                     )
 
 
-def get_previous_window_state(wildcards):
-    return previous_window_state(int(wildcards.epoch), int(wildcards.window))
+def get_previous_window_training_state(wildcards):
+    return previous_window_training_state(int(wildcards.epoch), int(wildcards.window))
 
 
-def get_window_states(wildcards):
-    """Epoch e's states of window w's shards, both splits, in shard order."""
-    return [
-        f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.safetensors"
-        for split in SPLITS
-        for k in window_shards(wildcards.epoch, wildcards.window)
-    ]
+def get_window_training_runtime(wildcards):
+    """train_draft_window's run-time values: train's and the window's shard ids (checked against the
+    plan's; known here, not parsed back out of the states' paths)."""
+    return runtime_only(
+        train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS),
+        window={"shards": window_shards(wildcards.epoch, wildcards.window)},
+    )
+
+
+def window_hidden_states(split):
+    """An input function: epoch e's hidden states of split `split` of window w's shards, in shard order."""
+
+    def get_window_hidden_states(wildcards):
+        return [
+            f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.safetensors"
+            for k in window_shards(wildcards.epoch, wildcards.window)
+        ]
+
+    return get_window_hidden_states
 
 
 def get_validation_states():
@@ -488,14 +507,14 @@ def get_final_outputs():
 
 # server.replicas (server/replicas.py): more servers of the same model, shard k on server k mod n.
 
-FLEET = fleet(config["server"], RESULTS, WORK)
+FLEET = fleet(SETTINGS.server, RESULTS, WORK)
 REPLICAS = [server.name for server in FLEET.replicas]
-# the primary's own config: `server` less the fleet keys (name, max_shard_jobs, replicas), so that the
-# rules' params are what they were before replicas existed and adding one reruns nothing
-SERVER = FLEET.servers[0].config
+# the primary's own section (less its replicas) as plain values: run-time only (runtime_only), so
+# adding a replica reruns nothing
+SERVER = as_params(FLEET.primary.settings)
 # server.max_shard_jobs caps as global resources (a --resources NAME=N given on the command line
 # wins): Snakemake's scheduler counts them over every job it runs or submits, on any node
-for _name, _cap in shard_caps(config["server"]).items():
+for _name, _cap in shard_caps(SETTINGS.server).items():
     if _cap is not None and resource_name(_name) not in workflow.global_resources:
         workflow.global_resources[resource_name(_name)] = _cap
 
@@ -504,23 +523,18 @@ def get_replica(wildcards):
     return FLEET.servers[FLEET.names.index(wildcards.replica)]
 
 
-def get_replica_config(wildcards):
-    return get_replica(wildcards).config
-
-
 def replica_params(*keys):
     """An input function: these keys of the replica's section, recorded as params (rerun triggers)."""
 
     def get(wildcards):
-        replica = get_replica_config(wildcards)
-        return {key: replica.get(key) for key in keys}
+        return as_params(get_replica(wildcards).settings, *keys)
 
     return get
 
 
 def get_replica_runtime(wildcards):
     """The replica's whole section as run-time values (not recorded: see runtime_only)."""
-    return runtime_only(server=get_replica_config(wildcards))
+    return runtime_only(server=as_params(get_replica(wildcards).settings))
 
 
 def get_replica_state_dir(wildcards):
@@ -529,9 +543,8 @@ def get_replica_state_dir(wildcards):
 
 def get_replica_unit_file_input(wildcards):
     """A local replica's unit file (as get_unit_file_input for the primary)."""
-    replica = get_replica_config(wildcards)
-    local = replica["host"] == "local" and replica.get("unit_file")
-    return [replica["unit_file"]] if local else []
+    unit_file = get_replica(wildcards).settings.local_unit_file
+    return [unit_file] if unit_file else []
 
 
 def get_replica_files(pattern):

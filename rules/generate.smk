@@ -5,13 +5,17 @@
 # rerun that finds the same writes the same bytes and triggers nothing.
 # With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs),
 # and preflight_replicas checks every replica at once after its identity check (check_replica).
-from eagle3_pipeline.generate.payload import rule_params, sampling_params
+from eagle3_pipeline.generate.payload import (
+    PACING_KEYS,
+    sampling_params,
+    shard_params,
+)
 
 # How a shard job reaches and paces the server: the server's identity (an input) and the sampling
 # shape the answers; the unit's timeouts and the concurrency caps do not.
 GENERATION_RUNTIME = runtime_only(
     server=SERVER,  # the primary's section (a shard sent to a replica: fleet.for_shard)
-    generation=as_params(SETTINGS.generation, *GENERATION_PACING),
+    generation=as_params(SETTINGS.generation, *PACING_KEYS),
 )
 
 
@@ -31,7 +35,7 @@ rule preflight_generation:
         "../envs/pipeline.yaml"
     params:
         server_json=rules.snapshot_server.output.server,
-        generation=sampling_params(config["generation"]),
+        generation=sampling_params(SETTINGS.generation),
         runtime=GENERATION_RUNTIME,
         state_dir=f"{WORK}/server",
     script:
@@ -55,7 +59,7 @@ rule preflight_replicas:
     conda:
         "../envs/pipeline.yaml"
     params:
-        generation=sampling_params(config["generation"]),
+        generation=sampling_params(SETTINGS.generation),
         runtime=GENERATION_RUNTIME,
         fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
     script:
@@ -82,13 +86,7 @@ rule generate_shard:
     params:
         server_json=rules.snapshot_server.output.server,
         # the sampling and generation.history (a no-op value left out: older params still match)
-        generation=rule_params(
-            {
-                key: value
-                for key, value in config["generation"].items()
-                if key not in GENERATION_PACING
-            }
-        ),
+        generation=shard_params(SETTINGS.generation),
         runtime=GENERATION_RUNTIME,
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",

@@ -4,6 +4,20 @@
 # reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 
+# hidden_states.* the states depend on: each a param of its own (a rerun trigger); the script reads
+# them back into HiddenStatesSettings with the run-time values (engine_runtime in common.smk)
+EXTRACTION_PARAMS = as_params(
+    SETTINGS.hidden_states,
+    "backend",
+    "layers",
+    "max_seq_len",
+    "overlong",
+    "dtype",
+    "batch_tokens",
+    "compute_dtype",
+    "trust_remote_code",
+)
+
 
 rule extract_hidden_states:
     input:
@@ -34,34 +48,21 @@ rule extract_hidden_states:
         gpu=0 if VLLM_ENGINE else 1,
         extraction_clients=1 if VLLM_ENGINE else 0,
     params:
-        # vllm: one process, vLLM starts its own tensor-parallel workers on the job's GPUs
+        **EXTRACTION_PARAMS,
+        # only a rerun trigger (the target's placement under transformers), its value as it always
+        # was: the job's launch mode comes from hidden_states.backend and device_map (job.launch_mode)
         launch_mode=(
-            "device_map"
-            if config["hidden_states"]["device_map"]
-            or config["hidden_states"]["backend"] == "vllm"
-            else "ddp"
+            "device_map" if SETTINGS.hidden_states.device_map or VLLM_ENGINE else "ddp"
         ),
-        backend=config["hidden_states"]["backend"],
-        vllm={
-            key: value
-            for key, value in config["hidden_states"]["vllm"].items()
-            if key not in ENGINE_RUNTIME_KEYS
-        },
-        runtime=get_engine_runtime,  # the engine's folder and pacing: no rerun trigger
+        vllm=ENGINE_PARAMS,
+        runtime=get_engine_runtime,  # device_map, the engine's folder and pacing: no rerun trigger
         # the snapshot exists: the traces come from generation, which needs it
         server_json=rules.snapshot_server.output.server,
-        layers=config["hidden_states"]["layers"],
-        max_seq_len=config["hidden_states"]["max_seq_len"],
-        overlong=config["hidden_states"]["overlong"],
-        dtype=config["hidden_states"]["dtype"],
-        batch_tokens=config["hidden_states"]["batch_tokens"],
-        compute_dtype=config["hidden_states"]["compute_dtype"],
-        trust_remote_code=config["hidden_states"]["trust_remote_code"],
         work=f"{WORK}/hidden_states/{EPOCH_DIR}{{shard}}",  # a folder per split inside
     script:
         # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch): processes clamped
         # to the GPUs the job sees (CPU when none); device_map mode starts one process that spreads
-        # the target over all of them
+        # the target over all of them; the vllm backend one plain client of its engine
         "../scripts/extract_hidden_states.py"
 
 

@@ -2,22 +2,23 @@
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
-from eagle3_pipeline.draft.job import DRAFT_NORM_KEYS
+from eagle3_pipeline.settings import DRAFT_NORM_KEYS, TRAIN_RUNTIME_KEYS
 
-LENGTHS = {key: config["hidden_states"][key] for key in ("max_seq_len", "overlong")}
+LENGTHS = as_params(SETTINGS.hidden_states, "max_seq_len", "overlong")
 # train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
 # (recompute instead of keep: the same numbers) and train.fsdp (shard instead of replicate: the same
 # numbers up to rounding, the same state files) are not properties of the weights (train.py leaves them
 # out of the resume fingerprint too): run-time only, changing them reruns nothing
-TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
 TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
 TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
 # EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained
 DRAFT_PARAMS = {
-    k: v for k, v in config["draft"].items() if v or k not in DRAFT_NORM_KEYS
+    k: v for k, v in as_params(SETTINGS.draft).items() if v or k not in DRAFT_NORM_KEYS
 }
+
+
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 # validate.select_every_epochs (KEPT_EPOCHS, rules/common.smk): only when on do the training rules get
 # the param and outputs (off, their jobs are what they were before the key existed).
@@ -51,7 +52,7 @@ rule vocab_map:
     conda:
         "../envs/pipeline.yaml"
     params:
-        draft_vocab_size=config["draft"]["draft_vocab_size"],
+        draft_vocab_size=SETTINGS.draft.draft_vocab_size,
         lengths=LENGTHS,
     script:
         "../scripts/vocab_map.py"
@@ -72,13 +73,16 @@ if WINDOW:
             windows=EPOCH_WINDOWS,
             train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
+            # input.traces' shard ids: known here, not parsed back out of the paths
+            runtime=runtime_only(traces={"shards": SHARDS}),
         script:
             "../scripts/plan_windows.py"
 
     rule train_draft_window:
         input:
-            states=get_window_states,
-            previous=get_previous_window_state,
+            train_states=window_hidden_states("train"),
+            validation_states=window_hidden_states("validation"),
+            previous=get_previous_window_training_state,
             # the window's extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
             engine_stopped=get_engine_stopped,
             plan=rules.plan_windows.output,
@@ -86,7 +90,7 @@ if WINDOW:
             target=get_target_config(),
             corpus=rules.merge_traces.output.stats,
         output:
-            state=temp(window_state("{epoch}", "{window}")),
+            state=temp(window_training_state("{epoch}", "{window}")),
         log:
             f"{LOGS}/train_draft_window/epoch-{{epoch}}/{{window}}.log",
         conda:
@@ -98,7 +102,8 @@ if WINDOW:
             **KEPT,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
-            runtime=TRAIN_RUNTIME,
+            # with the window's shard ids, which the job checks against the plan's
+            runtime=get_window_training_runtime,
             # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
             windows=WINDOW_COUNT,
@@ -111,7 +116,7 @@ if WINDOW:
 
     rule train_draft:
         input:
-            state=window_state(EPOCHS - 1, WINDOW_COUNT - 1),
+            state=window_training_state(EPOCHS - 1, WINDOW_COUNT - 1),
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:
@@ -125,7 +130,7 @@ if WINDOW:
             "../envs/pipeline.yaml"
         params:
             **KEPT_FINISH,
-            target=config["target"]["model"],
+            target=SETTINGS.target.model,
             draft=DRAFT_PARAMS,
             train=TRAIN_PARAMS,
             runtime=TRAIN_RUNTIME,
@@ -136,7 +141,9 @@ else:
 
     rule train_draft:
         input:
-            states=get_draft_states,
+            train_states=get_variant_train_states,
+            # none for a learning-curve point
+            validation_states=get_draft_validation_states,
             # the extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
             engine_stopped=get_engine_stopped,
             vocab_map=rules.vocab_map.output,
@@ -184,6 +191,6 @@ rule export_draft:
         "../envs/pipeline.yaml"
     params:
         # speculators_config's proposal (its verifier: the target's folder, from input.target)
-        speculative_tokens=config["validate"]["num_speculative_tokens"],
+        speculative_tokens=SETTINGS.validate.num_speculative_tokens,
     script:
         "../scripts/export_draft.py"

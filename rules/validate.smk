@@ -107,7 +107,7 @@ rule serve_check:
         checkpoint=rules.export_draft.output.config,
         validation=rules.split_traces.output.validation,  # the main traces' validation questions
         server=rules.snapshot_server.output.server,
-        offline=rules.validate_offline.output[0],  # served acceptance must match it (validate/served.py)
+        offline=rules.validate_offline.output[0],  # served acceptance must match it (validate/served_figures.py)
     output:
         f"{RESULTS}/{{variant}}validation/serve_check.json",
     log:
@@ -121,7 +121,7 @@ rule serve_check:
     params:
         # the requests' sampling and concurrency (the tokens/s compared) and the check's own keys;
         # which server is an input (server.json), reaching and restarting it is run-time only
-        generation=sampling_params(config["generation"])
+        generation=sampling_params(SETTINGS.generation)
         | as_params(SETTINGS.generation, "concurrency"),
         validate=get_serve_check_settings,
         runtime=runtime_only(

@@ -2,9 +2,9 @@
 
 import os
 
-from eagle3_pipeline.demo.fit import FitSettings
 from eagle3_pipeline.demo.target import build_demo_target
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import DemoSettings, section
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -14,8 +14,7 @@ build_demo_target(
     unit_template_path=snakemake.input.unit_template,
     target_dir=os.path.dirname(snakemake.output.config),
     unit_path=snakemake.output.unit,
-    port=snakemake.params.port,
-    settings=FitSettings(seconds=snakemake.params.fit_seconds, seed=snakemake.params.seed),
+    demo=section(DemoSettings, dict(snakemake.params.items())),  # port, fit_seconds, seed
     # the checkout holding .venv-vllm, also under `snakemake --directory elsewhere`
     repo=os.path.dirname(snakemake.scriptdir),
 )

@@ -1,7 +1,8 @@
 """Rule merge_traces: generation shards -> traces (with their split), stats, conversations, plots."""
 
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.traces import TraceFilters, TraceOutputs, merge_traces
+from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.traces import TraceOutputs, merge_traces
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -17,6 +18,6 @@ merge_traces(
         output.lengths_plot,
         output.counts_plot,
     ),
-    filters=TraceFilters.from_config(snakemake.params.runtime.section("traces", snakemake.params.traces)),
+    traces=snakemake.params.runtime.typed(TracesSettings, "traces", snakemake.params.traces),
     prompts=list(snakemake.input.prompts),
 )

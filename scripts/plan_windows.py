@@ -1,20 +1,19 @@
 """Rule plan_windows: batches per (epoch, window) under a disk cap, for the learning-rate schedule."""
 
-from eagle3_pipeline.draft.windows import plan_windows, shard_id, write_plan
+from eagle3_pipeline.draft.windows import plan_windows, write_plan
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings, section
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
+shards = snakemake.params.runtime.section("traces")["shards"]  # input.traces' shard ids, in order
 write_plan(
     plan_windows(
         epoch_windows=snakemake.params.windows,
-        traces={shard_id(path): path for path in snakemake.input.traces},
-        epochs=snakemake.params.train["epochs"],
-        max_seq_len=snakemake.params.lengths["max_seq_len"],
-        overlong=snakemake.params.lengths["overlong"],
-        batch_tokens=snakemake.params.train["batch_tokens"],
-        seed=snakemake.params.train["seed"],
+        shard_traces=dict(zip(shards, snakemake.input.traces, strict=True)),
+        train=section(TrainSettings, snakemake.params.train),
+        hidden_states=section(HiddenStatesSettings, snakemake.params.lengths),
     ),
     snakemake.output[0],
 )

@@ -3,15 +3,17 @@ the server (server.replicas: rule preflight_replicas)."""
 
 from eagle3_pipeline.generate.preflight import preflight_generation
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
+params = snakemake.params
 preflight_generation(
-    server_json_path=snakemake.params.server_json,
-    server_cfg=snakemake.params.runtime.section("server"),
-    generation=snakemake.params.runtime.section("generation", snakemake.params.generation),
+    server_json_path=params.server_json,
+    server=params.runtime.typed(ServerSettings, "server"),
+    generation=params.runtime.typed(GenerationSettings, "generation", params.generation),
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
-    state_dir=snakemake.params.state_dir,
+    state_dir=params.state_dir,
 )

@@ -2,12 +2,16 @@
 
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.prompts import prepare_prompts
+from eagle3_pipeline.settings import DatasetSettings, GenerationSettings, section
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
+selection = dict(snakemake.params.selection)  # dataset.path, seed and turns; history only when own
+history = {"history": selection.pop("history")} if "history" in selection else {}
 prepare_prompts(
-    selection=snakemake.params.selection,
+    dataset=section(DatasetSettings, selection),
+    history=section(GenerationSettings, history).history,
     num_samples=snakemake.params.rows["stop"],
     start=snakemake.params.rows["start"],
     selection_path=snakemake.output.selection,

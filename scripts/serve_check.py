@@ -3,18 +3,20 @@
 import os
 
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.serve_check import serve_check
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
+runtime = snakemake.params.runtime
 
 serve_check(
     checkpoint_dir=os.path.dirname(snakemake.input.checkpoint),
     validation_path=snakemake.input.validation,
     server_json_path=snakemake.input.server,
-    server_cfg=snakemake.params.runtime.section("server"),
-    generation=snakemake.params.runtime.section("generation", snakemake.params.generation),
-    validate=snakemake.params.runtime.section("validate", snakemake.params.validate),
+    server=runtime.typed(ServerSettings, "server"),
+    generation=runtime.typed(GenerationSettings, "generation", snakemake.params.generation),
+    validate=runtime.typed(ValidateSettings, "validate", snakemake.params.validate),
     work_dir=snakemake.params.work,
     output_path=snakemake.output[0],
     offline_path=snakemake.input.offline,

@@ -3,16 +3,17 @@ unit.service, server.json and identity.json, secrets redacted. A serve-check dro
 run is restored first, so that the draft's command is never recorded as production's."""
 
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.server.host_record import recover_leftover_dropin
 from eagle3_pipeline.server.snapshot import snapshot_server
-from eagle3_pipeline.validate.dropin import recover_leftover_dropin
+from eagle3_pipeline.settings import ServerSettings
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
-server_cfg = snakemake.params.runtime.section("server", snakemake.params.server)
-recover_leftover_dropin(server_cfg)
+server = snakemake.params.runtime.typed(ServerSettings, "server", snakemake.params.server)
+recover_leftover_dropin(server)
 snapshot_server(
-    server_cfg,
+    server,
     unit_out=snakemake.output.unit,
     server_out=snakemake.output.server,
     identity_out=snakemake.output.identity,

@@ -4,16 +4,18 @@ with one process per GPU the job sees (eagle3_pipeline.launch; one CPU process w
 from eagle3_pipeline.draft.job import rule_job, write_job
 from eagle3_pipeline.launch import exec_job
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import DraftSettings, TrainSettings, section
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
 job = rule_job(
-    states=snakemake.input.states,
+    train_states=snakemake.input.train_states,
+    validation_states=snakemake.input.validation_states,
     vocab_map=snakemake.input.vocab_map,
     target_config=snakemake.input.target,
-    draft=snakemake.params.draft,
-    train=snakemake.params.runtime.section("train", snakemake.params.train),
+    draft=section(DraftSettings, snakemake.params.draft),
+    train=snakemake.params.runtime.typed(TrainSettings, "train", snakemake.params.train),
     work=snakemake.params.work,
     cpu_threads=snakemake.threads,
     weights=snakemake.output.weights,

@@ -4,6 +4,7 @@ window's state, as a job file run by `accelerate launch` (see scripts/train_draf
 from eagle3_pipeline.draft.job import WindowJob, rule_job, single_path, write_job
 from eagle3_pipeline.launch import exec_job
 from eagle3_pipeline.logs import stage
+from eagle3_pipeline.settings import DraftSettings, TrainSettings, section
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -16,13 +17,15 @@ window = WindowJob(
     plan=single_path(snakemake.input.plan),
     previous=single_path(snakemake.input.previous),  # none for the very first window
     state=snakemake.output.state,
+    shards=snakemake.params.runtime.section("window")["shards"],
 )
 job = rule_job(
-    states=snakemake.input.states,
+    train_states=snakemake.input.train_states,
+    validation_states=snakemake.input.validation_states,
     vocab_map=snakemake.input.vocab_map,
     target_config=snakemake.input.target,
-    draft=snakemake.params.draft,
-    train=snakemake.params.runtime.section("train", snakemake.params.train),
+    draft=section(DraftSettings, snakemake.params.draft),
+    train=snakemake.params.runtime.typed(TrainSettings, "train", snakemake.params.train),
     work=snakemake.params.work,
     cpu_threads=snakemake.threads,
     window=window,

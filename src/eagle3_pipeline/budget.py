@@ -43,6 +43,7 @@ from typing import Any
 
 from eagle3_pipeline import io
 from eagle3_pipeline.logs import setup_logging
+from eagle3_pipeline.settings import DRAFT_ATTENTION_KEYS, DraftSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -108,31 +109,28 @@ def _budget(source: str, samples: int, tokens: int, hidden_size: int, dtype: str
 
 
 def estimate_from_config(
-    config: Mapping[str, Any], hidden_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    settings: Settings, hidden_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
 ) -> Budget:
     """Upper bound before the run: num_samples x min(prompt + max_tokens, max_seq_len) tokens."""
-    samples = config["dataset"]["num_samples"]
-    per_sample = min(
-        prompt_tokens + config["generation"]["max_tokens"], config["hidden_states"]["max_seq_len"]
-    )
-    return _budget("config", samples, samples * per_sample, hidden_size, config["hidden_states"]["dtype"])
+    samples = settings.dataset.num_samples
+    per_sample = min(prompt_tokens + settings.generation.max_tokens, settings.hidden_states.max_seq_len)
+    return _budget("config", samples, samples * per_sample, hidden_size, settings.hidden_states.dtype)
 
 
-def shard_bound_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
+def shard_bound_bytes(settings: Settings, hidden_size: int) -> int:
     """The most one shard's states can take: shard_size samples x max_seq_len tokens x bytes per token."""
-    hs = config["hidden_states"]
-    return config["dataset"]["shard_size"] * hs["max_seq_len"] * bytes_per_token(hidden_size, hs["dtype"])
+    hs = settings.hidden_states
+    return settings.dataset.shard_size * hs.max_seq_len * bytes_per_token(hidden_size, hs.dtype)
 
 
-def state_file_bytes(config: Mapping[str, Any], target: Mapping[str, Any]) -> int:
-    """Bytes of one training state file for the draft of `target` (its config.json, parsed) under
-    config draft.*: STATE_BYTES_PER_PARAMETER per trained parameter, plus STATE_FILE_OVERHEAD (the
-    frozen embeddings are not in it: draft/train.py)."""
+def state_file_bytes(draft: DraftSettings, model_config: Mapping[str, Any]) -> int:
+    """Bytes of one training state file for the draft (config draft.*) of the target whose parsed
+    config.json is `model_config`: STATE_BYTES_PER_PARAMETER per trained parameter, plus
+    STATE_FILE_OVERHEAD (the frozen embeddings are not in it: draft/train.py)."""
     from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, draft_config_from_target
 
-    draft = config.get("draft", {})
-    shape = {k: draft.get(k) for k in ("head_dim", "num_attention_heads", "num_key_value_heads")}
-    c = draft_config_from_target(dict(target), int(draft.get("draft_vocab_size", 32000)), **shape)
+    shape = {k: getattr(draft, k) for k in DRAFT_ATTENTION_KEYS}
+    c = draft_config_from_target(dict(model_config), draft.draft_vocab_size, **shape)
     q, kv, h = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.hidden_size
     parameters = NUM_AUX_LAYERS * c.target_hidden_size * h  # fc
     parameters += 2 * h * (q + 2 * kv) + q * h  # q/k/v over 2H, o
@@ -140,28 +138,29 @@ def state_file_bytes(config: Mapping[str, Any], target: Mapping[str, Any]) -> in
     return STATE_BYTES_PER_PARAMETER * parameters + STATE_FILE_OVERHEAD
 
 
-def parse_time_state_bytes(config: Mapping[str, Any], hidden_size: int) -> int:
+def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:
     """One training state file's bytes when the workflow is parsed: from the target's config.json, the
     demo's shape, or (no weights yet) an upper bound from the hidden size (an MLP 4 x hidden wide)."""
     from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
 
-    path = Path(config["target"]["model"]) / "config.json"
+    path = Path(settings.target.model) / "config.json"
     if path.exists():
-        target = json.loads(path.read_text())
-        target = target if "hidden_size" in target else target.get("text_config") or target
+        model_config = json.loads(path.read_text())
+        if "hidden_size" not in model_config:
+            model_config = model_config.get("text_config") or model_config
         try:
-            return state_file_bytes(config, target)
+            return state_file_bytes(settings.draft, model_config)
         except (KeyError, TypeError, ValueError):  # not a shape the draft reads: the bound below
             pass
-    elif config.get("demo", {}).get("enabled"):
-        return state_file_bytes(config, DEMO_TARGET_SHAPE)
+    elif settings.demo.enabled:
+        return state_file_bytes(settings.draft, DEMO_TARGET_SHAPE)
     bound = {"hidden_size": hidden_size, "num_attention_heads": max(1, hidden_size // 128)}
     bound["intermediate_size"] = 4 * hidden_size
-    bound["vocab_size"] = int(config.get("draft", {}).get("draft_vocab_size", 32000))
-    return state_file_bytes(config, bound)
+    bound["vocab_size"] = settings.draft.draft_vocab_size
+    return state_file_bytes(settings.draft, bound)
 
 
-def window_shards(config: Mapping[str, Any], hidden_size: int, state_bytes: int = 0) -> int | None:
+def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
     Decided from the config alone, at parse time: floor((cap - 2S) / 2B), B one shard's upper bound and
@@ -172,14 +171,14 @@ def window_shards(config: Mapping[str, Any], hidden_size: int, state_bytes: int 
     Raises:
         DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
     """
-    cap_gb = config["hidden_states"].get("max_disk_gb")
+    hs = settings.hidden_states
+    cap_gb = hs.max_disk_gb
     if cap_gb is None:
         return None
-    bound = shard_bound_bytes(config, hidden_size)
+    bound = shard_bound_bytes(settings, hidden_size)
     states = STATE_FILES_AT_ONCE * state_bytes
     shards = int(max(0, cap_gb * GB - states) // (2 * bound))
     if shards < 1:
-        hs = config["hidden_states"]
         held = (
             f" plus {STATE_FILES_AT_ONCE} training state files of {format_bytes(state_bytes)}"
             if state_bytes
@@ -188,9 +187,9 @@ def window_shards(config: Mapping[str, Any], hidden_size: int, state_bytes: int 
         raise DiskBudgetError(
             f"hidden_states.max_disk_gb: {cap_gb} GB ({format_bytes(cap_gb * GB)}) cannot hold one shard's "
             f"hidden states while it is extracted{held}: one shard is at most dataset.shard_size "
-            f"{config['dataset']['shard_size']:,} samples x hidden_states.max_seq_len {hs['max_seq_len']:,} "
-            f"tokens x {bytes_per_token(hidden_size, hs['dtype']):,} B/token (4 states x hidden size "
-            f"{hidden_size:,} x {hs['dtype']} + id/mask) = {format_bytes(bound)}, counted twice while it "
+            f"{settings.dataset.shard_size:,} samples x hidden_states.max_seq_len {hs.max_seq_len:,} "
+            f"tokens x {bytes_per_token(hidden_size, hs.dtype):,} B/token (4 states x hidden size "
+            f"{hidden_size:,} x {hs.dtype} + id/mask) = {format_bytes(bound)}, counted twice while it "
             f"is extracted (its per-batch parts and packed file exist together until the job ends): "
             f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least "
             f"{math.ceil((2 * bound + states) / GB * 1000) / 1000:g} (rounded up), or lower "
@@ -199,7 +198,7 @@ def window_shards(config: Mapping[str, Any], hidden_size: int, state_bytes: int 
     return shards
 
 
-def parse_time_hidden_size(config: Mapping[str, Any]) -> int:
+def parse_time_hidden_size(settings: Settings) -> int:
     """The target's hidden size when the workflow is parsed: from target.model's config.json, or, for
     the embedded demo whose target a rule builds later, the demo's own size.
 
@@ -208,8 +207,8 @@ def parse_time_hidden_size(config: Mapping[str, Any]) -> int:
     """
     from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
 
-    path = Path(config["target"]["model"]) / "config.json"
-    stated = config["target"].get("hidden_size")
+    path = Path(settings.target.model) / "config.json"
+    stated = settings.target.hidden_size
     if path.exists():
         found = hidden_size_of(json.loads(path.read_text()))
         if stated and stated != found:
@@ -219,7 +218,7 @@ def parse_time_hidden_size(config: Mapping[str, Any]) -> int:
         return found
     if stated:
         return int(stated)
-    if config.get("demo", {}).get("enabled"):
+    if settings.demo.enabled:
         return DEMO_HIDDEN_SIZE
     raise DiskBudgetError(
         f"hidden_states.max_disk_gb needs the target's hidden size when the workflow is parsed, but "
@@ -364,34 +363,34 @@ def check_disk_budget(
     return budget
 
 
-def held_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[Budget, str]:
+def held_at_once(settings: Settings, budget: Budget) -> tuple[Budget, str]:
     """`budget` reduced to what is on disk at once (on_disk_at_once), with why, for check_free_space."""
-    peak, why = on_disk_at_once(config, budget)
+    peak, why = on_disk_at_once(settings, budget)
     if peak == budget.total_bytes:
         return budget, why
-    window = capped_window_shards(config, budget.hidden_size) or 0
-    samples = min(budget.samples, window * config["dataset"]["shard_size"])
+    window = capped_window_shards(settings, budget.hidden_size) or 0
+    samples = min(budget.samples, window * settings.dataset.shard_size)
     held = dataclasses.replace(
         budget, samples=samples, tokens=peak // budget.bytes_per_token, total_bytes=peak
     )
     return held, why
 
 
-def on_disk_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[int, str]:
+def on_disk_at_once(settings: Settings, budget: Budget) -> tuple[int, str]:
     """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
 
     Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
     2 x window_shards x one shard's upper bound (and never more than the whole corpus), plus the
     training state files held at once (STATE_FILES_AT_ONCE).
     """
-    window = capped_window_shards(config, budget.hidden_size)
+    window = capped_window_shards(settings, budget.hidden_size)
     if window is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
-    state = parse_time_state_bytes(config, budget.hidden_size)
-    bound = 2 * window * shard_bound_bytes(config, budget.hidden_size)
-    epochs = config["train"]["epochs"]
+    state = parse_time_state_bytes(settings, budget.hidden_size)
+    bound = 2 * window * shard_bound_bytes(settings, budget.hidden_size)
+    epochs = settings.train.epochs
     why = (
-        f"capped by hidden_states.max_disk_gb = {config['hidden_states']['max_disk_gb']} GB: windows of "
+        f"capped by hidden_states.max_disk_gb = {settings.hidden_states.max_disk_gb} GB: windows of "
         f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
         f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted) "
         f"and {STATE_FILES_AT_ONCE} training state files of {format_bytes(state)}"
@@ -399,11 +398,11 @@ def on_disk_at_once(config: Mapping[str, Any], budget: Budget) -> tuple[int, str
     return min(budget.total_bytes, bound) + STATE_FILES_AT_ONCE * state, why
 
 
-def capped_window_shards(config: Mapping[str, Any], hidden_size: int) -> int | None:
+def capped_window_shards(settings: Settings, hidden_size: int) -> int | None:
     """`window_shards` with the training state files counted (what rules/common.smk plans with)."""
-    if config["hidden_states"].get("max_disk_gb") is None:
+    if settings.hidden_states.max_disk_gb is None:
         return None
-    return window_shards(config, hidden_size, parse_time_state_bytes(config, hidden_size))
+    return window_shards(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
 
 
 def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> list[list[str]]:
@@ -420,12 +419,12 @@ def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> li
     return [sorted(order[i : i + size]) for i in range(0, len(order), size)]
 
 
-def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
+def budget_at_start(settings: Settings, run_dir: str | Path) -> str:
     """What a run prints as it starts: the config's upper bound against the free space, in a few lines.
 
     Never raises: the real check is rule check_disk_budget, on the real lengths, before extraction.
     """
-    target_json = Path(config["target"]["model"]) / "config.json"
+    target_json = Path(settings.target.model) / "config.json"
     try:
         hidden_size = hidden_size_of(json.loads(target_json.read_text()))
     except (OSError, ValueError) as error:
@@ -433,8 +432,8 @@ def budget_at_start(config: Mapping[str, Any], run_dir: str | Path) -> str:
             f"hidden-state disk budget: not estimated yet ({target_json}: {error}); "
             "check_disk_budget checks it before extraction"
         )
-    budget = estimate_from_config(config, hidden_size)
-    held, why = held_at_once(config, budget)
+    budget = estimate_from_config(settings, hidden_size)
+    held, why = held_at_once(settings, budget)
     peak = held.total_bytes
     try:
         figures = check_free_space(held, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
@@ -481,25 +480,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
     from eagle3_pipeline.config import SPLITS, check_config, shard_ids
+    from eagle3_pipeline.settings import build_settings
 
     args = _parse(sys.argv[1:] if argv is None else argv)
-    config = check_config(yaml.safe_load(Path(args.config).read_text()), args.schema)
-    hidden_size = _target_hidden_size(config["target"]["model"], args.hidden_size)
-    run_dir = Path(args.results) / config["run"]
-    budget = estimate_from_config(config, hidden_size, args.prompt_tokens)
-    hs = config["hidden_states"]
+    settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
+    hidden_size = _target_hidden_size(settings.target.model, args.hidden_size)
+    run_dir = Path(args.results) / settings.run
+    budget = estimate_from_config(settings, hidden_size, args.prompt_tokens)
+    hs, dataset = settings.hidden_states, settings.dataset
     traces = sorted((run_dir / "traces" / "shards").glob("*/shard-*.parquet"))
-    if len(traces) == len(SPLITS) * len(
-        shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"])
-    ):
-        budget = estimate_from_traces(traces, hidden_size, hs["max_seq_len"], hs["overlong"], hs["dtype"])
+    if len(traces) == len(SPLITS) * len(shard_ids(dataset.num_samples, dataset.shard_size)):
+        budget = estimate_from_traces(traces, hidden_size, hs.max_seq_len, hs.overlong, hs.dtype)
     try:
-        held, why = held_at_once(config, budget)
+        held, why = held_at_once(settings, budget)
     except DiskBudgetError as error:  # a cap below one shard
         sys.stdout.write(describe(budget) + f"\nREFUSED: {error}\n")
         return 1
     peak = held.total_bytes
-    already = 0 if hs["max_disk_gb"] is not None else existing_bytes(run_dir / "hidden_states")
+    already = 0 if hs.max_disk_gb is not None else existing_bytes(run_dir / "hidden_states")
     try:
         figures = check_free_space(held, run_dir, already)
     except DiskBudgetError as error:

@@ -10,6 +10,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from eagle3_pipeline.settings import Settings, build_settings
+
 
 class ConfigError(ValueError):
     """A config value the pipeline cannot run with; the message names the key and the fix."""
@@ -46,51 +48,53 @@ def _describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     return f"'{key}': {error.message}{hint}"
 
 
-def _set_defaults(config: dict[str, Any], schema: dict[str, Any]) -> None:
+def _set_defaults(document: dict[str, Any], schema: dict[str, Any]) -> None:
     """Fill absent keys from the schema's defaults, recursing into objects."""
     for name, sub in schema.get("properties", {}).items():
-        if name not in config and "default" in sub:
-            config[name] = yaml.safe_load(yaml.safe_dump(sub["default"]))  # a copy
-        if isinstance(config.get(name), dict) and sub.get("type") == "object":
-            _set_defaults(config[name], sub)
+        if name not in document and "default" in sub:
+            document[name] = yaml.safe_load(yaml.safe_dump(sub["default"]))  # a copy
+        if isinstance(document.get(name), dict) and sub.get("type") == "object":
+            _set_defaults(document[name], sub)
 
 
-def check_config(config: dict[str, Any], schema_path: str | Path) -> dict[str, Any]:
-    """Validate `config` in place (defaults filled in) and check what a schema cannot express.
+def check_config(raw: dict[str, Any], schema_path: str | Path) -> dict[str, Any]:
+    """Validate the user's config document in place (defaults filled in) and check what a schema
+    cannot express, on the typed settings. The one place the untyped document is read: everything
+    after takes `settings.build_settings(raw)`.
 
     Raises ConfigError listing every problem, each naming its key and how to fix it.
     """
     schema = load_schema(schema_path)
-    _set_defaults(config, schema)
+    _set_defaults(raw, schema)
     validator = jsonschema.Draft202012Validator(schema)
-    problems = [_describe(e, schema) for e in sorted(validator.iter_errors(config), key=str)]
+    problems = [_describe(e, schema) for e in sorted(validator.iter_errors(raw), key=str)]
     if not problems:
-        problems = _semantic_problems(config)
+        problems = _semantic_problems(build_settings(raw))
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-    return config
+    return raw
 
 
-def _semantic_problems(config: dict[str, Any]) -> list[str]:
+def _semantic_problems(settings: Settings) -> list[str]:
     from eagle3_pipeline.server.replicas import config_problems
 
-    problems = config_problems(config["server"])
-    path = config["dataset"]["path"]
+    problems = config_problems(settings.server)
+    path = settings.dataset.path
     if "://" not in path and not Path(path).exists():
         problems.append(
             f"'dataset.path': {path!r} does not exist; point it at a .jsonl, a .parquet, a folder of "
             "parquet files or hf://datasets/ORG/NAME"
         )
-    problem = _layer_problem(config["hidden_states"]["layers"], Path(config["target"]["model"]))
+    problem = _layer_problem(settings.hidden_states.layers, Path(settings.target.model))
     if problem:
         problems.append(problem)
-    if config["draft"]["norm_before_fc"] and config["draft"]["fc_norm"]:
+    if settings.draft.norm_before_fc and settings.draft.fc_norm:
         # vLLM (llama_eagle3.py) would apply both norms, speculators refuses the pair: nothing serves it
         problems.append(
             "'draft.norm_before_fc' and 'draft.fc_norm' are both true: they are exclusive (one norm over "
             "the concatenated auxiliary states, or one per state); set one of them to false"
         )
-    batch_tokens, max_seq_len = config["train"]["batch_tokens"], config["hidden_states"]["max_seq_len"]
+    batch_tokens, max_seq_len = settings.train.batch_tokens, settings.hidden_states.max_seq_len
     if batch_tokens < max_seq_len:
         # a batch holds whole samples: a sample longer than the batch would be cut, and its tail (the
         # end of the completion, extracted at a cost) never trained on
@@ -113,10 +117,10 @@ def target_num_layers(target: Path) -> int | None:
     return layers if isinstance(layers, int) else None
 
 
-def _layer_problem(layers: Any, target: Path) -> str | None:
+def _layer_problem(layers: str | tuple[int, ...], target: Path) -> str | None:
     """hidden_states.layers against the target's depth (the same rule the job applies)."""
-    if isinstance(layers, list) and len(set(layers)) != len(layers):
-        return f"'hidden_states.layers': {layers} repeats a layer; give three distinct 0-indexed layers"
+    if isinstance(layers, tuple) and len(set(layers)) != len(layers):
+        return f"'hidden_states.layers': {list(layers)} repeats a layer; give three distinct 0-indexed layers"
     num_layers = target_num_layers(target)
     if num_layers is None:
         return None
@@ -129,8 +133,9 @@ def _layer_problem(layers: Any, target: Path) -> str | None:
         return None
     if any(layer >= num_layers for layer in layers):
         return (
-            f"'hidden_states.layers': {layers} out of range for {target} ({num_layers} decoder layers): "
-            f"each must be in [0, {num_layers - 1}] (0-indexed decoder-layer outputs), or use auto"
+            f"'hidden_states.layers': {list(layers)} out of range for {target} "
+            f"({num_layers} decoder layers): each must be in [0, {num_layers - 1}] (0-indexed decoder-layer "
+            "outputs), or use auto"
         )
     return None
 

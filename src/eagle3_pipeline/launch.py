@@ -18,15 +18,17 @@ whose module reads the job file back (`read_job`). By hand, the same launcher ta
     python -m eagle3_pipeline.launch --gpus 8 --job-key K [--mode ddp|device_map] \\
         [--config-file my_accelerate.yaml] -- -m eagle3_pipeline.draft JOB.json
 
-Modes: `ddp` runs one process per GPU (the draft, which fits on one GPU many times over);
-`device_map` runs a single process that sees every GPU of the job, for a target too large for one
-GPU (a 1T MoE is sharded over all 8 with `device_map="auto"`; DDP would need 8 copies of it). The
-mode is exported to the script as EAGLE3_LAUNCH_MODE.
+Modes (`LaunchMode`): `ddp` runs one process per GPU (the draft, which fits on one GPU many times
+over); `device_map` runs a single process that sees every GPU of the job, for a target too large for
+one GPU (a 1T MoE is sharded over all 8 with `device_map="auto"`; DDP would need 8 copies of it);
+`client` runs one plain process without accelerate, a client of a process that holds the GPUs itself.
+The launched module reads how to place its model from its own job file, not from the launcher.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import logging
 import os
@@ -42,8 +44,14 @@ from eagle3_pipeline.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
-MODES = ("ddp", "device_map")
-MODE_ENV = "EAGLE3_LAUNCH_MODE"
+
+class LaunchMode(enum.Enum):
+    DDP = "ddp"  # one process per GPU
+    DEVICE_MAP = "device_map"  # one process that spreads the model over every GPU of the job
+    CLIENT = "client"  # one plain process, no accelerate (the vllm backend's extraction engine's client)
+
+
+MODES = (LaunchMode.DDP.value, LaunchMode.DEVICE_MAP.value)  # what `accelerate launch` can start
 
 
 def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:
@@ -94,12 +102,12 @@ def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def launch_flags(gpus: int, job_key: str, visible: int, mode: str = "ddp") -> str:
+def launch_flags(gpus: int, job_key: str, visible: int, mode: LaunchMode = LaunchMode.DDP) -> str:
     """The `accelerate launch` flags for a job given `gpus` GPUs of which `visible` are really there."""
-    if mode not in MODES:
-        raise ValueError(f"unknown launch mode {mode!r}; use one of {MODES}")
+    if mode is LaunchMode.CLIENT:
+        raise ValueError(f"{mode} starts no accelerate processes; use one of {MODES}")
     usable = clamp_processes(gpus, visible)
-    if mode == "device_map" and usable > 0:
+    if mode is LaunchMode.DEVICE_MAP and usable > 0:
         # One process; the script shards the model over every visible device (device_map="auto").
         return (
             "--num_processes 1 --num_machines 1 --dynamo_backend no "
@@ -113,7 +121,7 @@ def launch_argv(
     job_key: str,
     script_argv: Sequence[str],
     visible: int,
-    mode: str = "ddp",
+    mode: LaunchMode = LaunchMode.DDP,
     config_file: str | None = None,
 ) -> list[str]:
     """The full command: this interpreter's `accelerate launch`, its flags, then the script and its args.
@@ -129,14 +137,14 @@ def launch_argv(
     return argv + list(script_argv)
 
 
-def describe(gpus: int, visible: int, mode: str) -> str:
+def describe(gpus: int, visible: int, mode: LaunchMode) -> str:
     """One log line saying what the job asked for, what it has, and what is started."""
     usable = clamp_processes(gpus, visible)
-    if mode == "client":
+    if mode is LaunchMode.CLIENT:
         return f"one client process ({visible} GPU(s) visible, left to the engine it feeds)"
     if usable <= 0:
         what = "1 CPU process"
-    elif mode == "device_map":
+    elif mode is LaunchMode.DEVICE_MAP:
         what = f"1 process sharding the model over {usable} GPU(s)"
     else:
         what = f"{usable} process(es), one per GPU"
@@ -177,7 +185,12 @@ def read_job(path: str | Path) -> dict[str, Any]:
 
 
 def exec_job(
-    module: str, job_file: str | Path, gpus: int, job_key: str, log_path: str | Path, mode: str = "ddp"
+    module: str,
+    job_file: str | Path,
+    gpus: int,
+    job_key: str,
+    log_path: str | Path,
+    mode: LaunchMode = LaunchMode.DDP,
 ) -> NoReturn:
     """Become `accelerate launch <flags> -m MODULE JOB_FILE`, its output appended to the job's log.
 
@@ -191,17 +204,16 @@ def exec_job(
         gpus: GPUs Snakemake gave the job (`resources.gpu`).
         job_key: Identifies the job (its work folder); picks the main-process port.
         log_path: The job's log; the launched processes' stdout and stderr are appended to it.
-        mode: ddp or device_map; or client: one plain process, no accelerate (a client of a process
-            that holds the GPUs itself, such as the vllm backend's extraction engine).
+        mode: see LaunchMode.
     """
     argv = ["-m", module, str(job_file)]
-    if mode == "client":
+    if mode is LaunchMode.CLIENT:
         _exec(gpus, mode, lambda visible: [sys.executable, *argv], log_path)
     _exec(gpus, mode, lambda visible: launch_argv(gpus, job_key, argv, visible, mode), log_path)
 
 
 def _exec(
-    gpus: int, mode: str, command_for: Callable[[int], list[str]], log_path: str | Path | None = None
+    gpus: int, mode: LaunchMode, command_for: Callable[[int], list[str]], log_path: str | Path | None = None
 ) -> NoReturn:
     """Log what is started on the devices visible now, then exec the command (stdout/stderr to log_path)."""
     visible = visible_gpu_count()
@@ -217,19 +229,15 @@ def _exec(
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    os.execve(command[0], command, {**os.environ, MODE_ENV: mode})
+    os.execv(command[0], command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: decide the flags from the visible devices, log them, exec `accelerate launch`."""
     setup_logging(None, "launch")  # stderr is the job's log
     args, script_argv = _parse(sys.argv[1:] if argv is None else argv)
-    key, config_file = args.job_key, args.config_file
-    _exec(
-        args.gpus,
-        args.mode,
-        lambda seen: launch_argv(args.gpus, key, script_argv, seen, args.mode, config_file),
-    )
+    key, config_file, mode = args.job_key, args.config_file, LaunchMode(args.mode)
+    _exec(args.gpus, mode, lambda seen: launch_argv(args.gpus, key, script_argv, seen, mode, config_file))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 import polars as pl
 
 from eagle3_pipeline import io
-from eagle3_pipeline.settings import GENERATION_DEFAULTS, DatasetSettings, field_default
+from eagle3_pipeline.settings import DatasetSettings
 
 log = logging.getLogger(__name__)
 
@@ -386,14 +386,20 @@ def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
 
 
 def prepare_prompts(
-    selection: dict[str, Any], num_samples: int, selection_path: str, skipped_path: str, start: int = 0
+    dataset: DatasetSettings,
+    history: str,
+    num_samples: int,
+    selection_path: str,
+    skipped_path: str,
+    start: int = 0,
 ) -> dict[str, int]:
     """Read the dataset, select num_samples questions and write questions [start, num_samples) of the
     order, and the skipped rows.
 
     Args:
-        selection: what the order depends on: the dataset `path`, `seed` and `turns`, and `history`
-            (generation.history; absent means none).
+        dataset: its `path`, `seed` and `turns`: what the order depends on, with `history`
+            (its num_samples and shard_size are not read: the caller's rows are).
+        history: generation.history (`own`: the units are whole conversations).
         num_samples: how many questions to take (fewer when the dataset has fewer).
         selection_path: prompts/selection-{b}.parquet; write_prompt_shard cuts the shards out of it.
         skipped_path: where the damaged and duplicate rows are listed with their reasons.
@@ -405,15 +411,8 @@ def prepare_prompts(
     Raises:
         DatasetError: the dataset cannot be read, or holds no usable question.
     """
-    path = selection["path"]
-    history = selection.get("history", GENERATION_DEFAULTS.history)
-    found = select(
-        path,
-        selection.get("turns", field_default(DatasetSettings, "turns")),
-        num_samples,
-        selection.get("seed", field_default(DatasetSettings, "seed")),
-        history,
-    )
+    path = dataset.path
+    found = select(path, dataset.turns, num_samples, dataset.seed, history)
     first = start
     metadata = None  # write_prompt_shard reads the unit from here: its params stay as before history
     if history == "own":

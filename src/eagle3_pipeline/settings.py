@@ -2,11 +2,11 @@
 
 Built once, by `build_settings`, from the config `check_config` validated (its defaults filled in from
 the schema). Each field's default equals the schema's, and tests/unit/test_settings.py fails when a key,
-a field or a default drifts: the schema stays the one place a default is written, and code that must
-fill in a partial mapping (a test's, an old caller's) takes the default from here, never a literal.
+a field or a default drifts: the schema stays the one place a default is written.
 
-Which of these values a rule passes as params, and which only at run time, is decided in the rules:
-params are rerun triggers (see `runtime_only` and rules/common.smk).
+The package sees only these objects: the rules read `SETTINGS` and pass plain params (rerun triggers:
+`as_params`) and run-time values (`runtime_only`); each script turns them back into its sections
+(`section`, `RuntimeOnly.typed`) and hands those to one package call, whose functions take `*Settings`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ class ServerSettings:
     max_shard_jobs: int | None = None
     replicas: tuple[ReplicaSettings, ...] = ()
     ssh: SshSettings = field(default_factory=SshSettings)
+
+    @property
+    def local_unit_file(self) -> str | None:
+        """unit_file when it is on this machine (host: local): the snapshot reads the unit there, not
+        through `systemctl cat`, and where there is no systemd the pipeline runs its ExecStart itself."""
+        return self.unit_file if self.host == "local" else None
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,13 @@ class DraftSettings:
     norm_output: bool = False
 
 
+# draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),
+# what draft.config.draft_config_from_target takes. The norms are recorded (rule params, the resume
+# fingerprint) only when on: a draft without them keeps the jobs it had before they existed.
+DRAFT_ATTENTION_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")
+DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     epochs: int = 10
@@ -182,6 +195,11 @@ class TrainSettings:
     save_every_steps: int = 500
     activation_checkpointing: bool = False
     fsdp: bool = False
+
+
+# train.* that do not shape the weights (how often a resume point is saved, recompute instead of keep,
+# shard instead of replicate): run-time only in the rules, left out of the resume fingerprint
+TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -247,9 +265,9 @@ def _item_section(hint: Any) -> type | None:
     return None
 
 
-def build_settings(config: Mapping[str, Any]) -> Settings:
-    """The typed settings of a config that check_config validated (defaults filled in)."""
-    return section(Settings, config)
+def build_settings(validated: Mapping[str, Any]) -> Settings:
+    """The typed settings of a config document that check_config validated (defaults filled in)."""
+    return section(Settings, validated)
 
 
 def as_params(settings: Any, *keys: str) -> dict[str, Any]:
@@ -284,8 +302,13 @@ class RuntimeOnly:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def section(self, name: str, recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Section `name` whole again: the values recorded as params with these run-time ones added."""
-        return {**(recorded or {}), **self.sections.get(name, {})}
+        """Section `name` whole again: the values recorded as params with these run-time ones added; a
+        nested section split between the two (hidden_states.vllm) is merged key by key."""
+        whole = dict(recorded or {})
+        for key, value in self.sections.get(name, {}).items():
+            nested = isinstance(whole.get(key), Mapping) and isinstance(value, Mapping)
+            whole[key] = {**whole[key], **value} if nested else value
+        return whole
 
     def typed(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
         """Section `name` as its typed settings (`cls`): the recorded params with these run-time values
@@ -302,17 +325,6 @@ def field_default(cls: type, name: str) -> Any:
     """The default of one field of a section (the schema's), for a section with required fields."""
     f = {f.name: f for f in dataclasses.fields(cls)}[name]
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-
-
-# The schema's defaults, for code handed a partial section (a test's mapping): `.get(key, X.key)`,
-# never a literal that could disagree with config/schema.yaml.
-SERVER_DEFAULTS = ServerSettings()
-SSH_DEFAULTS = SshSettings()
-GENERATION_DEFAULTS = GenerationSettings()
-VALIDATE_DEFAULTS = ValidateSettings()
-HIDDEN_STATES_DEFAULTS = HiddenStatesSettings()
-TRACES_DEFAULTS = TracesSettings()
-TRAIN_DEFAULTS = TrainSettings()
 
 
 def served_max_tokens(settings: Settings) -> int:

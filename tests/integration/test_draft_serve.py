@@ -25,6 +25,7 @@ from support.draft import write_hidden_states
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.train import TrainJob, main
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.settings import DraftSettings, TrainSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -54,8 +55,8 @@ def exported_draft(target: Path, root: Path, draft_vocab_size: int, layers: list
         validation_shards=[str(p) for p in shards["validation"]],
         vocab_map=str(root / "vocab_map.safetensors"),
         target=str(target),
-        draft={"ttt_steps": 2, "step_weight_decay": 0.8},
-        train=TRAIN,
+        draft=DraftSettings(ttt_steps=2, step_weight_decay=0.8),
+        train=TrainSettings(**TRAIN),
         work=str(root / "work"),
         weights=str(root / "trained" / "model.safetensors"),
         history=str(root / "trained" / "history.json"),

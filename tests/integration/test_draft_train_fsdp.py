@@ -30,7 +30,7 @@ def _run(job: TrainJob, out: Path, stop_after_steps: int | None = None, **train:
     on a port the kernel picks (no fixed number another test may hold); -> their log."""
     moved = replace(job, work=str(out / "work"), weights=str(out / "model.safetensors"))
     moved = replace(moved, history=str(out / "history.json"), stop_after_steps=stop_after_steps)
-    moved = replace(moved, train=job.train | train)
+    moved = replace(moved, train=replace(job.train, **train))
     job_file = write_job(moved, out / "jobs" / "train_draft.json")
     argv = [sys.executable, *TORCHRUN, str(free_port()), "-m", "eagle3_pipeline.draft", str(job_file)]
     result = subprocess.run(argv, env=ENV, timeout=600, capture_output=True, text=True, check=False)

@@ -29,7 +29,7 @@ def _job_module(job: TrainJob, out: Path, stop_after_steps: int | None = None, *
     """`-m eagle3_pipeline.draft JOB.json` (what rule train_draft launches) for `job` writing under `out`."""
     moved = replace(job, work=str(out / "work"), weights=str(out / "model.safetensors"))
     moved = replace(moved, stop_after_steps=stop_after_steps)
-    moved = replace(moved, history=str(out / "history.json"), train=job.train | train)
+    moved = replace(moved, history=str(out / "history.json"), train=replace(job.train, **train))
     return ["-m", "eagle3_pipeline.draft", str(write_job(moved, out / "jobs" / "train_draft.json"))]
 
 

@@ -8,7 +8,6 @@ test_hidden_states_vllm.py: max_model_len 512, VLLM_CPU_KVCACHE_SPACE=1, enforce
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -21,7 +20,8 @@ from support.hidden_states import trace_rows, write_traces
 from support.vllm_server import cpu_vllm_env
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
-from eagle3_pipeline.hidden_states.extract import ExtractSettings
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.settings import HiddenStatesSettings, section
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -43,12 +43,19 @@ def cpu_env(monkeypatch):
         monkeypatch.setenv(name, value)
 
 
-def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path, **vllm) -> ExtractSettings:
+def _settings(batch_tokens: int = 200) -> HiddenStatesSettings:
+    return section(
+        HiddenStatesSettings,
+        {"batch_tokens": batch_tokens, "backend": "vllm", "vllm": ENGINE, "max_seq_len": 400},
+    )
+
+
+def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path) -> ShardJob:
     (root / name).mkdir(parents=True, exist_ok=True)
-    return ExtractSettings(
+    return ShardJob(
         traces=traces, shard=0, target=target, work=root / "work" / name,
         output=root / name / "shard-00000.safetensors", metadata=root / name / "shard-00000.json",
-        batch_tokens=200, backend="vllm", vllm={**ENGINE, **vllm}, max_seq_len=400, engine_dir=engine_dir,
+        engine_dir=engine_dir,
     )  # fmt: skip
 
 
@@ -63,8 +70,8 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
     second = _job(tmp_path, write_traces(tmp_path / "b.parquet", rows[4:8]), hs_target, "b", engine_dir)
     try:
         # two jobs, one engine: the second finds the first's running and starts none
-        meta_a = extract.extract_shards([first])[0]
-        meta_b = extract.extract_shards([second])[0]
+        meta_a = extract.extract_shards(_settings(), [first])[0]
+        meta_b = extract.extract_shards(_settings(), [second])[0]
         start_id = meta_a["engine"]["start_id"]
         assert meta_b["engine"]["start_id"] == start_id
         assert (
@@ -75,12 +82,11 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
 
         # a job of one sample per batch, fed one request at a time so that the kill lands mid-run
         killed = _job(tmp_path, write_traces(tmp_path / "c.parquet", rows[8:]), hs_target, "c", engine_dir)
-        killed = dataclasses.replace(killed, batch_tokens=1)
         failure: list[BaseException] = []
 
         def client() -> None:
             try:
-                extract.extract_shards([killed])
+                extract.extract_shards(_settings(batch_tokens=1), [killed])
             except BaseException as err:  # noqa: BLE001 - the failure is what this test checks
                 failure.append(err)
 
@@ -100,7 +106,7 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
         assert 0 < len(saved) < 16, saved  # killed mid-run: some batches saved, not all
 
         # the rerun: a new engine, the saved batches kept as they were, only the others run
-        meta_c = extract.extract_shards([killed])[0]
+        meta_c = extract.extract_shards(_settings(batch_tokens=1), [killed])[0]
         assert meta_c["engine"]["start_id"] != start_id
         assert meta_c["engine"]["last_run"]["batches"] == 16 - len(saved)
         assert meta_c["num_samples"] == 16

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -18,20 +19,22 @@ from eagle3_pipeline.generate import generate_shard, run_generation
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, run_preflight
 from eagle3_pipeline.prompts import normalise, prepare_prompts, write_prompt_shard
+from eagle3_pipeline.settings import DatasetSettings, GenerationSettings, ServerSettings, as_params
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-GENERATION = {
-    "max_tokens": 64,
-    "temperature": 0.6,
-    "top_p": 0.95,
-    "seed": 0,
-    "concurrency": 8,
-    "global_concurrency": 8,
-    "chat_template_kwargs": {},
-    "retries": 3,
-    "request_timeout_s": 300,
-}
+GENERATION = GenerationSettings(
+    max_tokens=64,
+    temperature=0.6,
+    top_p=0.95,
+    seed=0,
+    concurrency=8,
+    global_concurrency=8,
+    retries=3,
+    request_timeout_s=300,
+)
+# an unmanaged server without an API key, found through server.json
+SERVER = ServerSettings(manage=False, unit="vllm-demo.service", api_key_env="NO_SUCH_KEY_VAR")
 
 
 def sample_rows(n):
@@ -50,15 +53,11 @@ def make_prompts(tmp_path, rows, extra_lines=(), num_samples=16):
     path = tmp_path / "dataset.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "".join(x + "\n" for x in extra_lines))
     shard = tmp_path / "prompts/shard-00000.parquet"
-    dataset = {
-        "path": str(path),
-        "num_samples": num_samples,
-        "shard_size": num_samples,
-        "seed": 0,
-        "turns": "first",
-    }
+    dataset = DatasetSettings(
+        str(path), num_samples=num_samples, shard_size=num_samples, seed=0, turns="first"
+    )
     selection = tmp_path / "prompts/selection.parquet"
-    prepare_prompts(dataset, num_samples, str(selection), str(tmp_path / "prompts/skipped.parquet"))
+    prepare_prompts(dataset, "none", num_samples, str(selection), str(tmp_path / "prompts/skipped.parquet"))
     write_prompt_shard(str(selection), 0, num_samples, str(shard))
     return shard
 
@@ -88,19 +87,11 @@ def test_shard_end_to_end_with_damaged_rows_and_a_too_long_prompt(vllm_server, t
     shard = make_prompts(tmp_path, [*sample_rows(14), too_long], damaged)
     skipped_rows = pl.read_parquet(tmp_path / "prompts/skipped.parquet")
     assert skipped_rows.height == 2
-    server_cfg = {
-        "base_url": None,
-        "manage": False,
-        "unit": "vllm-demo.service",
-        "api_key_env": "NO_SUCH_KEY_VAR",
-        "api_key_file": None,
-        "start_timeout_s": 600,
-    }
     args = dict(
         prompts_path=str(shard),
         output_path=str(tmp_path / "generations/shard-00000.parquet"),
         server_json_path=str(write_server_json(tmp_path, vllm_server)),
-        server_cfg=server_cfg,
+        server=replace(SERVER, start_timeout_s=600),
         generation=GENERATION,
         journal_path=str(tmp_path / "work/shard-00000.jsonl"),
         state_dir=str(tmp_path / "work/server"),
@@ -136,7 +127,7 @@ def test_server_killed_mid_shard_and_restarted(vllm_server, tmp_path):
             frame,
             vllm_server.base_url,
             Sampling(vllm_server.served_model_name, 64, 0.6, 0.95, 0),
-            dict(GENERATION, concurrency=4),
+            replace(GENERATION, concurrency=4),
             journal,
             "identity",
             health_timeout_s=600,
@@ -193,8 +184,11 @@ def test_server_without_reasoning_parser_is_split_from_content(generation_target
 SHARD_JOB = """
 import json, logging, sys
 from eagle3_pipeline.generate import generate_shard
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings, section
 logging.basicConfig(level=logging.INFO)
-generate_shard(**json.loads(sys.argv[1]))
+a = json.loads(sys.argv[1])
+server, generation = section(ServerSettings, a.pop("server")), a.pop("generation")
+generate_shard(**a, server=server, generation=section(GenerationSettings, generation))
 """
 
 
@@ -204,14 +198,12 @@ def test_an_outage_longer_than_the_start_timeout_fails_the_shard_job_and_the_rer
     shard = make_prompts(tmp_path, sample_rows(16))
     journal = tmp_path / "work/shard-00000.jsonl"
     output = tmp_path / "generations/shard-00000.parquet"
-    server_cfg = {"manage": False, "unit": "vllm-demo.service", "base_url": None, "start_timeout_s": 5}
-    server_cfg |= {"api_key_env": "NO_SUCH_KEY_VAR", "api_key_file": None}
     args = dict(
         prompts_path=str(shard),
         output_path=str(output),
         server_json_path=str(write_server_json(tmp_path, vllm_server)),
-        server_cfg=server_cfg,
-        generation=dict(GENERATION, concurrency=2),
+        server=as_params(replace(SERVER, start_timeout_s=5)),  # as JSON: the job builds the sections
+        generation=as_params(replace(GENERATION, concurrency=2)),
         journal_path=str(journal),
         state_dir=str(tmp_path / "work/server"),
         shard=0,

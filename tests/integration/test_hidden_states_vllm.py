@@ -7,7 +7,6 @@ runs them. Kept small for 2 CI cores: max_model_len 512, VLLM_CPU_KVCACHE_SPACE=
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -18,9 +17,10 @@ import torch
 from support.hidden_states import trace_rows, write_traces
 from support.vllm_server import cpu_vllm_env
 
-from eagle3_pipeline.hidden_states import HiddenStateShard, extract, final_norm
-from eagle3_pipeline.hidden_states.extract import ExtractSettings
+from eagle3_pipeline.hidden_states import HiddenStateShard, extract, final_norm, vllm_extraction
+from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.settings import HiddenStatesSettings, section
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -46,14 +46,18 @@ def cpu_env() -> None:
     patch.undo()
 
 
-def _settings(traces: dict[str, Path], target: Path, out: Path, backend: str) -> list[ExtractSettings]:
+def _settings(backend: str, **vllm) -> HiddenStatesSettings:
+    values = {"batch_tokens": 200, "backend": backend, "vllm": {**ENGINE, **vllm}, "max_seq_len": 400}
+    return section(HiddenStatesSettings, values)
+
+
+def _jobs(traces: dict[str, Path], target: Path, out: Path) -> list[ShardJob]:
     jobs = []
     for split, path in traces.items():
         (out / split).mkdir(parents=True, exist_ok=True)
-        jobs.append(ExtractSettings(
+        jobs.append(ShardJob(
             traces=path, shard=0, target=target, work=out / "work" / split,
             output=out / split / "shard-00000.safetensors", metadata=out / split / "shard-00000.json",
-            batch_tokens=200, backend=backend, vllm=dict(ENGINE), max_seq_len=400,
         ))  # fmt: skip
     return jobs
 
@@ -69,12 +73,12 @@ def both(hs_target, hs_tokenizer, tmp_path_factory, cpu_env):
     }
     done = {}
     for backend in ("transformers", "vllm"):
-        jobs = _settings(traces, hs_target, root / backend, backend)
+        jobs = _jobs(traces, hs_target, root / backend)
         start = time.perf_counter()
         if backend == "vllm":  # parts kept: the resume test packs them again without an engine
-            metas = extract.extract_shards_vllm(jobs, keep_work=True)
+            metas = vllm_extraction.extract_shards(_settings(backend), jobs, keep_work=True)
         else:
-            metas = extract.extract_shards(jobs, _state())
+            metas = extract.extract_shards(_settings(backend), jobs, _state())
         done[backend] = (jobs, metas, time.perf_counter() - start)
     return done
 
@@ -160,8 +164,7 @@ def test_a_rerun_over_saved_parts_starts_no_engine(both):
     for job in jobs:
         job.output.unlink()
         job.metadata.unlink()
-    bogus = [dataclasses.replace(job, vllm={**job.vllm, "python": "/nonexistent/python"}) for job in jobs]
-    metas = extract.extract_shards(bogus)
+    metas = extract.extract_shards(_settings("vllm", python="/nonexistent/python"), jobs)
     assert metas == both["vllm"][1]
     assert [job.output.read_bytes() for job in jobs] == before
     assert not any(job.work.exists() for job in jobs)
@@ -176,8 +179,8 @@ def test_an_architecture_vllm_cannot_run_names_the_transformers_backend(
     config["architectures"] = ["NoSuchModelForCausalLM"]
     (target / "config.json").write_text(json.dumps(config))
     traces = write_traces(tmp_path / "train.parquet", trace_rows(hs_tokenizer, 1, shard=0))
-    jobs = _settings({"train": traces}, target, tmp_path / "out", "vllm")
+    jobs = _jobs({"train": traces}, target, tmp_path / "out")
     with pytest.raises(VllmBackendError, match=r"hidden_states\.backend: transformers") as refused:
-        extract.extract_shards(jobs)
+        extract.extract_shards(_settings("vllm"), jobs)
     # the engine's own error, from its log's tail, in the job's error
     assert "vLLM 0.32.0 has no model for ['NoSuchModelForCausalLM']" in str(refused.value), refused.value

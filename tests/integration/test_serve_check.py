@@ -35,15 +35,17 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(served_target, ser
     from support.served_drafts import greedy_sampling
     from support.validate_models import write_untrained_draft
 
-    from eagle3_pipeline.validate.serve_check import run_local_serve_check
+    from eagle3_pipeline.settings import ValidateSettings
+    from eagle3_pipeline.validate.local_vllm import run_local_serve_check
 
     torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
-    server_cfg = local_unit(served_target, tmp_path / "u")
+    server = local_unit(served_target, tmp_path / "u")
     validation = held_out_questions()
     untrained = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
 
+    validate = ValidateSettings(num_speculative_tokens=3)
     before = run_local_serve_check(
-        server_cfg, untrained, validation, greedy_sampling(), tmp_path / "state0", 3
+        server, validate, untrained, validation, greedy_sampling(), tmp_path / "state0"
     )
     after = served_trained_draft.result
     (tmp_path / "result.json").write_text(json.dumps({"untrained": before, "trained": after}, indent=1))
@@ -65,8 +67,10 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     tmp_path/figures.json (docs/validation.md)."""
     import torch
 
+    from eagle3_pipeline.server.dropin import ServeCheckError
+    from eagle3_pipeline.settings import GenerationSettings, ValidateSettings
     from eagle3_pipeline.validate.offline import evaluate
-    from eagle3_pipeline.validate.serve_check import ServeCheckError, serve_check
+    from eagle3_pipeline.validate.serve_check import serve_check
 
     torch.set_num_threads(1)
     layers = [0, 2, 6]  # the 8-layer target's default (auto) is [1, 3, 4]
@@ -94,16 +98,18 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     (tmp_path / "server.json").write_text(
         json.dumps({"model": str(served_target), "served_model_name": "eagle3-demo-target"})
     )
-    server_cfg = local_unit(served_target, tmp_path / "u")
-    generation = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0, "concurrency": 4}
-    validate = {
-        "max_questions": 12,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "num_speculative_tokens": 3,
-    }
-    validate |= {"served_offline_tolerance": 0.15, "speedup": True, "enforce_eager": True}
-    args = (tmp_path / "validation.parquet", tmp_path / "server.json", server_cfg, generation, validate)
+    server = local_unit(served_target, tmp_path / "u")
+    generation = GenerationSettings(max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0, concurrency=4)
+    validate = ValidateSettings(
+        max_questions=12,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        num_speculative_tokens=3,
+        served_offline_tolerance=0.15,
+        speedup=True,
+        enforce_eager=True,
+    )
+    args = (tmp_path / "validation.parquet", tmp_path / "server.json", server, generation, validate)
     result = serve_check(
         trained, *args, tmp_path / "work", tmp_path / "serve_check.json", tmp_path / "offline.json"
     )

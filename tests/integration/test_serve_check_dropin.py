@@ -23,20 +23,21 @@ import pytest
 from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
-from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.server.unit import ExecCommand
-from eagle3_pipeline.validate import dropin, remote_checkpoint
-from eagle3_pipeline.validate.dropin import (
+from eagle3_pipeline.server import host_record
+from eagle3_pipeline.server.dropin import (
     DROPIN_NAME,
-    Interrupted,
-    draft_dropin,
+    ServeCheckError,
     dropin_text,
     exec_start_with_draft,
-    interrupts_as_exceptions,
-    recover_leftover,
+    parse_marker,
 )
+from eagle3_pipeline.server.host_record import draft_dropin, recover_leftover
+from eagle3_pipeline.server.interrupts import Interrupted, interrupts_as_exceptions
+from eagle3_pipeline.server.remote import RemoteHost
+from eagle3_pipeline.server.unit import ExecCommand
+from eagle3_pipeline.settings import ServerSettings, SshSettings, ValidateSettings, section
+from eagle3_pipeline.validate import remote_checkpoint
 from eagle3_pipeline.validate.remote_checkpoint import CheckpointError, UnitSandbox
-from eagle3_pipeline.validate.serve_check import ServeCheckError
 
 pytestmark = pytest.mark.ssh
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -63,8 +64,13 @@ class Unit(StandInUnit):
         ]
 
     @property
+    def records(self) -> str:
+        """server.host_state_dir: where the host record goes."""
+        return str(self.units.parent / "run-eagle3")
+
+    @property
     def record(self) -> Path:
-        return self.units.parent / "run-eagle3" / f"{UNIT}.serve-check.json"
+        return Path(self.records) / f"{UNIT}.serve-check.json"
 
     def fail_next(self, action: str, times: int) -> None:
         (self.state / f"fail-{action}").write_text(str(times))
@@ -87,9 +93,8 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name in ("systemctl", "journalctl"):
         (sshd_server.bin_dir / name).write_text(script)
         (sshd_server.bin_dir / name).chmod(0o755)
-    monkeypatch.setattr(dropin, "RESTORE_RETRY_S", 0.1)
-    monkeypatch.setattr(dropin, "POLL_S", 0.1)
-    monkeypatch.setattr(dropin, "HOST_STATE_DIR", str(tmp_path / "run-eagle3"))
+    monkeypatch.setattr(host_record, "RESTORE_RETRY_S", 0.1)
+    monkeypatch.setattr(host_record, "POLL_S", 0.1)
     fake = Unit(state, units, legacy, port)
     yield fake
     kill_stand_in_unit(state)
@@ -99,7 +104,9 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def host(sshd_server):
-    remote = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(sshd_server.ssh_config))
+    remote = RemoteHost(
+        "vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]), str(sshd_server.ssh_config)
+    )
     yield remote
     remote.close()
 
@@ -116,8 +123,9 @@ def checkpoint(path: Path) -> Path:
 
 
 def _dropin(host, unit: Unit, **kwargs):
-    return draft_dropin(host, UNIT, exec_start_with_draft(COMMAND, "/ckpt", 3, False), sudo=False,
-                        unit_dir=str(unit.units), **kwargs)  # fmt: skip
+    exec_start = exec_start_with_draft(COMMAND, "/ckpt", 3, False)
+    return draft_dropin(host, UNIT, exec_start, record_dir=unit.records, sudo=False, unit_dir=str(unit.units),
+                        **kwargs)  # fmt: skip
 
 
 @pytest.mark.parametrize("was_active", [True, False])
@@ -130,7 +138,7 @@ def test_dropin_lifecycle(host, unit, was_active):
         assert text.startswith(
             f"# eagle3-pipeline serve_check run={run_id} was_active={'yes' if was_active else 'no'}"
         )
-        assert dropin.parse_marker(text) == {"run": run_id, "was_active": was_active}
+        assert parse_marker(text) == {"run": run_id, "was_active": was_active}
     assert not unit.dropin.exists()
     calls = unit.systemctl_calls()
     final = f"restart --no-block -- {UNIT}" if was_active else f"stop -- {UNIT}"
@@ -214,24 +222,28 @@ def test_a_leftover_dropin_is_restored_first(host, unit):
     _start(host)
     unit.dropin.parent.mkdir()
     unit.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "--speculative-config" "{}"', "r1", True))
-    found = recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units), str(unit.legacy)),
+    found = recover_leftover(host, UNIT, record_dir=unit.records, sudo=False,
+                             unit_dirs=(str(unit.units), str(unit.legacy)),
                              verify=unit.production_check())  # fmt: skip
     assert found == [{"path": str(unit.dropin), "run": "r1", "was_active": True}]
     assert not unit.dropin.exists() and unit.mainpid_alive()
     assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"restart --no-block -- {UNIT}"]
-    assert recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units),)) == []
+    assert (
+        recover_leftover(host, UNIT, record_dir=unit.records, sudo=False, unit_dirs=(str(unit.units),)) == []
+    )
 
 
 def test_a_legacy_dropin_is_restored_and_a_foreign_file_refused(host, unit):
     legacy = unit.legacy / f"{UNIT}.d" / DROPIN_NAME
     legacy.parent.mkdir()
     legacy.write_text("# Written by eagle3-pipeline's serve_check; removed when the check ends.\n[Service]\n")
-    assert recover_leftover(host, UNIT, False, unit_dirs=(str(unit.legacy),))[0]["run"] == "legacy"
+    found = recover_leftover(host, UNIT, record_dir=unit.records, sudo=False, unit_dirs=(str(unit.legacy),))
+    assert found[0]["run"] == "legacy"
     assert not legacy.exists() and not unit.mainpid_alive()  # it was not running: left stopped
     unit.dropin.parent.mkdir()
     unit.dropin.write_text("[Service]\nEnvironment=OPERATOR=1\n")
     with pytest.raises(ServeCheckError, match="not written by eagle3-pipeline"):
-        recover_leftover(host, UNIT, False, unit_dirs=(str(unit.units),))
+        recover_leftover(host, UNIT, record_dir=unit.records, sudo=False, unit_dirs=(str(unit.units),))
     assert unit.dropin.exists()  # never ours to remove
 
 
@@ -273,10 +285,11 @@ def test_the_snapshot_step_restores_a_leftover_first(sshd_server, unit, tmp_path
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(sshd_server.ssh_config.read_text())
     monkeypatch.setenv("HOME", str(home))  # fabric reads ~/.ssh/config, as in production
-    monkeypatch.setattr(dropin, "RECOVERY_DIRS", (str(unit.units), str(unit.legacy)))
+    monkeypatch.setattr(host_record, "RECOVERY_DIRS", (str(unit.units), str(unit.legacy)))
     unit.dropin.parent.mkdir()
     unit.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed-run", False))
-    found = dropin.recover_leftover_dropin(sshd_server.server_cfg())
+    server = section(ServerSettings, sshd_server.server_cfg(host_state_dir=unit.records))
+    found = host_record.recover_leftover_dropin(server)
     assert [f["run"] for f in found] == ["killed-run"] and not unit.dropin.exists()
     assert unit.systemctl_calls()[-2:] == ["daemon-reload", f"stop -- {UNIT}"]
 
@@ -290,26 +303,30 @@ def test_a_whole_remote_check_that_fails_leaves_production_as_it_was(
     checkpoint folder removed. (The measurement itself is tested against real vLLM in
     test_serve_check.py.)"""
     from eagle3_pipeline.generate.client import Sampling
-    from eagle3_pipeline.validate.dropin import run_remote_serve_check
+    from eagle3_pipeline.validate.production_check import run_remote_serve_check
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(sshd_server.ssh_config.read_text())
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setattr(dropin, "UNIT_DIR", str(unit.units))
-    monkeypatch.setattr(dropin, "RECOVERY_DIRS", (str(unit.units), str(unit.legacy)))
+    monkeypatch.setattr(host_record, "UNIT_DIR", str(unit.units))
+    monkeypatch.setattr(host_record, "RECOVERY_DIRS", (str(unit.units), str(unit.legacy)))
     unit_file = tmp_path / "vllm.service"  # systemctl cat is not in the stand-in: the unit file is read
     unit_file.write_text(f"[Service]\nExecStart={COMMAND.raw}\n")
     unit.dropin.parent.mkdir()
     unit.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed-run", True))
     base = tmp_path / "remote-base"
-    cfg = sshd_server.server_cfg(unit_file=str(unit_file), base_url=f"http://127.0.0.1:{unit.port}",
-                                 start_timeout_s=30, api_key_env="E3_NO_KEY")  # fmt: skip
-    server_json = {"served_model_name": "kimi-k2", "port": unit.port, "base_url": cfg["base_url"]}
+    server = section(ServerSettings, sshd_server.server_cfg(
+        unit_file=str(unit_file), base_url=f"http://127.0.0.1:{unit.port}", start_timeout_s=30,
+        api_key_env="E3_NO_KEY", host_state_dir=unit.records,
+    ))  # fmt: skip
+    validate = ValidateSettings(num_speculative_tokens=3, remote_dir=str(base), enforce_eager=False)
+    server_json = {"served_model_name": "kimi-k2", "port": unit.port, "base_url": server.base_url}
     with pytest.raises(Exception, match="metrics"):
         run_remote_serve_check(
-            cfg, server_json, checkpoint(tmp_path / "ckpt"), [{"id": "q", "system": None, "question": "hi"}],
-            Sampling("kimi-k2", 8, 0.0, 1.0, None), tmp_path / "work", 3, str(base), enforce_eager=False,
+            server, validate, server_json, checkpoint(tmp_path / "ckpt"),
+            [{"id": "q", "system": None, "question": "hi"}], Sampling("kimi-k2", 8, 0.0, 1.0, None),
+            tmp_path / "work",
         )  # fmt: skip
     calls = unit.systemctl_calls()
     (loaded,) = [i for i, c in enumerate(calls) if c.startswith("loaded: ")]  # only ours was ever loaded

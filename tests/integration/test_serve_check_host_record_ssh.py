@@ -21,12 +21,14 @@ import pytest
 from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.server import host_record
+from eagle3_pipeline.server.dropin import DROPIN_NAME, ServeCheckError, dropin_text, exec_start_with_draft
+from eagle3_pipeline.server.host_record import DRAFT as DRAFT_PHASE
+from eagle3_pipeline.server.host_record import draft_dropin, recover_leftover
 from eagle3_pipeline.server.lifecycle import ensure_running, stop
 from eagle3_pipeline.server.remote import HostError, RemoteHost
 from eagle3_pipeline.server.unit import ExecCommand
-from eagle3_pipeline.validate import dropin
-from eagle3_pipeline.validate.dropin import draft_dropin, exec_start_with_draft, recover_leftover
-from eagle3_pipeline.validate.serving import ServeCheckError
+from eagle3_pipeline.settings import ServerSettings, SshSettings, section
 
 pytestmark = pytest.mark.ssh
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -52,7 +54,7 @@ class Box(StandInUnit):
 
     @property
     def dropin(self) -> Path:
-        return self.units / f"{UNIT}.d" / dropin.DROPIN_NAME
+        return self.units / f"{UNIT}.d" / DROPIN_NAME
 
     @property
     def record(self) -> Path:
@@ -97,18 +99,21 @@ def box(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name, text in (("systemctl", script), ("journalctl", script), ("sudo", sudo)):
         (sshd_server.bin_dir / name).write_text(text)
         (sshd_server.bin_dir / name).chmod(0o755)
-    monkeypatch.setattr(dropin, "RESTORE_RETRY_S", 0.1)
-    monkeypatch.setattr(dropin, "POLL_S", 0.2, raising=False)  # (raising=False: the same test ran
-    monkeypatch.setattr(dropin, "HOST_STATE_DIR", str(fake.records), raising=False)  # on older code)
+    monkeypatch.setattr(host_record, "RESTORE_RETRY_S", 0.1)
+    monkeypatch.setattr(host_record, "POLL_S", 0.2)
     yield fake
     kill_stand_in_unit(fake.state)
     for name in ("systemctl", "journalctl", "sudo", "cat"):
         (sshd_server.bin_dir / name).unlink(missing_ok=True)
 
 
+def _ssh(sshd_server) -> SshSettings:
+    return section(SshSettings, sshd_server.server_cfg()["ssh"])
+
+
 @pytest.fixture
 def host(sshd_server):
-    remote = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(sshd_server.ssh_config))
+    remote = RemoteHost("vllm-box", _ssh(sshd_server), str(sshd_server.ssh_config))
     yield remote
     remote.close()
 
@@ -116,8 +121,8 @@ def host(sshd_server):
 def _check(host, box: Box, sudo: bool = False, timeout_s: float = 60, **kwargs):
     exec_start = exec_start_with_draft(ExecCommand("", PRODUCTION), DRAFT, 3, False)
     return draft_dropin(
-        host, UNIT, exec_start, sudo=sudo, timeout_s=timeout_s, unit_dir=str(box.units), draft_path=DRAFT,
-        **kwargs,
+        host, UNIT, exec_start, record_dir=str(box.records), sudo=sudo, timeout_s=timeout_s,
+        unit_dir=str(box.units), draft_path=DRAFT, **kwargs,
     )  # fmt: skip
 
 
@@ -126,7 +131,15 @@ def _start(host) -> None:
 
 
 def _recover(host, box: Box, sudo: bool = False, **kwargs):
-    return recover_leftover(host, UNIT, sudo, 60, unit_dirs=(str(box.units),), **kwargs)
+    return recover_leftover(
+        host,
+        UNIT,
+        record_dir=str(box.records),
+        sudo=sudo,
+        timeout_s=60,
+        unit_dirs=(str(box.units),),
+        **kwargs,
+    )
 
 
 def test_the_record_is_written_first_and_removed_last(host, box):
@@ -134,7 +147,7 @@ def test_the_record_is_written_first_and_removed_last(host, box):
     _start(host)
     with _check(host, box, verify=box.production_check()):
         record = json.loads(box.record.read_text())
-        assert record["phase"] == dropin.DRAFT and record["was_active"] is True
+        assert record["phase"] == DRAFT_PHASE and record["was_active"] is True
         assert record["owner"]["pid"] == os.getpid() and record["owner"]["start_ticks"]
         assert record["draft_invocation"] == box.invocation()
     assert not box.record.exists() and not box.dropin.exists() and box.mainpid_alive()
@@ -232,7 +245,7 @@ def test_a_sudo_user_reads_back_what_it_wrote_through_sudo(host, box):
     through sudo too (a non-root SSH user cannot read it otherwise)."""
     _start(host)
     box.dropin.parent.mkdir(parents=True)
-    box.dropin.write_text(dropin.dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed", True))
+    box.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "/draft"', "killed", True))
     box.dropin.chmod(0o600)
     found = _recover(host, box, sudo=True, verify=box.production_check())
     assert [f["run"] for f in found] == ["killed"]
@@ -257,7 +270,7 @@ def test_a_host_in_another_language(sshd_server, host, box):
     with pytest.raises(FileNotFoundError):
         host.read_file("/nonexistent/unit.service")
     box.dropin.parent.mkdir(parents=True)
-    box.dropin.write_text(dropin.dropin_text('"/usr/bin/vllm" "serve" "/draft"', "r3", True))
+    box.dropin.write_text(dropin_text('"/usr/bin/vllm" "serve" "/draft"', "r3", True))
     assert [f["run"] for f in _recover(host, box, verify=box.production_check())] == ["r3"]
     reads = [line.split(" ", 1) for line in (box.state / "locale").read_text().splitlines()]
     assert {env for env, args in reads if args} == {"LC_ALL=C"}  # every file the pipeline read
@@ -266,10 +279,11 @@ def test_a_host_in_another_language(sshd_server, host, box):
 # --- ownership (server.manage): who started the unit ---------------------------------------------
 
 
-def _manage_cfg(sshd_server, box: Box, tmp_path: Path) -> tuple[dict, dict, Path]:
-    cfg = sshd_server.server_cfg(manage=True, stop_after_generation=True, start_timeout_s=30,
-                                 base_url=f"http://127.0.0.1:{box.port}")  # fmt: skip
-    server_json = {"served_model_name": "kimi-k2", "base_url": cfg["base_url"]}
+def _manage_cfg(sshd_server, box: Box, tmp_path: Path) -> tuple[ServerSettings, dict, Path]:
+    values = sshd_server.server_cfg(manage=True, stop_after_generation=True, start_timeout_s=30,
+                                    base_url=f"http://127.0.0.1:{box.port}")  # fmt: skip
+    cfg = section(ServerSettings, values)
+    server_json = {"served_model_name": "kimi-k2", "base_url": cfg.base_url}
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(sshd_server.ssh_config.read_text())
@@ -286,9 +300,7 @@ def test_a_unit_still_loading_is_not_started_nor_stopped_by_the_pipeline(
     exec_script = (box.state / "exec").read_text().replace("exec ", "sleep 2; exec ", 1)
     (box.state / "exec").write_text(exec_script)
     box.set("start-delay", "2")
-    RemoteHost("vllm-box", cfg["ssh"], str(sshd_server.ssh_config)).run(
-        f"systemctl start --no-block -- {UNIT}"
-    )
+    RemoteHost("vllm-box", cfg.ssh, str(sshd_server.ssh_config)).run(f"systemctl start --no-block -- {UNIT}")
     ensure_running(server_json, cfg, state)
     assert json.loads((state / "ownership.json").read_text())["started_by_pipeline"] is False
     assert stop(server_json, cfg, state)["action"] == "left running" and box.mainpid_alive()
@@ -315,7 +327,7 @@ def test_proxyjump_uses_the_same_host_key_policy(sshd_server, tmp_path):
         f"Host bastion\n  HostName localhost\n  Port {sshd_server.port}\n  User {sshd_server.user}\n"
         f"  IdentityFile {sshd_server.user_key}\n"
     )
-    remote = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(config))
+    remote = RemoteHost("vllm-box", _ssh(sshd_server), str(config))
     try:
         with pytest.raises(HostError, match="localhost.*is not in"):
             remote.run("true")

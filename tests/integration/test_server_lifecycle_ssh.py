@@ -6,6 +6,7 @@ systemctl's command-line contract only, not for systemd's unit semantics (see it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -16,8 +17,11 @@ from support.sshd import StandInUnit, kill_stand_in_unit
 
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server import secrets
-from eagle3_pipeline.server.lifecycle import ServerError, ensure_running, read_ownership, stop
+from eagle3_pipeline.server.health import ServerError
+from eagle3_pipeline.server.lifecycle import ensure_running, stop
+from eagle3_pipeline.server.ownership import read_ownership
 from eagle3_pipeline.server.remote import RemoteHost
+from eagle3_pipeline.settings import ServerSettings, SshSettings, section
 
 pytestmark = pytest.mark.ssh
 DATA = Path(__file__).parents[1] / "data"
@@ -69,10 +73,10 @@ def unit(sshd_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         (sshd_server.bin_dir / name).unlink()
 
 
-def _cfg(sshd_server, port: int, **extra: object) -> dict:
+def _cfg(sshd_server, port: int, **extra: object) -> ServerSettings:
     cfg = sshd_server.server_cfg(manage=True, stop_after_generation=True, start_timeout_s=120)
     cfg.update(base_url=f"http://127.0.0.1:{port}", api_key_env="E3_NO_KEY", **extra)
-    return cfg
+    return section(ServerSettings, cfg)
 
 
 def _server_json(port: int, served_model_name: str = "kimi-k2") -> dict:
@@ -80,7 +84,9 @@ def _server_json(port: int, served_model_name: str = "kimi-k2") -> dict:
 
 
 def _operator_starts(sshd_server) -> None:
-    host = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(sshd_server.ssh_config))
+    host = RemoteHost(
+        "vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]), str(sshd_server.ssh_config)
+    )
     try:
         assert host.run("systemctl start -- vllm.service").ok
     finally:
@@ -88,7 +94,7 @@ def _operator_starts(sshd_server) -> None:
 
 
 def _wait_health(port: int) -> None:
-    from eagle3_pipeline.server.lifecycle import wait_healthy
+    from eagle3_pipeline.server.health import wait_healthy
 
     wait_healthy(f"http://127.0.0.1:{port}", 20)
 
@@ -104,7 +110,7 @@ def test_a_server_the_pipeline_did_not_start_is_left_running(sshd_server, unit, 
     assert report["action"] == "left running" and "did not start" in report["why"]
     assert unit.mainpid_alive() and not any(" stop" in c for c in unit.calls())
     # the operator who wants otherwise
-    report = stop(_server_json(unit.port), {**cfg, "stop_foreign": True}, state)
+    report = stop(_server_json(unit.port), dataclasses.replace(cfg, stop_foreign=True), state)
     assert report["action"] == "stopped" and not unit.mainpid_alive()
 
 
@@ -119,7 +125,7 @@ def test_the_model_is_checked_when_the_server_already_answers(sshd_server, unit,
 def test_a_server_the_pipeline_started_is_stopped_without_blocking(sshd_server, unit, tmp_path: Path) -> None:
     unit.serve(slow_stop_s=4)  # longer than the 2 s command timeout below
     cfg = _cfg(sshd_server, unit.port, stop_timeout_s=60)
-    cfg["ssh"]["command_timeout_s"] = 2
+    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, command_timeout_s=2))
     state = tmp_path / "work-server"
     ensure_running(_server_json(unit.port), cfg, state)
     owner = read_ownership(state)
@@ -146,7 +152,9 @@ def test_a_server_restarted_by_someone_else_is_left_running(sshd_server, unit, t
     unit.serve()
     cfg, state = _cfg(sshd_server, unit.port), tmp_path / "work-server"
     ensure_running(_server_json(unit.port), cfg, state)
-    host = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(sshd_server.ssh_config))
+    host = RemoteHost(
+        "vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]), str(sshd_server.ssh_config)
+    )
     try:  # an operator restarts it (a new InvocationID): no longer the pipeline's start
         assert host.run("systemctl stop -- vllm.service").ok
         assert host.run("systemctl start -- vllm.service").ok

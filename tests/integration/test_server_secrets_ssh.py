@@ -10,6 +10,7 @@ import pytest
 
 from eagle3_pipeline.server.remote import RemoteHost
 from eagle3_pipeline.server.secrets import write_secret_file
+from eagle3_pipeline.settings import ServerSettings, section
 
 pytestmark = pytest.mark.ssh
 SECRET = "zq91-inline-api-key"
@@ -27,8 +28,8 @@ def recording_sudo(sshd_server, tmp_path: Path):
 
 
 def test_secret_file_is_written_through_stdin_over_ssh(sshd_server, recording_sudo: Path, tmp_path: Path):
-    cfg = sshd_server.server_cfg()
-    host = RemoteHost(cfg["host"], cfg["ssh"], str(sshd_server.ssh_config))
+    cfg = section(ServerSettings, sshd_server.server_cfg())
+    host = RemoteHost(cfg.host, cfg.ssh, str(sshd_server.ssh_config))
     path = tmp_path / "vllm.service.d" / "zz-eagle3-serve-check.conf"
     path.parent.mkdir()
     text = f"[Service]\nExecStart=\nExecStart=/x/vllm serve m --api-key {SECRET}\n"

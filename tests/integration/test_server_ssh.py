@@ -17,6 +17,7 @@ import pytest
 from eagle3_pipeline.server.remote import HostError, RemoteHost
 from eagle3_pipeline.server.snapshot import SnapshotError, snapshot_server
 from eagle3_pipeline.server.tunnel import Tunnel
+from eagle3_pipeline.settings import ServerSettings, SshSettings, section
 
 pytestmark = pytest.mark.ssh
 DATA = Path(__file__).parents[1] / "data"
@@ -52,9 +53,13 @@ def fake_systemctl(sshd_server, remote_units: Path):
     target.unlink()
 
 
+def _ssh(values: dict) -> SshSettings:
+    return section(SshSettings, values)
+
+
 def _snapshot(sshd_server, cfg: dict, out: Path, ssh_config: Path | None = None) -> dict:
     return snapshot_server(
-        cfg,
+        section(ServerSettings, cfg),
         unit_out=str(out / "unit.service"),
         server_out=str(out / "server.json"),
         identity_out=str(out / "identity.json"),
@@ -142,8 +147,8 @@ def test_changed_host_key_is_refused(sshd_server, tmp_path: Path) -> None:
     public = keygen(other).split()
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd_server.port} {public[0]} {public[1]}\n")
-    host = RemoteHost("vllm-box", sshd_server.server_cfg(ssh={"known_hosts_file": str(known)})["ssh"],
-                      str(sshd_server.ssh_config))  # fmt: skip
+    ssh = _ssh(sshd_server.server_cfg(ssh={"known_hosts_file": str(known)})["ssh"])
+    host = RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config))
     with pytest.raises(HostError, match="does not match"):
         host.run("true")
 
@@ -154,7 +159,7 @@ def test_auth_failure_is_clear(sshd_server, tmp_path: Path) -> None:
     stranger = tmp_path / "stranger"
     keygen(stranger)
     config = sshd_server.write_ssh_config(tmp_path / "ssh_config", stranger)
-    host = RemoteHost("vllm-box", sshd_server.server_cfg()["ssh"], str(config))
+    host = RemoteHost("vllm-box", _ssh(sshd_server.server_cfg()["ssh"]), str(config))
     start = time.monotonic()
     with pytest.raises(HostError, match="authentication .* failed"):
         host.run("true")
@@ -168,7 +173,7 @@ def test_silent_port_times_out_within_the_timeout(tmp_path: Path) -> None:
         silent.listen(4)
         port = silent.getsockname()[1]
         ssh = {"known_hosts_file": str(tmp_path / "kh"), "connect_timeout_s": 2, "command_timeout_s": 5}
-        host = RemoteHost(f"nobody@127.0.0.1:{port}", ssh)
+        host = RemoteHost(f"nobody@127.0.0.1:{port}", _ssh(ssh))
         start = time.monotonic()
         with pytest.raises(HostError, match="2 s"):
             host.run("true")
@@ -177,7 +182,7 @@ def test_silent_port_times_out_within_the_timeout(tmp_path: Path) -> None:
 
 def test_command_timeout(sshd_server) -> None:
     ssh = dict(sshd_server.server_cfg()["ssh"], command_timeout_s=1)
-    host = RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config))
+    host = RemoteHost("vllm-box", _ssh(ssh), str(sshd_server.ssh_config))
     with pytest.raises(HostError, match="timed out"):
         host.run("sleep 30")
     host.close()
@@ -195,7 +200,7 @@ def test_tunnel_is_rebuilt_when_it_dies(sshd_server, tmp_path: Path) -> None:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 18531), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     tunnel = Tunnel(
-        "vllm-box", sshd_server.server_cfg()["ssh"], 18531, ssh_config_path=str(sshd_server.ssh_config)
+        "vllm-box", _ssh(sshd_server.server_cfg()["ssh"]), 18531, ssh_config_path=str(sshd_server.ssh_config)
     )
     try:
         url = tunnel.url()
@@ -223,7 +228,7 @@ def test_refused_port_fails_fast_and_clearly(tmp_path: Path) -> None:
         port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
     ssh = {"known_hosts_file": str(tmp_path / "kh"), "connect_timeout_s": 3}
     with pytest.raises(HostError, match=f"127.0.0.1:{port}"):
-        RemoteHost(f"nobody@127.0.0.1:{port}", ssh).run("true")
+        RemoteHost(f"nobody@127.0.0.1:{port}", _ssh(ssh)).run("true")
 
 
 OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
@@ -248,7 +253,7 @@ def test_accept_new_appends_one_line_and_keeps_the_file(sshd_server, tmp_path: P
         config = tmp_path / "ssh_config"
         config.write_text(sshd_server.ssh_config.read_text() + "  HashKnownHosts yes\n")
     ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
-    host = RemoteHost("vllm-box", ssh, str(config))
+    host = RemoteHost("vllm-box", _ssh(ssh), str(config))
     try:
         assert host.run("echo hi").stdout == "hi\n"
     finally:
@@ -260,7 +265,7 @@ def test_accept_new_appends_one_line_and_keeps_the_file(sshd_server, tmp_path: P
     entry, key_type, key = added.split()
     assert f"{key_type} {key}" == sshd_server.host_public_key
     assert entry.startswith("|1|") if hashed else entry == f"[127.0.0.1]:{sshd_server.port}"
-    strict = RemoteHost("vllm-box", dict(ssh, known_hosts="strict"), str(config))
+    strict = RemoteHost("vllm-box", _ssh(dict(ssh, known_hosts="strict")), str(config))
     try:
         assert strict.run("true").ok  # the appended line is one that both paramiko and OpenSSH read
     finally:
@@ -273,7 +278,7 @@ def test_revoked_host_key_is_refused_even_with_accept_new(sshd_server, tmp_path:
     known.write_text(f"@revoked * {sshd_server.host_public_key}\n")
     ssh = sshd_server.server_cfg(ssh={"known_hosts_file": str(known), "known_hosts": "accept_new"})["ssh"]
     with pytest.raises(HostError, match="@revoked"):
-        RemoteHost("vllm-box", ssh, str(sshd_server.ssh_config)).run("true")
+        RemoteHost("vllm-box", _ssh(ssh), str(sshd_server.ssh_config)).run("true")
     assert known.read_text() == f"@revoked * {sshd_server.host_public_key}\n"
 
 
@@ -283,11 +288,11 @@ def test_tunnel_waits_for_a_server_that_starts_after_it_opens(sshd_server) -> No
     from support.http_endpoint import ScriptedEndpoint
 
     from eagle3_pipeline.ports import free_port
-    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+    from eagle3_pipeline.server.health import check_health, wait_healthy
 
     port = free_port()  # nothing listens there yet
     tunnel = Tunnel(
-        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+        "vllm-box", _ssh(sshd_server.server_cfg()["ssh"]), port, ssh_config_path=str(sshd_server.ssh_config)
     )
     started: list[ScriptedEndpoint] = []
     try:
@@ -309,12 +314,12 @@ def test_tunnel_waits_for_a_server_that_starts_after_it_opens(sshd_server) -> No
 def test_tunnel_follows_a_restarting_server_and_a_dropped_connection(sshd_server) -> None:
     from support.http_endpoint import ScriptedEndpoint
 
-    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+    from eagle3_pipeline.server.health import check_health, wait_healthy
 
     first = ScriptedEndpoint().start()
     port = first.port
     tunnel = Tunnel(
-        "vllm-box", sshd_server.server_cfg()["ssh"], port, ssh_config_path=str(sshd_server.ssh_config)
+        "vllm-box", _ssh(sshd_server.server_cfg()["ssh"]), port, ssh_config_path=str(sshd_server.ssh_config)
     )
     second = None
     try:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.lifecycle import ServerError, check_health, check_model, ensure_running, stop
+from eagle3_pipeline.server.health import ServerError, check_health, check_model
+from eagle3_pipeline.server.lifecycle import ensure_running, stop
 from eagle3_pipeline.server.snapshot import snapshot_server
+from eagle3_pipeline.settings import ServerSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +32,9 @@ def demo_unit(tmp_path: Path) -> Path:
 
 
 def test_start_health_model_check_stop(demo_unit: Path, tmp_path: Path) -> None:
-    cfg = {"host": "local", "unit": "vllm-demo.service", "unit_file": str(demo_unit), "manage": True,
-           "stop_after_generation": True, "start_timeout_s": 600, "api_key_env": "E3_NO_KEY"}  # fmt: skip
+    cfg = ServerSettings(
+        unit="vllm-demo.service", unit_file=str(demo_unit), start_timeout_s=600, api_key_env="E3_NO_KEY"
+    )
     out, state = tmp_path / "server", tmp_path / "state"
     server = snapshot_server(
         cfg, str(out / "unit.service"), str(out / "server.json"), str(out / "identity.json")

@@ -31,8 +31,8 @@ def test_vllm_serves_the_speculators_format_with_the_eagle_formats_acceptance(
     and served once per session, also checked by test_serve_check.py); the speculators folder is served
     here on the same questions, greedy, one request at a time."""
     from eagle3_pipeline.ports import free_port
-    from eagle3_pipeline.validate.served import measure_by_source
-    from eagle3_pipeline.validate.serving import measure
+    from eagle3_pipeline.validate.served_figures import measure_by_source
+    from eagle3_pipeline.validate.spec_decode import measure
 
     held_out, greedy = held_out_questions(), greedy_sampling()
     eagle_served = served_trained_draft.result

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from pathlib import Path
+
+from eagle3_pipeline.server import process_identity
 
 KINDS = {
     "vllm server": ("vllm.entrypoints.openai.api_server", "vllm serve"),
@@ -21,19 +22,13 @@ KINDS = {
 }
 
 
-def _processes() -> dict[int, tuple[int, str, str]]:
+def _processes() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, start time, command line) of every process readable in /proc."""
     table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "(comm)": state, ppid, ..., starttime (22nd)
-        table[int(entry.name)] = (int(fields[1]), fields[19], cmdline)
+    for pid in process_identity.pids():
+        fields, cmdline = process_identity.stat_fields(pid), process_identity.command_line(pid)
+        if fields is not None and cmdline is not None:
+            table[pid] = (int(fields[1]), int(fields[19]), cmdline)
     return table
 
 
@@ -43,11 +38,11 @@ class CostCounter(threading.Thread):
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(daemon=True, name="cost-counter")
         self.interval_s, self.root = interval_s, os.getpid()
-        self.seen: dict[tuple[int, str], str] = {}
+        self.seen: dict[tuple[int, int], str] = {}
         self.fits_in_process = 0
         self._done = threading.Event()
 
-    def _descends(self, pid: int, table: dict[int, tuple[int, str, str]]) -> bool:
+    def _descends(self, pid: int, table: dict[int, tuple[int, int, str]]) -> bool:
         while pid in table and pid > 1:
             pid = table[pid][0]
             if pid == self.root:
@@ -59,7 +54,7 @@ class CostCounter(threading.Thread):
         for pid, (_, start, cmdline) in table.items():
             kind = next((k for k, marks in KINDS.items() if any(m in cmdline for m in marks)), None)
             if kind and (pid, start) not in self.seen and self._descends(pid, table):
-                parent = table.get(table[pid][0], (0, "", ""))[2]
+                parent = table.get(table[pid][0], (0, 0, ""))[2]
                 if not any(m in parent for m in KINDS[kind]):  # a child of the same command: counted once
                     self.seen[pid, start] = kind
 

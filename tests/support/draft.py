@@ -19,6 +19,7 @@ from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.train import TrainJob
 from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.hidden_states.storage import encode_metadata
+from eagle3_pipeline.settings import DraftSettings, TrainSettings
 
 DEMO_TARGET = Path(__file__).resolve().parents[2] / "resources" / "demo" / "target"
 
@@ -187,16 +188,16 @@ def build_vocab_map_for(random_target, tmp_path):
 
 
 # The training job of tests/unit/test_draft_train.py and its process-level half in tests/integration/.
-TRAIN = {
-    "epochs": 2,
-    "lr": 3e-3,
-    "warmup_ratio": 0.1,
-    "weight_decay": 0.0,
-    "grad_clip": 0.5,
-    "batch_tokens": 256,
-    "seed": 0,
-    "save_every_steps": 100,
-}
+TRAIN = TrainSettings(
+    epochs=2,
+    lr=3e-3,
+    warmup_ratio=0.1,
+    weight_decay=0.0,
+    grad_clip=0.5,
+    batch_tokens=256,
+    seed=0,
+    save_every_steps=100,
+)
 
 
 @pytest.fixture
@@ -208,8 +209,8 @@ def draft_train_job(draft_hidden_states, random_target, tmp_path) -> TrainJob:
         validation_shards=[str(p) for p in draft_hidden_states["validation"]],
         vocab_map=str(vocab),
         target=str(random_target),
-        draft={"ttt_steps": 3, "step_weight_decay": 0.8},
-        train=dict(TRAIN),
+        draft=DraftSettings(ttt_steps=3, step_weight_decay=0.8),
+        train=TRAIN,
         work=str(tmp_path / "work"),
         weights=str(tmp_path / "out" / "model.safetensors"),
         history=str(tmp_path / "out" / "history.json"),

@@ -91,20 +91,23 @@ def greedy_traces(target: Path, asked: list[dict], max_new_tokens: int) -> pl.Da
 
 def extract(target: Path, traces: Path, shard: Path, layers: list | None = None) -> Path:
     """One hidden-state shard of the traces (the pipeline's extraction; `layers` as hidden_states.layers)."""
-    from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shard
+    from eagle3_pipeline.hidden_states.extract import extract_shard
+    from eagle3_pipeline.hidden_states.job import ShardJob
+    from eagle3_pipeline.settings import HiddenStatesSettings
 
     shard.parent.mkdir(parents=True, exist_ok=True)
     extract_shard(
-        ExtractSettings(
+        HiddenStatesSettings(
+            backend="transformers", max_seq_len=1024, layers=tuple(layers) if layers else "auto"
+        ),
+        ShardJob(
             traces=traces,
             shard=0,
             target=target,
             output=shard,
             metadata=shard.with_suffix(".json"),
             work=shard.parent / "extract-work",
-            max_seq_len=1024,
-            layers=layers or ["auto"],
-        )
+        ),
     )
     return shard
 
@@ -123,6 +126,7 @@ def train_draft(
     from eagle3_pipeline.draft.export import export_checkpoint
     from eagle3_pipeline.draft.train import TrainJob, main
     from eagle3_pipeline.draft.vocab import build_vocab_map
+    from eagle3_pipeline.settings import DraftSettings, TrainSettings
 
     shard = extract(target, traces, work / "hidden_states" / "shard-00000.safetensors", layers)
     vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
@@ -132,17 +136,17 @@ def train_draft(
         validation_shards=[],
         vocab_map=str(work / "vocab_map.safetensors"),
         target=str(target),
-        draft={"draft_vocab_size": 512, "ttt_steps": 3, "step_weight_decay": 0.8},
-        train={
-            "epochs": epochs,
-            "lr": 3e-3,
-            "warmup_ratio": 0.05,
-            "weight_decay": 0.0,
-            "grad_clip": 0.5,
-            "batch_tokens": 2048,
-            "seed": 0,
-            "save_every_steps": 10_000,
-        },
+        draft=DraftSettings(draft_vocab_size=512, ttt_steps=3, step_weight_decay=0.8),
+        train=TrainSettings(
+            epochs=epochs,
+            lr=3e-3,
+            warmup_ratio=0.05,
+            weight_decay=0.0,
+            grad_clip=0.5,
+            batch_tokens=2048,
+            seed=0,
+            save_every_steps=10_000,
+        ),
         work=str(work / "train"),
         weights=str(work / "trained.safetensors"),
         history=str(work / "history.json"),
@@ -162,9 +166,12 @@ def train_draft(
     return checkpoint
 
 
-def local_unit(target: Path, path: Path) -> dict:
+def local_unit(target: Path, path: Path):
     """The serve check's server settings for the demo unit serving `target` as a local process."""
-    return {"host": "local", "unit": "vllm-demo.service", "unit_file": str(write_unit(target, path))}
+    from eagle3_pipeline.settings import ServerSettings
+
+    unit_file = str(write_unit(target, path))
+    return ServerSettings(host="local", unit="vllm-demo.service", unit_file=unit_file, start_timeout_s=900)
 
 
 @pytest.fixture(scope="session")
@@ -228,13 +235,15 @@ def served_trained_draft(
     other server measured that way, so drafts compare request by request)."""
     from support.requirements import require
 
-    from eagle3_pipeline.validate.serve_check import run_local_serve_check
+    from eagle3_pipeline.settings import ValidateSettings
+    from eagle3_pipeline.validate.local_vllm import run_local_serve_check
 
     require("vllm")
     state = tmp_path_factory.mktemp("served-trained")
     unit = local_unit(served_target, state / "vllm-demo.service")
+    validate = ValidateSettings(num_speculative_tokens=3)
     result = run_local_serve_check(
-        unit, trained_draft.eagle, held_out_questions(), greedy_sampling(), state, 3, concurrency=1
+        unit, validate, trained_draft.eagle, held_out_questions(), greedy_sampling(), state, concurrency=1
     )
     (state / "result.json").write_text(json.dumps(result, indent=1))
     return ServedDraft(result=result, log=(state / "serve-check.log").read_text())

@@ -160,7 +160,7 @@ class StandInUnit:
 
     def production_check(self, served: str = "kimi-k2"):
         """The serve check's production verification: the unit's server healthy and serving `served`."""
-        from eagle3_pipeline.server.lifecycle import check_model, wait_healthy
+        from eagle3_pipeline.server.health import check_model, wait_healthy
 
         def check() -> None:
             wait_healthy(f"http://127.0.0.1:{self.port}", 30)

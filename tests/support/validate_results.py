@@ -16,7 +16,7 @@ import polars as pl
 from eagle3_pipeline.validate.learning_curve import curve_record
 from eagle3_pipeline.validate.matched import compare_matched
 from eagle3_pipeline.validate.selection import selection_record
-from eagle3_pipeline.validate.served import compare_with_offline
+from eagle3_pipeline.validate.served_figures import compare_with_offline
 
 UNIT = """# /etc/systemd/system/vllm.service
 [Service]

@@ -26,7 +26,7 @@ import pytest
 from support.costs import COUNTER
 from support.requirements import VLLM_PYTHON, require  # noqa: F401 (VLLM_PYTHON: importable here, as before)
 
-from eagle3_pipeline.demo.fit import FitSettings
+from eagle3_pipeline.demo.fit import FitOptions
 from eagle3_pipeline.demo.target import (
     SERVED_MODEL_NAME,
     build_demo_target,
@@ -34,6 +34,7 @@ from eagle3_pipeline.demo.target import (
 )
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.unit import command_argv, merge_unit
+from eagle3_pipeline.settings import DemoSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "config" / "demo" / "sample.jsonl"
@@ -44,7 +45,8 @@ BUILT_TARGET = REPO / "resources" / "demo" / "target"
 # a target that did not close </think>); a fixed count gives the same target under any load. One
 # thread: beside the other worker's busy core, 2 threads took 2.2x the wall time and 2.8x the CPU
 # time of 1 (benchmarks/demo_fit_threads.py).
-TEST_FIT = FitSettings(steps=290, threads=1)
+TEST_FIT = FitOptions(steps=290, threads=1)
+TEST_DEMO = DemoSettings(port=18500)  # the schema's seed; TEST_FIT's steps replace its CPU budget
 HEALTH_TIMEOUT_S = 600.0  # a loaded 2-core machine
 
 
@@ -61,7 +63,7 @@ def demo_target_dir() -> Path:
     if (BUILT_TARGET / "model.safetensors").exists() and (BUILT_TARGET / "tokenizer.json").exists():
         return BUILT_TARGET
     key = hashlib.sha256(
-        SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes() + repr(TEST_FIT).encode()
+        SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes() + repr((TEST_DEMO, TEST_FIT)).encode()
     ).hexdigest()[:12]
     cached = REPO / ".pytest_cache" / "demo-target" / key
     cached.mkdir(parents=True, exist_ok=True)
@@ -71,8 +73,8 @@ def demo_target_dir() -> Path:
         if not (cached / "target" / "model.safetensors").exists():
             COUNTER.fits_in_process += 1
             build_demo_target(
-                SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service", 18500,
-                TEST_FIT, repo=REPO,
+                SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service",
+                TEST_DEMO, TEST_FIT, repo=REPO,
             )  # fmt: skip
     return cached / "target"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -34,6 +35,7 @@ from eagle3_pipeline.budget import (
     window_shards,
 )
 from eagle3_pipeline.config import check_config
+from eagle3_pipeline.settings import DemoSettings, Settings, TargetSettings, build_settings, section
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI_CONFIG = str(REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml")
@@ -58,20 +60,27 @@ def test_hidden_size_is_read_from_a_vl_wrapper_too():
         hidden_size_of({"vocab_size": 3})
 
 
+def _kimi() -> Settings:
+    return build_settings(check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA))
+
+
 def test_config_estimate_caps_each_sample_at_max_seq_len():
-    config = {
-        "dataset": {"num_samples": 10},
-        "generation": {"max_tokens": 8192},
-        "hidden_states": {"max_seq_len": 8000, "dtype": "bfloat16"},
-    }
-    budget = estimate_from_config(config, hidden_size=100, prompt_tokens=512)
+    settings = section(
+        Settings,
+        {
+            "dataset": {"path": "d.jsonl", "num_samples": 10},
+            "target": {"model": "/absent"},
+            "generation": {"max_tokens": 8192},
+            "hidden_states": {"max_seq_len": 8000, "dtype": "bfloat16"},
+        },
+    )
+    budget = estimate_from_config(settings, hidden_size=100, prompt_tokens=512)
     assert (budget.source, budget.samples, budget.tokens) == ("config", 10, 80_000)
     assert budget.total_bytes == 80_000 * (800 + 9)
 
 
 def test_kimi_example_budget_is_the_documented_figure():
-    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
-    budget = estimate_from_config(config, hidden_size=7168)
+    budget = estimate_from_config(_kimi(), hidden_size=7168)
     # 20,000 samples x min(512 + 8192, 10240) tokens x 57,353 B (docs/cluster.md quotes it)
     assert budget.tokens == 20_000 * 8704
     assert format_bytes(budget.total_bytes) == "9.98 TB"
@@ -171,28 +180,30 @@ def test_cli_reads_hidden_size_from_the_target(tmp_path, capsys):
 def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
     import eagle3_pipeline.budget as budget
 
-    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
-    config["target"]["model"] = str(tmp_path / "Kimi-K2.5")
-    assert "not estimated yet" in budget_at_start(config, tmp_path / "results")  # weights not there yet
+    settings = replace(_kimi(), target=TargetSettings(model=str(tmp_path / "Kimi-K2.5")))
+    assert "not estimated yet" in budget_at_start(settings, tmp_path / "results")  # weights not there yet
     (tmp_path / "Kimi-K2.5").mkdir()
     (tmp_path / "Kimi-K2.5" / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 7168}}))
     monkeypatch.setattr(budget, "free_bytes", lambda path: 20 * 10**12)
-    fits = budget_at_start(config, tmp_path / "results")
+    fits = budget_at_start(settings, tmp_path / "results")
     assert "total: 9.98 TB" in fits and "free: 20.00 TB" in fits and "upper bound" in fits
     monkeypatch.setattr(budget, "free_bytes", lambda path: 3 * 10**12)
-    short = budget_at_start(config, tmp_path / "results")  # a warning: the real check comes later
+    short = budget_at_start(settings, tmp_path / "results")  # a warning: the real check comes later
     assert "upper bound does not fit" in short and "3.00 TB free" in short and "check_disk_budget" in short
 
 
-def _capped(cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048) -> dict:
-    return {
-        "dataset": {"num_samples": 512, "shard_size": shard_size},
-        "generation": {"max_tokens": 2048},
-        "hidden_states": {"max_seq_len": max_seq_len, "dtype": "bfloat16", "max_disk_gb": cap_gb},
-        "train": {"epochs": 3},
-        "target": {"model": "/absent"},
-        "demo": {"enabled": True},
-    }
+def _capped(cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048) -> Settings:
+    return section(
+        Settings,
+        {
+            "dataset": {"path": "d.jsonl", "num_samples": 512, "shard_size": shard_size},
+            "generation": {"max_tokens": 2048},
+            "hidden_states": {"max_seq_len": max_seq_len, "dtype": "bfloat16", "max_disk_gb": cap_gb},
+            "train": {"epochs": 3},
+            "target": {"model": "/absent"},
+            "demo": {"enabled": True},
+        },
+    )
 
 
 def test_windows_are_sized_from_the_config_counting_each_shard_twice():
@@ -218,15 +229,16 @@ def test_a_cap_below_one_shard_is_refused_with_the_numbers():
 
 def test_the_kimi_example_cap_holds_windows_of_17_shards():
     config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
-    assert config["hidden_states"]["max_disk_gb"] == 4100
-    assert window_shards(config, 7168) == 17  # 4,100 GB / (2 x 117.46 GB), without state files
-    state = parse_time_state_bytes(config, 7168)  # no weights at hand: the bound from the hidden size
-    assert capped_window_shards(config, 7168) == 17  # (4,100 GB - 2 x 16.93 GB) / (2 x 117.46 GB)
+    settings = build_settings(config)
+    assert settings.hidden_states.max_disk_gb == 4100
+    assert window_shards(settings, 7168) == 17  # 4,100 GB / (2 x 117.46 GB), without state files
+    state = parse_time_state_bytes(settings, 7168)  # no weights at hand: the bound from the hidden size
+    assert capped_window_shards(settings, 7168) == 17  # (4,100 GB - 2 x 16.93 GB) / (2 x 117.46 GB)
     with_4000 = check_config(
         {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4000}}, SCHEMA
     )
-    assert capped_window_shards(with_4000, 7168) == 16  # the state files cost a shard at 4,000 GB
-    peak, _ = on_disk_at_once(config, estimate_from_config(config, 7168))
+    assert capped_window_shards(build_settings(with_4000), 7168) == 16  # the state files cost a shard
+    peak, _ = on_disk_at_once(settings, estimate_from_config(settings, 7168))
     assert peak == 2 * 17 * 200 * 10240 * 57353 + 2 * state <= 4100 * GB
 
 
@@ -234,9 +246,9 @@ def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
     config = _capped(1.0)
     assert parse_time_hidden_size(config) == 128  # the demo's target is built later by a rule
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 7168}))
-    assert parse_time_hidden_size(config | {"target": {"model": str(tmp_path)}}) == 7168
+    assert parse_time_hidden_size(replace(config, target=TargetSettings(model=str(tmp_path)))) == 7168
     with pytest.raises(DiskBudgetError, match="point target.model at the target's weights folder"):
-        parse_time_hidden_size(config | {"demo": {"enabled": False}})
+        parse_time_hidden_size(replace(config, demo=DemoSettings(enabled=False)))
 
 
 def test_a_shard_beyond_the_cap_is_refused_by_its_check(tmp_path):
@@ -262,19 +274,18 @@ def test_the_cap_counts_two_training_state_files():
     config = _capped((4 * bound + 2 * state) / GB)
     assert capped_window_shards(config, 128) == 2
     peak, why = on_disk_at_once(config, estimate_from_config(_capped(None), 128))
-    assert peak == 4 * bound + STATE_FILES_AT_ONCE * state <= config["hidden_states"]["max_disk_gb"] * GB
+    assert peak == 4 * bound + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
     assert "2 training state files" in why
 
 
 def test_the_kimi_example_state_file_is_the_trained_tensors_and_adamw():
     from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, state_file_bytes
 
-    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    settings = _kimi()
     kimi = {"hidden_size": 7168, "num_attention_heads": 64, "intermediate_size": 18432, "vocab_size": 163840}
     kimi |= {"kv_lora_rank": 512}
     # fc 3H x H, q/k/v 2H x 8,192 each, o 8,192 x H, MLP 3 x H x 18,432, lm_head 32,000 x H, 4 norms
     parameters = 3 * 7168**2 + 2 * 7168 * 3 * 8192 + 8192 * 7168 + 3 * 7168 * 18432 + 32000 * 7168 + 4 * 7168
-    assert state_file_bytes(config, kimi) == 12 * parameters + STATE_FILE_OVERHEAD  # 14.3 GB
-    assert parse_time_state_bytes(config, 7168) >= state_file_bytes(
-        config, kimi
-    )  # no weights: an upper bound
+    assert state_file_bytes(settings.draft, kimi) == 12 * parameters + STATE_FILE_OVERHEAD  # 14.3 GB
+    # no weights: an upper bound
+    assert parse_time_state_bytes(settings, 7168) >= state_file_bytes(settings.draft, kimi)

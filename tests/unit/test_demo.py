@@ -99,15 +99,22 @@ def test_unit_template_renders_a_vllm_command(tmp_path):
 
 
 def test_a_fit_by_steps_takes_that_many_steps_whatever_the_cpu_time():
-    """FitSettings.steps (the suite's own target): a step count, not the CPU budget, ends the fit."""
+    """FitOptions.steps (the suite's own target): a step count, not the CPU budget, ends the fit."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3_pipeline.demo.fit import FitSettings, fit
+    from eagle3_pipeline.demo.fit import FitOptions, fit
+    from eagle3_pipeline.settings import DemoSettings
 
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, head_dim=8)  # fmt: skip
     torch.manual_seed(0)
     examples = [([1, 2, 3, 4, 5, 6], 2), ([3, 4, 5, 6, 7], 1), ([9, 8, 7, 6], 2)]
-    figures = fit(LlamaForCausalLM(config), examples, 0, FitSettings(seconds=1e9, steps=4, batch_size=2))
+    figures = fit(
+        LlamaForCausalLM(config),
+        examples,
+        0,
+        DemoSettings(fit_seconds=1e9),
+        FitOptions(steps=4, batch_size=2),
+    )
     assert figures["steps"] == 4 and figures["seconds"] < 60

@@ -12,16 +12,16 @@ from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.train import TrainJob, main
 from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.hidden_states import extract
-from eagle3_pipeline.hidden_states.extract import ExtractSettings
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.settings import DraftSettings, HiddenStatesSettings, TrainSettings
 
 
 def extracted(traces: Path, target: Path, out: Path) -> Path:
-    settings = ExtractSettings(
-        traces=traces, shard=0, target=target, work=out / "work", output=out / "shard-00000.safetensors",
-        metadata=out / "shard-00000.json", batch_tokens=400, compute_dtype="float32",
-    )  # fmt: skip
-    extract.extract_shard(settings)
-    return settings.output
+    job = ShardJob(traces=traces, shard=0, target=target, work=out / "work",
+                   output=out / "shard-00000.safetensors", metadata=out / "shard-00000.json")  # fmt: skip
+    hidden_states = HiddenStatesSettings(backend="transformers", batch_tokens=400, compute_dtype="float32")
+    extract.extract_shard(hidden_states, job)
+    return job.output
 
 
 def test_draft_stage_reads_what_extraction_writes(hs_target, hs_tokenizer, tmp_path):
@@ -40,9 +40,9 @@ def test_draft_stage_reads_what_extraction_writes(hs_target, hs_tokenizer, tmp_p
         validation_shards=[str(validation)],
         vocab_map=str(tmp_path / "vocab.safetensors"),
         target=str(hs_target),
-        draft={"ttt_steps": 2, "step_weight_decay": 0.8},
-        train={"epochs": 1, "lr": 1e-3, "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 0.5,
-               "batch_tokens": 512, "seed": 0, "save_every_steps": 100},
+        draft=DraftSettings(ttt_steps=2, step_weight_decay=0.8),
+        train=TrainSettings(epochs=1, lr=1e-3, warmup_ratio=0.1, weight_decay=0.0, grad_clip=0.5,
+                            batch_tokens=512, seed=0, save_every_steps=100),
         work=str(tmp_path / "work"),
         weights=str(tmp_path / "trained" / "model.safetensors"),
         history=str(tmp_path / "trained" / "history.json"),

@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
-from eagle3_pipeline.draft.job import WindowJob, split_shards
+from eagle3_pipeline.draft.job import WindowJob
 from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, finish, main
 from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
 from eagle3_pipeline.draft.windows import order_key
+from eagle3_pipeline.settings import DraftSettings
 
 
 @pytest.fixture
@@ -65,22 +66,10 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(job, tmp_path)
 
 def test_state_saved_for_other_settings_is_not_resumed(job, caplog):
     assert not main(replace(job, stop_after_steps=2))
-    changed = replace(job, train=job.train | {"lr": 1e-3})
+    changed = replace(job, train=replace(job.train, lr=1e-3))
     with caplog.at_level("WARNING"):
         assert main(changed)
     assert "starting afresh" in caplog.text
-
-
-def test_shards_split_by_their_folder():
-    train, validation = split_shards(
-        ["h/train/shard-00000.safetensors", "h/validation/shard-00000.safetensors"]
-    )
-    assert (train, validation) == (
-        ["h/train/shard-00000.safetensors"],
-        ["h/validation/shard-00000.safetensors"],
-    )
-    with pytest.raises(ValueError, match="train/ or validation/"):
-        split_shards(["h/other/shard-00000.safetensors"])
 
 
 def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hidden_states, tmp_path):
@@ -88,8 +77,8 @@ def test_a_set_draft_shape_is_trained_and_exported(job, random_target, draft_hid
     random target has 2 heads of 32; the draft gets 4 heads of 16 sharing 2 kv heads)."""
     from eagle3_pipeline.draft.export import export_checkpoint
 
-    job = replace(job, draft=job.draft | {"head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2})
-    job = replace(job, train=job.train | {"epochs": 1})
+    job = replace(job, draft=replace(job.draft, head_dim=16, num_attention_heads=4, num_key_value_heads=2))
+    job = replace(job, train=replace(job.train, epochs=1))
     model, _ = build_model(job)
     assert model.midlayer.self_attn.q_proj.weight.shape == (64, 128)  # 4 x 16 from 2H
     assert model.midlayer.self_attn.k_proj.weight.shape == (32, 128)  # 2 x 16
@@ -117,7 +106,7 @@ def _windowed(job: TrainJob, root: Path, epochs: int = 2) -> list[TrainJob]:
     for e in range(epochs):
         for w, (train, validation) in enumerate(windows):
             state = str(root / f"epoch-{e}" / f"window-{w}.pt")
-            window = WindowJob(e, w, len(windows), str(plan), previous, state)
+            window = WindowJob(e, w, len(windows), str(plan), previous, state, [f"{w:05d}"])
             jobs.append(
                 replace(
                     job,
@@ -132,7 +121,7 @@ def _windowed(job: TrainJob, root: Path, epochs: int = 2) -> list[TrainJob]:
 
 
 def test_windowed_training_carries_its_state_and_spans_one_schedule(job, tmp_path):
-    jobs = _windowed(replace(job, train=job.train | {"epochs": 2}), tmp_path / "a")
+    jobs = _windowed(replace(job, train=replace(job.train, epochs=2)), tmp_path / "a")
     for window_job in jobs:
         assert main(window_job)
     last = torch.load(jobs[-1].window.state, weights_only=False)
@@ -175,7 +164,7 @@ def test_state_files_hold_what_a_resume_needs_and_at_most_two_exist(job, tmp_pat
     from eagle3_pipeline import io
     from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, STATE_FILES_AT_ONCE, state_file_bytes
 
-    jobs = _windowed(replace(job, train=job.train | {"epochs": 1, "save_every_steps": 1}), tmp_path / "w")
+    jobs = _windowed(replace(job, train=replace(job.train, epochs=1, save_every_steps=1)), tmp_path / "w")
     write_torch, seen = io.write_torch, []
 
     def counting(blob, path):  # noqa: ANN001, ANN202
@@ -194,7 +183,7 @@ def test_state_files_hold_what_a_resume_needs_and_at_most_two_exist(job, tmp_pat
     blob = torch.load(jobs[-1].window.state, weights_only=False)
     assert not any(name.startswith("embed_tokens.") for name in blob["model"])
     target = json.loads((Path(job.target) / "config.json").read_text())
-    counted = state_file_bytes({"draft": {"draft_vocab_size": 64}}, target)
+    counted = state_file_bytes(DraftSettings(draft_vocab_size=64), target)
     size = Path(jobs[-1].window.state).stat().st_size
     assert counted - STATE_FILE_OVERHEAD <= size <= counted, (size, counted)
 
@@ -224,6 +213,6 @@ def test_a_window_whose_shards_differ_from_the_plan_is_refused(job, tmp_path):
 def test_activation_checkpointing_reaches_the_model_and_not_the_resume_fingerprint(job):
     from eagle3_pipeline.draft.train import fingerprint
 
-    checkpointed = replace(job, train=job.train | {"activation_checkpointing": True})
+    checkpointed = replace(job, train=replace(job.train, activation_checkpointing=True))
     assert build_model(checkpointed)[0].checkpointing and not build_model(job)[0].checkpointing
     assert fingerprint(checkpointed) == fingerprint(job)  # the same numbers: a run resumes across it

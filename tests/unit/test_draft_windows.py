@@ -9,6 +9,7 @@ import pytest
 from eagle3_pipeline.budget import epoch_windows
 from eagle3_pipeline.draft.data import plan_batches
 from eagle3_pipeline.draft.windows import order_key, plan_windows
+from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings
 
 SHARDS = [f"{k:05d}" for k in range(23)]
 
@@ -58,8 +59,8 @@ def test_the_plan_records_each_epochs_windows_and_counts_their_batches(tmp_path)
     }
     traces = _traces(tmp_path, lengths)
     windows = [epoch_windows(3, epoch, sorted(lengths), 2) for epoch in range(2)]
-    lengths_of = {"max_seq_len": 100, "overlong": "truncate", "batch_tokens": 64, "seed": 3}
-    plan = plan_windows(windows, traces, epochs=2, **lengths_of)
+    hidden_states = HiddenStatesSettings(max_seq_len=100, overlong="truncate")
+    plan = plan_windows(windows, traces, TrainSettings(epochs=2, batch_tokens=64, seed=3), hidden_states)
     assert plan["windows"] == windows
     stored = {shard: [min(p + c, 100, 64) for p, c in samples] for shard, samples in lengths.items()}
     for e, epoch in enumerate(windows):
@@ -68,7 +69,7 @@ def test_the_plan_records_each_epochs_windows_and_counts_their_batches(tmp_path)
             assert plan["samples"][e][w] == len(samples)
             assert plan["batches"][e][w] == len(plan_batches(samples, 64, 3, order_key(e, w)))
     with pytest.raises(ValueError, match="windows for 2 epochs, but train.epochs is 3"):
-        plan_windows(windows, traces, epochs=3, **lengths_of)
+        plan_windows(windows, traces, TrainSettings(epochs=3, batch_tokens=64, seed=3), hidden_states)
 
 
 def test_a_windows_batches_are_shuffled_anew_every_epoch_and_reproducibly():

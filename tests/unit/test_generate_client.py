@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -17,8 +18,9 @@ from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.reply import parse_completion, split_thinking
 from eagle3_pipeline.generate.shard import OUTPUT_SCHEMA, run_generation
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
+from eagle3_pipeline.settings import GenerationSettings, as_params
 
-GEN = {"concurrency": 4, "global_concurrency": 64, "retries": 5, "request_timeout_s": 10}
+GEN = GenerationSettings(concurrency=4, global_concurrency=64, retries=5, request_timeout_s=10)
 
 
 def prompts(n, system=None, prefix="q"):
@@ -93,7 +95,7 @@ def test_shard_end_to_end_payload_and_schema(scripted_endpoint, tmp_path):
 
 def test_retries_on_5xx_429_and_dropped_connections(scripted_endpoint, tmp_path):
     scripted_endpoint.failures = [503, 429, 0, 500, 408, 502]
-    gen = dict(GEN, retries=6)
+    gen = replace(GEN, retries=6)
     out = run_generation(
         prompts(4),
         scripted_endpoint.base_url,
@@ -126,7 +128,7 @@ def test_restarting_server_is_waited_for_on_health(scripted_endpoint, tmp_path):
     scripted_endpoint.healthy = False
     scripted_endpoint.failures = [503] * 3
     threading.Timer(2.0, lambda: setattr(scripted_endpoint, "healthy", True)).start()
-    out = generate(scripted_endpoint, prompts(6), tmp_path, gen=dict(GEN, retries=1))
+    out = generate(scripted_endpoint, prompts(6), tmp_path, gen=replace(GEN, retries=1))
     assert out["status"].to_list() == ["ok"] * 6  # retries=1 would not survive 3 x 503 without the wait
 
 
@@ -146,7 +148,7 @@ def test_dead_managed_server_is_started_again(scripted_endpoint, tmp_path, monke
         prompts(4),
         scripted_endpoint.base_url,
         sampling(),
-        dict(GEN, retries=1),
+        replace(GEN, retries=1),
         tmp_path / "j.jsonl",
         identity="i",
         health_timeout_s=60,
@@ -191,12 +193,14 @@ def test_all_failed_raises_and_keeps_the_journal(scripted_endpoint, tmp_path):
 CHILD = """
 import json, sys, logging
 import polars as pl
-from eagle3_pipeline.generate.client import Sampling
+from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.shard import run_generation
+from eagle3_pipeline.settings import GenerationSettings, section
 a = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO)
 frame = pl.read_parquet(a["prompts"])
-run_generation(frame, a["url"], Sampling("demo", 64, 0.6, 0.95, 0), a["gen"], a["journal"], "i",
+generation = section(GenerationSettings, a["gen"])
+run_generation(frame, a["url"], Sampling("demo", 64, 0.6, 0.95, 0), generation, a["journal"], "i",
                health_timeout_s=30, slots_dir=a["slots"]).write_parquet(a["out"])
 """
 
@@ -206,7 +210,7 @@ def child(endpoint, tmp_path, name, frame, gen):
     args = {
         "prompts": str(tmp_path / f"{name}.parquet"),
         "url": endpoint.base_url,
-        "gen": gen,
+        "gen": as_params(gen),
         "journal": str(tmp_path / f"{name}.jsonl"),
         "slots": str(tmp_path / "slots"),
         "out": str(tmp_path / f"{name}-out.parquet"),
@@ -218,7 +222,7 @@ def child(endpoint, tmp_path, name, frame, gen):
 
 def test_global_cap_holds_across_parallel_shard_jobs(scripted_endpoint, tmp_path):
     scripted_endpoint.delay_s = 0.05
-    gen = dict(GEN, concurrency=8, global_concurrency=5)
+    gen = replace(GEN, concurrency=8, global_concurrency=5)
     jobs = [child(scripted_endpoint, tmp_path, f"s{k}", prompts(60, prefix=f"s{k}-"), gen) for k in range(2)]
     for job in jobs:
         assert job.wait(120) == 0, job.stderr.read()
@@ -259,7 +263,7 @@ def test_an_empty_shard_sends_nothing_and_writes_an_empty_table(tmp_path):
 
 def test_a_job_started_later_gets_its_share_of_the_global_cap(scripted_endpoint, tmp_path):
     scripted_endpoint.delay_s = 0.1
-    gen = dict(GEN, concurrency=8, global_concurrency=8)
+    gen = replace(GEN, concurrency=8, global_concurrency=8)
     first = child(scripted_endpoint, tmp_path, "a", prompts(600, prefix="a-"), gen)
     while sum(scripted_endpoint.requests.values()) < 24:
         time.sleep(0.02)
@@ -307,20 +311,20 @@ def test_transient_errors_past_the_retries_fail_the_job_not_the_prompt(scripted_
 
     scripted_endpoint.failures = [502] * 50
     with pytest.raises(ServerUnavailable, match="HTTP 502"):
-        generate(scripted_endpoint, prompts(2), tmp_path, gen=dict(GEN, retries=1))
+        generate(scripted_endpoint, prompts(2), tmp_path, gen=replace(GEN, retries=1))
     assert not (tmp_path / "j.jsonl").read_text()
 
 
 def test_a_500_on_a_healthy_server_is_that_prompts_failure(scripted_endpoint, tmp_path):
     scripted_endpoint.failures = [500, 500]
-    out = generate(scripted_endpoint, prompts(2), tmp_path, gen=dict(GEN, retries=1, concurrency=1))
+    out = generate(scripted_endpoint, prompts(2), tmp_path, gen=replace(GEN, retries=1, concurrency=1))
     assert out["status"].to_list() == ["failed", "ok"]
     assert "while /health answers 200" in out["reason"][0]
 
 
 def test_a_request_timeout_is_retried_without_suspecting_the_server(scripted_endpoint, tmp_path):
     scripted_endpoint.delays = [3.0]
-    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, request_timeout_s=0.5))
+    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=replace(GEN, request_timeout_s=0.5))
     assert out["status"].to_list() == ["ok"]
     assert scripted_endpoint.requests["q0"] == 2
     assert scripted_endpoint.health_checks == 0  # a slow answer is not a dead server
@@ -331,16 +335,16 @@ def test_request_timeouts_past_the_retries_fail_the_job_with_a_hint(scripted_end
 
     scripted_endpoint.delays = [3.0] * 3
     with pytest.raises(ServerUnavailable, match="raise generation.request_timeout_s"):
-        generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, request_timeout_s=0.3, retries=1))
+        generate(scripted_endpoint, prompts(1), tmp_path, gen=replace(GEN, request_timeout_s=0.3, retries=1))
 
 
 def test_a_malformed_reply_is_retried_then_failed_for_that_prompt_only(scripted_endpoint, tmp_path):
     scripted_endpoint.malformed = [b"{not json", b'{"object": "error"}']
-    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=dict(GEN, retries=2))
+    out = generate(scripted_endpoint, prompts(1), tmp_path, gen=replace(GEN, retries=2))
     assert out["status"].to_list() == ["ok"]  # two malformed replies, then a good one
     scripted_endpoint.malformed = [b'{"choices": []}'] * 3
     out = generate(
-        scripted_endpoint, prompts(3, prefix="m"), tmp_path / "x", gen=dict(GEN, retries=2, concurrency=1)
+        scripted_endpoint, prompts(3, prefix="m"), tmp_path / "x", gen=replace(GEN, retries=2, concurrency=1)
     )
     assert out["status"].to_list() == ["failed", "ok", "ok"]
     assert "3 attempts" in out["reason"][0] and "without choices" in out["reason"][0]
@@ -390,7 +394,7 @@ def test_history_own_sends_later_turns_after_the_targets_own_answers(scripted_en
     frame = conversations(4).with_columns(
         question=pl.when(pl.col("id") == "c3t1").then(pl.lit("c3 TOO LONG")).otherwise("question")
     )
-    out = generate(scripted_endpoint, frame, tmp_path, gen=dict(GEN, history="own", concurrency=8))
+    out = generate(scripted_endpoint, frame, tmp_path, gen=replace(GEN, history="own", concurrency=8))
     assert scripted_endpoint.max_in_flight == 4  # conversations side by side, turns in sequence
     body = next(b for b in scripted_endpoint.bodies if b["messages"][-1]["content"] == "c1 q2")
     assert body["messages"] == [
@@ -405,5 +409,5 @@ def test_history_own_sends_later_turns_after_the_targets_own_answers(scripted_en
     assert by_id["c3t1"] == "skipped" and by_id["c3t2"] == "skipped"  # no answer to follow
     assert "c3 q2" not in scripted_endpoint.requests
     assert [by_id[f"c{r}t{t}"] for r in range(3) for t in range(3)] == ["ok"] * 9
-    again = generate(scripted_endpoint, frame, tmp_path, gen=dict(GEN, history="own"))
+    again = generate(scripted_endpoint, frame, tmp_path, gen=replace(GEN, history="own"))
     assert again.equals(out) and sum(scripted_endpoint.requests.values()) == 11  # resumed from the journal

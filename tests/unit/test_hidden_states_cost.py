@@ -9,17 +9,18 @@ import yaml
 
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.hidden_states import cost
+from eagle3_pipeline.settings import Settings, build_settings
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "config" / "schema.yaml"
 KIMI = REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml"
 
 
-def _config(path: Path, **changes: dict) -> dict:
+def _settings(path: Path, **changes: dict) -> Settings:
     raw = yaml.safe_load(path.read_text())
     for section, values in changes.items():
         raw[section] = {**raw.get(section, {}), **values}
-    return check_config(raw, SCHEMA)
+    return build_settings(check_config(raw, SCHEMA))
 
 
 def test_the_kimi_example_starts_one_engine_per_epoch_and_window(capsys):
@@ -36,17 +37,17 @@ def test_the_kimi_example_starts_one_engine_per_epoch_and_window(capsys):
 
 
 def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
-    config = _config(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": True})
-    out = cost.estimate(config, 7168)
+    settings = _settings(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": True})
+    out = cost.estimate(settings, 7168)
     assert out["engine_starts"] == 2 and out["extraction_passes"] == 1  # the baseline's after the main's
-    config["validate"]["baseline"] = False
-    assert cost.estimate(config, 7168)["engine_starts"] == 1
+    no_baseline = _settings(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": False})
+    assert cost.estimate(no_baseline, 7168)["engine_starts"] == 1
     assert out["plan"]["extraction_jobs"] == 200  # 100 shards + the baseline's 100
 
 
 def test_the_transformers_backend_loads_the_target_once_per_job():
-    config = _config(KIMI, hidden_states={"backend": "transformers"})
-    assert cost.estimate(config, 7168)["engine_starts"] == 1000
+    settings = _settings(KIMI, hidden_states={"backend": "transformers"})
+    assert cost.estimate(settings, 7168)["engine_starts"] == 1000
 
 
 def test_assumptions_are_stated_and_overridable(capsys):

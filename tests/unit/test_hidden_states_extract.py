@@ -14,9 +14,10 @@ import torch
 from support.hidden_states import trace_rows, write_traces
 from transformers import AutoModelForCausalLM
 
-from eagle3_pipeline.hidden_states import HiddenStateShard, extract
-from eagle3_pipeline.hidden_states.extract import ExtractSettings
-from eagle3_pipeline.hidden_states.job import rule_jobs, write_jobs
+from eagle3_pipeline.hidden_states import HiddenStateShard, capture, extract, parts, plan, sequences
+from eagle3_pipeline.hidden_states import transformers_extraction as backend
+from eagle3_pipeline.hidden_states.job import ShardJob, rule_jobs, write_jobs
+from eagle3_pipeline.settings import HiddenStatesSettings
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = set(
@@ -49,18 +50,26 @@ def traces(hs_tokenizer, tmp_path) -> Path:
     return write_traces(tmp_path / "train.parquet", rows)
 
 
-def settings_for(traces: Path, target: Path, out: Path, shard: int = 0, **kw) -> ExtractSettings:
+def settings(**kw) -> HiddenStatesSettings:
+    return HiddenStatesSettings(
+        **{"backend": "transformers", "batch_tokens": 100, "compute_dtype": "float32", **kw}
+    )
+
+
+HS = settings()
+
+
+def job_for(traces: Path, target: Path, out: Path, shard: int = 0) -> ShardJob:
     out.mkdir(exist_ok=True)
-    return ExtractSettings(
+    return ShardJob(
         traces=traces, shard=shard, target=target, work=out / "work",
         output=out / f"shard-{shard:05d}.safetensors", metadata=out / f"shard-{shard:05d}.json",
-        **{"batch_tokens": 100, "compute_dtype": "float32", **kw},
     )  # fmt: skip
 
 
 def test_shard_follows_the_contract_and_matches_a_plain_forward(traces, hs_target, tmp_path):
-    s = settings_for(traces, hs_target, tmp_path / "out")
-    meta = extract.extract_shard(s)
+    s = job_for(traces, hs_target, tmp_path / "out")
+    meta = extract.extract_shard(HS, s)
     on_disk = json.loads(s.metadata.read_text())
     assert on_disk == meta and set(meta) >= CONTRACT_KEYS
     assert meta["ids"] == [f"id{i:04d}" for i in range(7)] and meta["rebuilt_from_template"] == 1
@@ -87,10 +96,10 @@ def test_shard_follows_the_contract_and_matches_a_plain_forward(traces, hs_targe
 
 
 def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monkeypatch):
-    reference = settings_for(traces, hs_target, tmp_path / "ref")
-    extract.extract_shard(reference)
-    s = settings_for(traces, hs_target, tmp_path / "out")
-    real_run_batch, calls = extract.run_batch, []
+    reference = job_for(traces, hs_target, tmp_path / "ref")
+    extract.extract_shard(HS, reference)
+    s = job_for(traces, hs_target, tmp_path / "out")
+    real_run_batch, calls = backend.run_batch, []
 
     def dies_on_third(model, seqs, batch, layers, dtype):
         calls.append(batch)
@@ -98,12 +107,12 @@ def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monk
             raise KeyboardInterrupt("killed")
         return real_run_batch(model, seqs, batch, layers, dtype)
 
-    monkeypatch.setattr(extract, "run_batch", dies_on_third)
+    monkeypatch.setattr(backend, "run_batch", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
-        extract.extract_shard(s)
+        extract.extract_shard(HS, s)
     assert not s.output.exists() and len(list((s.work / "parts").glob("*.safetensors"))) == 2
-    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
-    extract.extract_shard(s)
+    monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
+    extract.extract_shard(HS, s)
     first, second = calls[:3], calls[3:]
     assert second[0] == first[2]  # the interrupted batch runs again, the two saved ones do not
     assert sorted(i for b in first[:2] + second for i in b) == list(range(7))
@@ -114,24 +123,22 @@ def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monk
 
 
 def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monkeypatch):
-    s = settings_for(traces, hs_target, tmp_path / "out")
+    s = job_for(traces, hs_target, tmp_path / "out")
     calls = []
-    real = extract.run_batch
-    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(1) or real(*a))
-    extract.prepare_work(s.work, "another plan")
+    real = backend.run_batch
+    monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(1) or real(*a))
+    parts.prepare_work(s.work, "another plan")
     (s.work / "parts" / "batch-00000.safetensors").write_bytes(b"stale")
-    extract.extract_shard(s)
+    extract.extract_shard(HS, s)
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 7
         lengths = shard.offsets.diff().tolist()
-    assert len(calls) == len(
-        extract.sequences.longest_first_batches(lengths, s.batch_tokens)
-    )  # every batch ran
+    assert len(calls) == len(sequences.longest_first_batches(lengths, HS.batch_tokens))  # every batch ran
 
 
 def test_empty_shard_is_valid(traces, hs_target, tmp_path):
-    s = settings_for(traces, hs_target, tmp_path / "out", shard=5)
-    meta = extract.extract_shard(s)
+    s = job_for(traces, hs_target, tmp_path / "out", shard=5)
+    meta = extract.extract_shard(HS, s)
     assert meta["num_samples"] == meta["num_tokens"] == 0 and meta["bytes_per_token"] is None
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 0
@@ -139,8 +146,8 @@ def test_empty_shard_is_valid(traces, hs_target, tmp_path):
 
 
 def test_overlong_drop_is_counted_in_metadata(traces, hs_target, tmp_path):
-    s = settings_for(traces, hs_target, tmp_path / "out", max_seq_len=44, overlong="drop")
-    meta = extract.extract_shard(s)
+    s = job_for(traces, hs_target, tmp_path / "out")
+    meta = extract.extract_shard(settings(max_seq_len=44, overlong="drop"), s)
     assert meta["overlong"]["policy"] == "drop" and meta["overlong"]["dropped"] > 0
     assert meta["num_samples"] == 7 - meta["overlong"]["dropped"]
     assert set(meta["overlong"]["dropped_ids"]).isdisjoint(meta["ids"])
@@ -162,11 +169,11 @@ def test_accelerate_launch_command(traces, hs_target, tmp_path, launcher):
     out = tmp_path / "hidden_states" / "train"
     out.mkdir(parents=True)
     jobs = rule_jobs([str(traces)], [str(out / "shard-00001.safetensors")], [str(out / "shard-00001.json")],
-                     1, str(hs_target / "config.json"), str(tmp_path / "work"), layers=[1, 3, 5],
-                     max_seq_len=2048, overlong="truncate", dtype="bfloat16", compute_dtype="auto",
-                     batch_tokens=8192, trust_remote_code=False, backend="transformers", vllm={},
-                     server_json=None, device_map=False)  # fmt: skip
-    job_file = write_jobs(jobs, tmp_path / "work" / "job.json")
+                     1, str(hs_target / "config.json"), str(tmp_path / "work"))  # fmt: skip
+    hidden_states = HiddenStatesSettings(
+        backend="transformers", layers=(1, 3, 5), max_seq_len=2048, batch_tokens=8192
+    )
+    job_file = write_jobs(hidden_states, jobs, tmp_path / "work" / "job.json")
     head = LAUNCHERS[launcher]
     cmd = [str(Path(sys.executable).with_name(head[0])), *head[1:], "-m", "eagle3_pipeline.hidden_states",
            str(job_file)]  # fmt: skip
@@ -194,20 +201,16 @@ class SequentialRank:
 
 
 def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, tmp_path, monkeypatch):
-    reference = settings_for(traces, hs_target, tmp_path / "ref")
-    extract.extract_shard(reference)
-    s = settings_for(traces, hs_target, tmp_path / "out")
+    reference = job_for(traces, hs_target, tmp_path / "ref")
+    extract.extract_shard(HS, reference)
+    s = job_for(traces, hs_target, tmp_path / "out")
     ran: dict[int, list] = {0: [], 1: [], 2: []}
-    real = extract.run_batch
+    real = backend.run_batch
     # what rank 0 does before the first barrier: the work folder for this plan
-    info = extract.target_info(hs_target)
-    layers = extract.sequences.resolve_layers(s.layers, info.num_layers)
-    rows = extract.sequences.load_trace_rows(traces, 0)
-    seqs, _ = extract.sequences.build_sequences(rows, s.max_seq_len, s.overlong, extract._tokenizer_loader(s))
-    extract.prepare_work(s.work, extract.fingerprint(s, seqs, info, layers))
+    parts.prepare_work(s.work, parts.fingerprint(HS, plan.plan_shard(HS, s)))
     for rank in (1, 2, 0):
-        monkeypatch.setattr(extract, "run_batch", lambda *a, r=rank: ran[r].append(a[2]) or real(*a))
-        result = extract.extract_shard(s, state=SequentialRank(rank, 3))
+        monkeypatch.setattr(backend, "run_batch", lambda *a, r=rank: ran[r].append(a[2]) or real(*a))
+        result = extract.extract_shard(HS, s, state=SequentialRank(rank, 3))
         assert (result is None) == (rank != 0)
     assert all(ran.values()) and sorted(i for b in sum(ran.values(), []) for i in b) == list(range(7))
     with HiddenStateShard(s.output) as got, HiddenStateShard(reference.output) as want:
@@ -218,19 +221,19 @@ def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, t
 def test_one_job_extracts_every_split_with_one_load(traces, hs_tokenizer, hs_target, tmp_path, monkeypatch):
     validation = write_traces(tmp_path / "validation.parquet", trace_rows(hs_tokenizer, 2, shard=0, start=20))
     loads = []
-    real_load = extract.capture.load_target
-    monkeypatch.setattr(extract.capture, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    real_load = capture.load_target
+    monkeypatch.setattr(capture, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     jobs = [
-        settings_for(traces, hs_target, tmp_path / "train"),
-        settings_for(validation, hs_target, tmp_path / "validation"),
+        job_for(traces, hs_target, tmp_path / "train"),
+        job_for(validation, hs_target, tmp_path / "validation"),
     ]
-    metas = extract.extract_shards(jobs)
+    metas = extract.extract_shards(HS, jobs)
     assert len(loads) == 1
     assert [m["num_samples"] for m in metas] == [7, 2]
     assert metas[1]["ids"] == ["id0020", "id0021"]
     assert all(job.output.exists() and job.metadata.exists() for job in jobs)
-    alone = settings_for(validation, hs_target, tmp_path / "alone")
-    extract.extract_shard(alone)  # a fresh load: the shared model leaves nothing behind (hooks)
+    alone = job_for(validation, hs_target, tmp_path / "alone")
+    extract.extract_shard(HS, alone)  # a fresh load: the shared model leaves nothing behind (hooks)
     with HiddenStateShard(jobs[1].output) as shared, HiddenStateShard(alone.output) as fresh:
         for a, b in zip(shared, fresh, strict=True):
             assert all(torch.equal(a[k], b[k]) for k in a)
@@ -241,10 +244,10 @@ def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
 ):
     validation = write_traces(tmp_path / "validation.parquet", trace_rows(hs_tokenizer, 2, shard=0, start=20))
     jobs = [
-        settings_for(traces, hs_target, tmp_path / "train"),
-        settings_for(validation, hs_target, tmp_path / "validation"),
+        job_for(traces, hs_target, tmp_path / "train"),
+        job_for(validation, hs_target, tmp_path / "validation"),
     ]
-    real_run_batch, calls = extract.run_batch, []
+    real_run_batch, calls = backend.run_batch, []
 
     def dies_in_validation(model, seqs, batch, layers, dtype):
         if seqs[batch[0]].id.startswith("id002"):
@@ -252,16 +255,16 @@ def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
         calls.append(batch)
         return real_run_batch(model, seqs, batch, layers, dtype)
 
-    monkeypatch.setattr(extract, "run_batch", dies_in_validation)
+    monkeypatch.setattr(backend, "run_batch", dies_in_validation)
     with pytest.raises(KeyboardInterrupt):
-        extract.extract_shards(jobs)
+        extract.extract_shards(HS, jobs)
     train_bytes = jobs[0].output.read_bytes()
     jobs[0].output.unlink()  # what Snakemake does to a failed job's outputs
     jobs[0].metadata.unlink()
     assert list((jobs[0].work / "parts").glob("*.safetensors"))  # the train split's parts survive
-    monkeypatch.setattr(extract, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
+    monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
     first_attempt = len(calls)
-    extract.extract_shards(jobs)
+    extract.extract_shards(HS, jobs)
     assert sorted(i for b in calls[first_attempt:] for i in b) == [0, 1]  # only validation's 2 samples ran
     assert jobs[0].output.read_bytes() == train_bytes  # re-packed from the saved parts
     assert jobs[1].metadata.exists() and not jobs[0].work.exists() and not jobs[1].work.exists()

@@ -6,12 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.hidden_states.job import read_jobs, rule_jobs, write_jobs
+from eagle3_pipeline.hidden_states.job import launch_mode, read_jobs, rule_jobs, write_jobs
+from eagle3_pipeline.launch import LaunchMode
+from eagle3_pipeline.settings import HiddenStatesSettings, runtime_only, section
 
 SPLITS = ("train", "validation")
-SETTINGS = {"layers": "auto", "max_seq_len": 1024, "overlong": "truncate", "dtype": "bfloat16"}
-SETTINGS |= {"compute_dtype": "auto", "batch_tokens": 8192, "trust_remote_code": False}
-SETTINGS |= {"backend": "vllm", "vllm": {"python": None, "tensor_parallel_size": 2}}
+HIDDEN_STATES = section(
+    HiddenStatesSettings,
+    {"max_seq_len": 1024, "batch_tokens": 8192, "vllm": {"python": None, "tensor_parallel_size": 2}},
+)
 
 
 def jobs(**changes):
@@ -22,33 +25,39 @@ def jobs(**changes):
         3,
         "resources/demo/target/config.json",
         "r/work/hidden_states/00003",
-        **(SETTINGS | {"server_json": "r/server/server.json", "device_map": True} | changes),
+        **({"server_json": "r/server/server.json"} | changes),
     )
 
 
 def test_one_job_per_split_round_trips_through_its_file(tmp_path):
     train, validation = jobs()
     assert train.traces == Path("r/traces/shards/train/shard-00003.parquet") and train.shard == 3
-    assert train.target == Path("resources/demo/target") and train.layers == ["auto"]
+    assert train.target == Path("resources/demo/target")
     assert train.work == Path("r/work/hidden_states/00003/train")  # each split's parts apart
     assert validation.work == Path("r/work/hidden_states/00003/validation")
-    assert train.vllm == {"python": None, "tensor_parallel_size": 2} and train.device_map
-    path = write_jobs([train, validation], tmp_path / "job.json")
-    assert read_jobs(path) == [train, validation]
+    path = write_jobs(HIDDEN_STATES, [train, validation], tmp_path / "job.json")
+    assert read_jobs(path) == (HIDDEN_STATES, [train, validation])
     assert json.loads(path.read_text())["jobs"][0]["server_json"] == "r/server/server.json"
+    assert json.loads(path.read_text())["hidden_states"]["vllm"]["tensor_parallel_size"] == 2
 
 
 def test_layers_and_no_snapshot(tmp_path):
-    changes = {"layers": [1, 3, 4], "server_json": None, "device_map": False}
-    (job,) = rule_jobs(["t.parquet"], ["h/train/s.safetensors"], ["h/train/s.json"], 0, "c.json", "w",
-                       **(SETTINGS | changes))  # fmt: skip
-    assert job.layers == [1, 3, 4] and job.server_json is None and job.target == Path(".")
-    assert read_jobs(write_jobs([job], tmp_path / "j.json")) == [job]
+    (job,) = rule_jobs(["t.parquet"], ["h/train/s.safetensors"], ["h/train/s.json"], 0, "c.json", "w")
+    assert job.server_json is None and job.engine_dir is None and job.target == Path(".")
+    hidden_states = section(HiddenStatesSettings, {"layers": [1, 3, 4], "backend": "transformers"})
+    assert read_jobs(write_jobs(hidden_states, [job], tmp_path / "j.json")) == (hidden_states, [job])
+    assert hidden_states.layers == (1, 3, 4)
+
+
+def test_the_launch_mode_follows_the_backend_and_device_map():
+    assert launch_mode(HiddenStatesSettings(backend="vllm", device_map=True)) is LaunchMode.CLIENT
+    assert launch_mode(HiddenStatesSettings(backend="transformers", device_map=True)) is LaunchMode.DEVICE_MAP
+    assert launch_mode(HiddenStatesSettings(backend="transformers")) is LaunchMode.DDP
 
 
 def test_bad_jobs_are_named(tmp_path):
     with pytest.raises(ValueError, match="one output and one metadata file per split"):
-        rule_jobs(["a", "b"], ["a"], ["a"], 0, "c.json", "w", **SETTINGS, server_json=None, device_map=False)
+        rule_jobs(["a", "b"], ["a"], ["a"], 0, "c.json", "w")
     (tmp_path / "empty.json").write_text('{"jobs": []}')
     with pytest.raises(ValueError, match="empty.json is not an extraction job file"):
         read_jobs(tmp_path / "empty.json")
@@ -58,3 +67,17 @@ def test_bad_jobs_are_named(tmp_path):
     (tmp_path / "short.json").write_text('{"jobs": [{"shard": 1}]}')
     with pytest.raises(ValueError, match="short.json is not an extraction job file"):
         read_jobs(tmp_path / "short.json")
+    (job,) = jobs(server_json=None)[:1]
+    (tmp_path / "tp.json").write_text(json.dumps({"hidden_states": {"vllm": {"tp": 8}}, "jobs": [{
+        k: str(v) if isinstance(v, Path) else v for k, v in job.__dict__.items()}]}))  # fmt: skip
+    with pytest.raises(ValueError, match="hidden_states: VllmEngineSettings has no field 'tp'"):
+        read_jobs(tmp_path / "tp.json")
+
+
+def test_the_rules_run_time_values_join_the_recorded_section():
+    # as rules/common.smk's engine_runtime: the engine's pacing keys beside the recorded hidden_states.vllm
+    runtime = runtime_only(hidden_states={"device_map": True, "vllm": {"max_clients": 3}})
+    recorded = {"backend": "transformers", "vllm": {"python": "p", "tensor_parallel_size": 2}}
+    typed = runtime.typed(HiddenStatesSettings, "hidden_states", recorded)
+    assert typed.device_map and typed.backend == "transformers"
+    assert (typed.vllm.python, typed.vllm.tensor_parallel_size, typed.vllm.max_clients) == ("p", 2, 3)

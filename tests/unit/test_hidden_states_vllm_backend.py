@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3_pipeline.hidden_states import final_norm, vllm_backend
-from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError, VllmOptions
+from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.settings import VllmEngineSettings
 
 SNAPSHOT = {
     "tensor_parallel_size": 8,
@@ -25,7 +26,7 @@ SNAPSHOT = {
 
 
 def test_engine_settings_come_from_the_snapshot():
-    engine = vllm_backend.engine_settings(VllmOptions(), SNAPSHOT, 10240)
+    engine = vllm_backend.engine_settings(VllmEngineSettings(), SNAPSHOT, 10240)
     assert engine["tensor_parallel_size"] == 8 and engine["dtype"] == "bfloat16"
     assert engine["quantization"] == "compressed-tensors" and engine["trust_remote_code"] is True
     assert engine["enforce_eager"] is True and engine["gpus"] == 8
@@ -35,7 +36,9 @@ def test_engine_settings_come_from_the_snapshot():
 
 
 def test_config_overrides_the_snapshot_and_null_keeps_it():
-    options = VllmOptions(tensor_parallel_size=4, dtype="float16", max_model_len=20000, enforce_eager=False)
+    options = VllmEngineSettings(
+        tensor_parallel_size=4, dtype="float16", max_model_len=20000, enforce_eager=False
+    )
     engine = vllm_backend.engine_settings(options, SNAPSHOT, 10240)
     assert (engine["tensor_parallel_size"], engine["dtype"], engine["max_model_len"]) == (4, "float16", 20000)
     assert engine["enforce_eager"] is False and engine["sources"]["enforce_eager"] == "config"
@@ -43,7 +46,7 @@ def test_config_overrides_the_snapshot_and_null_keeps_it():
 
 
 def test_without_a_snapshot_vllm_defaults_apply():
-    engine = vllm_backend.engine_settings(VllmOptions(), None, 2048)
+    engine = vllm_backend.engine_settings(VllmEngineSettings(), None, 2048)
     assert (
         engine["tensor_parallel_size"] == 1 and engine["dtype"] == "auto" and engine["quantization"] is None
     )
@@ -52,28 +55,25 @@ def test_without_a_snapshot_vllm_defaults_apply():
 
 def test_max_model_len_holds_the_longest_sequence_plus_one_token():
     demo = {"max_model_len": 2048, "args": {}}
-    engine = vllm_backend.engine_settings(VllmOptions(), demo, 2048)
+    engine = vllm_backend.engine_settings(VllmEngineSettings(), demo, 2048)
     assert engine["max_model_len"] == 2049 and engine["sources"]["max_model_len"] == "default"
     with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm\.max_model_len 2048.*>= 2049"):
-        vllm_backend.engine_settings(VllmOptions(max_model_len=2048), demo, 2048)
-
-
-def test_unknown_vllm_options_are_named():
-    with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm.*'tp'"):
-        vllm_backend.vllm_options({"tp": 8})
+        vllm_backend.engine_settings(VllmEngineSettings(max_model_len=2048), demo, 2048)
 
 
 def test_interpreter_is_the_config_key_else_the_snapshot_else_an_error_naming_the_key(tmp_path):
     no_vllm = sys.executable  # the pipeline's env has no vLLM
     with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm\.python.*has no vLLM"):
-        vllm_backend.resolve_python(VllmOptions(python=no_vllm), None)
+        vllm_backend.resolve_python(VllmEngineSettings(python=no_vllm), None)
     with pytest.raises(VllmBackendError, match=r"server\.json.*hidden_states\.vllm\.python"):
-        vllm_backend.resolve_python(VllmOptions(), {"python": str(tmp_path / "elsewhere" / "python")})
+        vllm_backend.resolve_python(VllmEngineSettings(), {"python": str(tmp_path / "elsewhere" / "python")})
     with pytest.raises(VllmBackendError, match=r"set hidden_states\.vllm\.python.*backend: transformers"):
-        vllm_backend.resolve_python(VllmOptions(), {"args": {}})
+        vllm_backend.resolve_python(VllmEngineSettings(), {"args": {}})
     vllm_python = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
     if vllm_python.exists():
-        assert vllm_backend.resolve_python(VllmOptions(), {"python": str(vllm_python)}) == str(vllm_python)
+        assert vllm_backend.resolve_python(VllmEngineSettings(), {"python": str(vllm_python)}) == str(
+            vllm_python
+        )
 
 
 def test_worker_env_has_the_units_vllm_variables_our_package_and_no_launcher_ranks(tmp_path, monkeypatch):

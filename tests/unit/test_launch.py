@@ -10,7 +10,7 @@ import pytest
 from accelerate.commands.launch import launch_command_parser
 
 from eagle3_pipeline.launch import (
-    MODE_ENV,
+    LaunchMode,
     accelerate_args,
     clamp_processes,
     describe,
@@ -55,18 +55,19 @@ def test_a_job_asking_for_more_gpus_than_visible_runs_with_what_is_there():
     assert _parsed(accelerate_args(8, "k", visible=2)).num_processes == 2
     cpu = _parsed(launch_flags(8, "k", visible=0))
     assert (cpu.cpu, cpu.num_processes) == (True, 1)
-    assert "clamped from 8: only 2 visible" in describe(8, 2, "ddp")
+    assert "clamped from 8: only 2 visible" in describe(8, 2, LaunchMode.DDP)
 
 
 def test_device_map_mode_runs_one_process_over_all_gpus():
-    args = _parsed(launch_flags(8, "k", visible=8, mode="device_map"))
+    args = _parsed(launch_flags(8, "k", visible=8, mode=LaunchMode.DEVICE_MAP))
     assert (args.num_processes, args.multi_gpu, args.cpu) == (1, False, False)
-    assert "sharding the model over 8 GPU(s)" in describe(8, 8, "device_map")
+    assert "sharding the model over 8 GPU(s)" in describe(8, 8, LaunchMode.DEVICE_MAP)
 
 
-def test_unknown_mode_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown launch mode 'tp'"):
-        launch_flags(1, "k", 1, mode="tp")
+def test_the_client_mode_starts_no_accelerate_processes():
+    assert "one client process" in describe(8, 8, LaunchMode.CLIENT)
+    with pytest.raises(ValueError, match="starts no accelerate processes"):
+        launch_flags(1, "k", 1, mode=LaunchMode.CLIENT)
 
 
 @pytest.mark.parametrize(
@@ -97,11 +98,10 @@ def test_cli_clamps_and_really_launches_through_accelerate(tmp_path):
     script = tmp_path / "probe.py"
     out = tmp_path / "out.txt"
     script.write_text(
-        "import os, sys\n"
+        "import sys\n"
         "from accelerate import PartialState\n"
         "state = PartialState()\n"
-        f"open({str(out)!r}, 'w').write(f'{{state.num_processes}} {{state.device.type}} '"
-        f" + os.environ['{MODE_ENV}'] + ' ' + sys.argv[1])\n"
+        f"open({str(out)!r}, 'w').write(f'{{state.num_processes}} {{state.device.type}} ' + sys.argv[1])\n"
     )
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)}
     result = subprocess.run(
@@ -125,4 +125,4 @@ def test_cli_clamps_and_really_launches_through_accelerate(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "job asked for 8 GPU(s), 0 visible: starting 1 CPU process" in result.stderr
-    assert out.read_text() == "1 cpu ddp hi"
+    assert out.read_text() == "1 cpu hi"

@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from eagle3_pipeline import prompts as P
+from eagle3_pipeline.settings import DatasetSettings
 
 
 def conv(*turns, source="src"):
@@ -36,9 +37,9 @@ def dataset(path, num_samples, shard_size=4, seed=0, turns="first"):
 def run(tmp_path, cfg, name="out"):
     """prepare_prompts, then write_prompt_shard for every shard, as the two rules do."""
     out = tmp_path / name
-    selection = {key: cfg[key] for key in ("path", "seed", "turns")}
+    settings = DatasetSettings(**cfg)
     counts = P.prepare_prompts(
-        selection, cfg["num_samples"], str(out / "selection.parquet"), str(out / "skipped.parquet")
+        settings, "none", cfg["num_samples"], str(out / "selection.parquet"), str(out / "skipped.parquet")
     )
     n, size = -(-cfg["num_samples"] // cfg["shard_size"]), cfg["shard_size"]
     paths = [str(out / f"shard-{k:05d}.parquet") for k in range(n)]
@@ -256,9 +257,9 @@ def test_history_own_keeps_each_conversation_whole_in_one_shard(tmp_path):
     ]
     talks.append(talks[0])  # the same conversation twice: one unit
     path = write_jsonl(tmp_path / "d.jsonl", talks)
-    selection = {"path": path, "seed": 0, "turns": "all", "history": "own"}
+    settings = DatasetSettings(path, seed=0, turns="all")
     out = tmp_path / "own"
-    counts = P.prepare_prompts(selection, 10, str(out / "sel.parquet"), str(out / "skipped.parquet"))
+    counts = P.prepare_prompts(settings, "own", 10, str(out / "sel.parquet"), str(out / "skipped.parquet"))
     assert counts["selected"] >= 10 and counts["usable"] == 24
     frames = []
     for k in range(4):
@@ -284,15 +285,17 @@ def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch
         for i in range(20)
     ]
     path = write_jsonl(tmp_path / "d.jsonl", talks)
-    selection = {"path": path, "seed": 0, "turns": "all", "history": "own"}
+    settings = DatasetSettings(path, seed=0, turns="all")
     size, total = 3, 30
     whole = tmp_path / "whole.parquet"
-    P.prepare_prompts(selection, total, str(whole), str(tmp_path / "skipped.parquet"))
+    P.prepare_prompts(settings, "own", total, str(whole), str(tmp_path / "skipped.parquet"))
     frames = []
     for block in range(-(-total // (2 * size))):  # as rules/prompts.smk: rows [b * 6, (b + 1) * 6)
         start, stop = P.selection_block_rows(block, size)
         block_path = tmp_path / f"selection-{block}.parquet"
-        P.prepare_prompts(selection, stop, str(block_path), str(tmp_path / f"skipped-{block}.parquet"), start)
+        P.prepare_prompts(
+            settings, "own", stop, str(block_path), str(tmp_path / f"skipped-{block}.parquet"), start
+        )
         for k in range(2 * block, 2 * block + 2):  # as get_prompt_shard_rows: relative to the block
             shard = tmp_path / f"shard-{k}.parquet"
             P.write_prompt_shard(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.snapshot import take_snapshot
+from eagle3_pipeline.settings import ServerSettings
 
 BASE = "/opt/vllm/bin/vllm serve {model} --port {port} -tp {tp} --max-model-len 4096 {extra}"
 
@@ -19,7 +20,7 @@ def identity(tmp_path: Path, model: str = "/models/m", port: int = 8000, tp: int
     unit = tmp_path / "vllm.service"
     exec_start = BASE.format(model=model, port=port, tp=tp, extra=extra)
     unit.write_text(f"[Service]\nEnvironment={env}\nExecStart={exec_start}\n")
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit)}
+    cfg = ServerSettings(unit="vllm.service", unit_file=str(unit))
     return take_snapshot(cfg, LocalHost())[1]["identity"]
 
 

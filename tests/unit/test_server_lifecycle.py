@@ -3,18 +3,22 @@ unmanaged servers are never started; stop only stops what the pipeline started."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.lifecycle import ServerError, ensure_running, find_local, launch_local, stop
+from eagle3_pipeline.server.health import ServerError
+from eagle3_pipeline.server.lifecycle import ensure_running, stop
+from eagle3_pipeline.server.local_process import find_local, launch_local
+from eagle3_pipeline.settings import ServerSettings, section
 
 PORT = 18533  # nothing listens here
 
 
-def _cfg(tmp_path: Path, exec_start: str, **extra: object) -> dict:
+def _cfg(tmp_path: Path, exec_start: str, **extra: object) -> ServerSettings:
     unit = tmp_path / "failing.service"
     unit.write_text(
         f"[Service]\nEnvironment=MESSAGE=boom-from-the-unit HF_TOKEN=hf_lifecycleSecret99\n"
@@ -23,7 +27,7 @@ def _cfg(tmp_path: Path, exec_start: str, **extra: object) -> dict:
     cfg = {"host": "local", "unit": "failing.service", "unit_file": str(unit), "manage": True,
            "stop_after_generation": True, "start_timeout_s": 60, "api_key_env": "E3_NO_KEY"}  # fmt: skip
     cfg.update(extra)
-    return cfg
+    return section(ServerSettings, cfg)
 
 
 SERVER_JSON = {"base_url": f"http://127.0.0.1:{PORT}", "served_model_name": "m", "port": PORT, "host": None}
@@ -68,7 +72,8 @@ def test_stop_reports_what_it_did(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, "/bin/false")
     assert stop(SERVER_JSON, cfg, tmp_path / "s")["action"] == "none"
     assert (
-        stop(SERVER_JSON, {**cfg, "stop_after_generation": False}, tmp_path / "s")["action"] == "left running"
+        stop(SERVER_JSON, dataclasses.replace(cfg, stop_after_generation=False), tmp_path / "s")["action"]
+        == "left running"
     )
 
 
@@ -80,7 +85,7 @@ def test_launch_local_stop_kills_the_process_group(tmp_path: Path) -> None:
 
 
 def test_local_command_teaches_the_redactor(tmp_path: Path) -> None:
-    from eagle3_pipeline.server.lifecycle import local_command
+    from eagle3_pipeline.server.local_process import local_command
     from eagle3_pipeline.server.secrets import REDACTOR
 
     cfg = _cfg(tmp_path, "/opt/vllm/bin/vllm serve /m --api-key sk-local-command-key-55")
@@ -99,20 +104,20 @@ def test_health_and_model_checks_verify_https_with_the_ca_bundle(tmp_path: Path)
     from support.http_endpoint import ScriptedEndpoint
     from support.tls import self_signed, tls_context
 
-    from eagle3_pipeline.server.lifecycle import check_health, wait_healthy
+    from eagle3_pipeline.server.health import check_health, wait_healthy
 
     cert, key = self_signed(tmp_path)
     endpoint = ScriptedEndpoint(tls=tls_context(cert, key)).start()
     try:
         url = endpoint.base_url
         assert url.startswith("https://")
-        cfg = {"host": "local", "unit": "gw.service", "manage": False, "base_url": url,
-               "api_key_env": "E3_NO_KEY", "ca_bundle": str(cert)}  # fmt: skip
+        cfg = ServerSettings(unit="gw.service", manage=False, base_url=url, api_key_env="E3_NO_KEY",
+                             ca_bundle=str(cert))  # fmt: skip
         wait_healthy(url, 10, verify=str(cert))
         served = {**SERVER_JSON, "base_url": url, "served_model_name": endpoint.model}
         assert ensure_running(served, cfg, tmp_path / "state") == url
         assert not check_health(url)  # the system's trust store does not know the test CA
         with pytest.raises(ServerError, match="does not answer and server.manage is false"):
-            ensure_running(served, {**cfg, "ca_bundle": None}, tmp_path / "state2")
+            ensure_running(served, dataclasses.replace(cfg, ca_bundle=None), tmp_path / "state2")
     finally:
         endpoint.stop()

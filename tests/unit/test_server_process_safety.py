@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.lifecycle import find_local, launch_local, stop
+from eagle3_pipeline.server.interrupts import Interrupted, interrupts_as_exceptions
+from eagle3_pipeline.server.lifecycle import stop
+from eagle3_pipeline.server.local_process import find_local, launch_local
 from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.snapshot import _launcher_python, detect_vllm_version
-from eagle3_pipeline.validate.interrupts import Interrupted, interrupts_as_exceptions
+from eagle3_pipeline.settings import ServerSettings
 
 
 def test_sighup_becomes_an_exception_like_sigterm():
@@ -40,8 +42,9 @@ def test_a_stale_pid_file_never_stops_an_unrelated_process(tmp_path: Path):
     """Item 1: the pid file of a server long gone names a pid the kernel gave to another program."""
     unit_file = tmp_path / "vllm.service"
     unit_file.write_text("[Service]\nExecStart=/bin/true\n")
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file), "manage": True,
-           "stop_after_generation": True}  # fmt: skip
+    cfg = ServerSettings(
+        unit="vllm.service", unit_file=str(unit_file), manage=True, stop_after_generation=True
+    )
     other = _unrelated()
     try:
         for text in (f"{other.pid}\n", f"{other.pid} 12345\n"):  # an old pid file; another start time

@@ -27,10 +27,11 @@ from eagle3_pipeline.server.replicas import (
     shard_caps,
 )
 from eagle3_pipeline.server.snapshot import take_snapshot
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings, section
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "config" / "schema.yaml"
-SERVER = {
+SERVER_CFG = {
     "host": "local",
     "unit": "vllm.service",
     "unit_file": "/units/a.service",
@@ -45,6 +46,7 @@ SERVER = {
         {"name": "gpu2", "host": "gpu2.example", "base_url": "http://gpu2:8000"},
     ],
 }
+SERVER = section(ServerSettings, SERVER_CFG)
 
 
 def test_assignment_is_k_mod_n_and_balanced() -> None:
@@ -60,13 +62,13 @@ def test_assignment_is_k_mod_n_and_balanced() -> None:
 
 def test_a_replica_inherits_all_but_its_location() -> None:
     b = replica_config(SERVER, "b")
-    assert b["unit_file"] == "/units/b.service" and b["unit"] == "vllm.service"
-    assert b["api_key_env"] == "KEY" and b["start_timeout_s"] == 60
-    assert b["base_url"] is None  # never the primary's URL
-    assert not {"name", "replicas", "max_shard_jobs"} & set(b)
+    assert b.unit_file == "/units/b.service" and b.unit == "vllm.service"
+    assert b.api_key_env == "KEY" and b.start_timeout_s == 60
+    assert b.base_url is None  # never the primary's URL
+    assert (b.name, b.max_shard_jobs, b.replicas) == ("b", 1, ())  # its own, never the fleet's
     gpu2 = replica_config(SERVER, "gpu2")
-    assert gpu2["host"] == "gpu2.example" and gpu2["base_url"] == "http://gpu2:8000"
-    assert replica_config(SERVER, "main")["unit_file"] == "/units/a.service"
+    assert gpu2.host == "gpu2.example" and gpu2.base_url == "http://gpu2:8000"
+    assert replica_config(SERVER, "main").unit_file == "/units/a.service"
     with pytest.raises(ReplicaError, match="no server named 'x'"):
         replica_config(SERVER, "x")
     assert shard_caps(SERVER) == {"main": 2, "b": 1, "gpu2": None}
@@ -126,8 +128,7 @@ def _snapshot(folder: Path, model: Path, port: int, extra: str = "") -> dict:
         f"[Service]\nExecStart=/opt/vllm/bin/vllm serve {model} --port {port} --max-model-len 4096 "
         f"--served-model-name m --reasoning-parser kimi_k2 {extra}\n"
     )
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit)}
-    _, server, identity = take_snapshot(cfg, LocalHost())
+    _, server, identity = take_snapshot(ServerSettings(unit_file=str(unit)), LocalHost())
     return identity_fields(identity, server)
 
 
@@ -185,13 +186,13 @@ def test_one_servers_outage_fails_only_the_shards_sent_to_it(tmp_path: Path) -> 
 
     from eagle3_pipeline.generate import generate_shard
     from eagle3_pipeline.prompts import PROMPT_SCHEMA
-    from eagle3_pipeline.server.lifecycle import ServerError
+    from eagle3_pipeline.server.health import ServerError
 
     main, b = ScriptedEndpoint().start(), ScriptedEndpoint().start()
     server = {"host": "local", "unit": "vllm.service", "manage": False, "start_timeout_s": 2,
               "api_key_env": "E3_NO_KEY", "base_url": main.base_url, "name": "main",
               "replicas": [{"name": "b", "base_url": b.base_url}]}  # fmt: skip
-    servers = fleet(server, str(tmp_path / "results"), str(tmp_path / "work"))
+    servers = fleet(section(ServerSettings, server), str(tmp_path / "results"), str(tmp_path / "work"))
     for place, endpoint in zip(servers.servers, (main, b), strict=True):
         Path(place.server_json).parent.mkdir(parents=True, exist_ok=True)
         Path(place.server_json).write_text(json.dumps(
@@ -204,12 +205,12 @@ def test_one_servers_outage_fails_only_the_shards_sent_to_it(tmp_path: Path) -> 
     )  # fmt: skip
     prompts = tmp_path / "prompts.parquet"
     frame.write_parquet(prompts)
-    generation = {"max_tokens": 16, "concurrency": 2, "global_concurrency": 2, "retries": 1,
-                  "request_timeout_s": 10}  # fmt: skip
+    generation = GenerationSettings(max_tokens=16, concurrency=2, global_concurrency=2, retries=1,
+                                    request_timeout_s=10)  # fmt: skip
 
     def run(shard: int) -> Path:
         out = tmp_path / f"shard-{shard}.parquet"
-        generate_shard(str(prompts), str(out), servers.servers[0].server_json, servers.servers[0].config,
+        generate_shard(str(prompts), str(out), servers.primary.server_json, servers.primary.settings,
                        generation, str(tmp_path / f"j{shard}.jsonl"), str(tmp_path / "work" / "server"),
                        shard, replica=servers.for_shard(shard))  # fmt: skip
         return out

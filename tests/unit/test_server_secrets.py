@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from eagle3_pipeline.server.secrets import (
     write_secret_file,
 )
 from eagle3_pipeline.server.snapshot import SnapshotError, snapshot_server
+from eagle3_pipeline.settings import ServerSettings
 
 SECRET_VALUES = ("hf_unitTestToken001", "sk-unit-test-key-002", "pw-unit-test-003", "sk-cli-unit-004")
 UNIT = f"""[Service]
@@ -75,7 +77,7 @@ def test_snapshot_outputs_and_log_have_no_secret(tmp_path: Path) -> None:
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
     try:
-        cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+        cfg = ServerSettings(unit="vllm.service", unit_file=str(unit_file))
         outs = [tmp_path / "out" / n for n in ("unit.service", "server.json", "identity.json")]
         snapshot_server(cfg, *map(str, outs))
         logging.getLogger("test").info("echo of a secret: %s", SECRET_VALUES[1])
@@ -98,7 +100,7 @@ def test_error_messages_are_scrubbed(tmp_path: Path) -> None:
     unit_file = tmp_path / "vllm.service"
     secret = SECRET_VALUES[1]
     unit_file.write_text(UNIT + f"EnvironmentFile=/nonexistent/{secret}\nExecStart=/x '{secret}\n")
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+    cfg = ServerSettings(unit="vllm.service", unit_file=str(unit_file))
     with pytest.raises(SnapshotError) as info:
         snapshot_server(cfg, *(str(tmp_path / n) for n in ("u", "s", "i")))
     assert "unbalanced ' quote" in str(info.value)
@@ -108,13 +110,15 @@ def test_error_messages_are_scrubbed(tmp_path: Path) -> None:
 
 def test_api_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("E3_TEST_KEY", raising=False)
-    cfg = {"api_key_env": "E3_TEST_KEY", "api_key_file": None}
+    cfg = ServerSettings(api_key_env="E3_TEST_KEY", api_key_file=None)
     assert api_key(cfg) is None and auth_headers(cfg) == {}
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
-    assert api_key({**cfg, "api_key_file": str(key_file)}) == "from-file"
+    assert api_key(dataclasses.replace(cfg, api_key_file=str(key_file))) == "from-file"
     monkeypatch.setenv("E3_TEST_KEY", "from-env")
-    assert auth_headers({**cfg, "api_key_file": str(key_file)}) == {"Authorization": "Bearer from-env"}
+    assert auth_headers(dataclasses.replace(cfg, api_key_file=str(key_file))) == {
+        "Authorization": "Bearer from-env"
+    }
 
 
 # Secrets found by their shape: none of these is under a secret name where it appears.
@@ -171,7 +175,7 @@ def test_fingerprints_carry_secrets_to_another_process_without_values(tmp_path: 
         f"ExecStartPre=/usr/bin/curl -H 'Authorization: Bearer {bearer}' http://registry/ping\n"
         f"ExecStart=/opt/vllm/bin/vllm serve /models/m --port 8000 --api-key {cli_key}\n"
     )
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+    cfg = ServerSettings(unit="vllm.service", unit_file=str(unit_file))
     outs = [tmp_path / "out" / n for n in ("unit.service", "server.json", "identity.json")]
     snapshot_server(cfg, *map(str, outs))
     for path in outs:
@@ -202,7 +206,7 @@ def test_json_outputs_stay_valid_when_a_secret_is_a_number(tmp_path: Path) -> No
     numbers are never redacted (the port stays a number)."""
     unit_file = tmp_path / "vllm.service"
     unit_file.write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve m --port 8000 --api-key 8000\n")
-    cfg = {"host": "local", "unit": "vllm.service", "unit_file": str(unit_file)}
+    cfg = ServerSettings(unit="vllm.service", unit_file=str(unit_file))
     outs = [tmp_path / n for n in ("unit.service", "server.json", "identity.json")]
     snapshot_server(cfg, *map(str, outs))
     server = json.loads(outs[1].read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.server import secrets
-from eagle3_pipeline.server.lifecycle import launch_local
+from eagle3_pipeline.server.local_process import launch_local
 
 
 @pytest.mark.parametrize(

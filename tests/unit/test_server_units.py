@@ -15,6 +15,7 @@ import pytest
 
 from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.snapshot import build_server_json, parse_service, take_snapshot
+from eagle3_pipeline.settings import ServerSettings
 
 CORPUS = Path(__file__).parents[1] / "data" / "units"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
@@ -39,13 +40,13 @@ def snapshot_case(case: str, tmp_path: Path) -> tuple[str, dict, dict]:
         text = cat.read_text()
         name = Path(text.splitlines()[0].removeprefix("# ")).name
         unit, env, _, command = parse_service(text, name, host)
-        server, identity = build_server_json(unit, env, command, host, {})
+        server, identity = build_server_json(unit, env, command, host, ServerSettings())
         from eagle3_pipeline.server.secrets import redact_unit_text
 
         unit_text = redact_unit_text(text)
     else:
         unit_file = next(folder.glob("*.service"))
-        cfg = {"host": "local", "unit": unit_file.name, "unit_file": str(unit_file)}
+        cfg = ServerSettings(unit=unit_file.name, unit_file=str(unit_file))
         unit_text, server, identity = take_snapshot(cfg, host)
     back = json.loads(json.dumps([server, identity]).replace(str(folder), "@DIR@"))
     return unit_text.replace(str(folder), "@DIR@"), back[0], back[1]

@@ -14,11 +14,10 @@ import pytest
 from snakemake.iocontainers import Namedlist
 from support.traces import IDENTITY, generation_rows, write_generation_shards, write_identity
 
-from eagle3_pipeline.settings import runtime_only
+from eagle3_pipeline.settings import TracesSettings, runtime_only, section
 from eagle3_pipeline.traces import (
     GENERATION_SCHEMA,
     TraceError,
-    TraceFilters,
     TraceOutputs,
     filter_shard_traces,
     merge_traces,
@@ -29,10 +28,16 @@ from eagle3_pipeline.traces.export import json_string
 from eagle3_pipeline.traces.filters import REASONS
 
 
-def _merge(tmp_path: Path, shards: list[Path], filters: TraceFilters | None = None, **kwargs) -> dict:
+def _traces(**fields) -> TracesSettings:
+    """The schema's traces.* with `fields`; no failed-row limit unless given: the synthetic shards fail
+    more than the schema's 1% on purpose (the limit has its own test)."""
+    return TracesSettings(**{"max_failed_fraction": 1.0, **fields})
+
+
+def _merge(tmp_path: Path, shards: list[Path], traces: TracesSettings | None = None, **kwargs) -> dict:
     server = write_identity(tmp_path / "server" / "identity.json")
     return merge_traces(
-        shards, server, TraceOutputs.in_dir(tmp_path / "traces"), filters or TraceFilters(), **kwargs
+        shards, server, TraceOutputs.in_dir(tmp_path / "traces"), traces or _traces(), **kwargs
     )
 
 
@@ -69,7 +74,7 @@ def test_every_prompt_is_accounted_for(tmp_path, generation_shards):
 
 
 def test_train_and_validation_partition_the_traces(tmp_path, generation_shards):
-    stats = _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
+    stats = _merge(tmp_path, generation_shards, _traces(validation_fraction=0.3))
     out = TraceOutputs.in_dir(tmp_path / "traces")
     train_path, validation_path = (
         tmp_path / "traces" / "train.parquet",
@@ -108,7 +113,7 @@ def test_a_split_without_rows_is_an_empty_file_with_the_schema(tmp_path):
 
 def test_split_rule_script_writes_both_splits(tmp_path, generation_shards, monkeypatch):
     """scripts/split_traces.py with the rule's input/output names, on a real merge's traces.parquet."""
-    _merge(tmp_path, generation_shards, TraceFilters(validation_fraction=0.3))
+    _merge(tmp_path, generation_shards, _traces(validation_fraction=0.3))
     train, validation = tmp_path / "traces" / "train.parquet", tmp_path / "traces" / "validation.parquet"
     snakemake = SimpleNamespace(  # Snakemake's own containers, as the script: directive passes them
         rule="split_traces",
@@ -231,8 +236,8 @@ def test_truncated_rows_are_kept_or_dropped_by_config(tmp_path, generation_shard
         pl.read_parquet(p).filter(pl.col("finish_reason") == "length").height for p in generation_shards
     )
     assert truncated > 0
-    kept = _merge(tmp_path / "keep", generation_shards, TraceFilters(drop_truncated=False))
-    dropped = _merge(tmp_path / "drop", generation_shards, TraceFilters(drop_truncated=True))
+    kept = _merge(tmp_path / "keep", generation_shards, _traces(drop_truncated=False))
+    dropped = _merge(tmp_path / "drop", generation_shards, _traces(drop_truncated=True))
     assert kept["dropped"]["truncated"] == 0 and kept["kept_truncated"] == truncated
     assert dropped["dropped"]["truncated"] == truncated and dropped["kept_truncated"] == 0
     assert dropped["kept"] == kept["kept"] - truncated
@@ -252,11 +257,11 @@ def _with_edits(shard: int) -> pl.DataFrame:
 
 def test_empty_replies_and_rows_without_token_ids(tmp_path):
     shards = [_write(_shard_path(tmp_path, 0), _with_edits(0))]
-    dropped = _merge(tmp_path / "a", shards, TraceFilters(drop_empty=True))
+    dropped = _merge(tmp_path / "a", shards, _traces(drop_empty=True))
     assert (
         dropped["dropped"]["empty"] == 1 and dropped["dropped"]["no_token_ids"] == 1 and dropped["kept"] == 48
     )
-    kept = _merge(tmp_path / "b", shards, TraceFilters(drop_empty=False))
+    kept = _merge(tmp_path / "b", shards, _traces(drop_empty=False))
     assert kept["dropped"]["empty"] == 0 and kept["kept"] == 49
 
 
@@ -287,7 +292,7 @@ def test_exact_duplicates_within_a_shard_keep_the_first_and_across_shards_are_co
     kept = set(traces["id"])
     assert set(later.head(3)["id"]) <= kept and not set(later.slice(3, 3)["id"]) & kept  # first kept
     assert set(first.head(3)["id"]) <= set(traces["id"])
-    assert _merge(tmp_path / "b", shards, TraceFilters(drop_duplicates=False))["dropped"]["duplicate"] == 0
+    assert _merge(tmp_path / "b", shards, _traces(drop_duplicates=False))["dropped"]["duplicate"] == 0
     _write(shards[1], near)
     assert _merge(tmp_path / "c", shards)["dropped"]["duplicate"] == 0
 
@@ -302,7 +307,7 @@ def test_per_shard_traces_are_the_merged_traces_shard_by_shard(tmp_path, generat
         _write(tmp_path / "prompts" / f"shard-{k:05d}.parquet", pl.read_parquet(p, columns=["id"]))
         for k, p in enumerate(generation_shards)
     ]
-    filters = TraceFilters(validation_fraction=0.2)
+    filters = _traces(validation_fraction=0.2)
     merge_traces(generation_shards, server, TraceOutputs.in_dir(tmp_path / "traces"), filters, prompts)
     merged = pl.read_parquet(tmp_path / "traces" / "traces.parquet")
     for k, (generation, prompt) in enumerate(zip(generation_shards, prompts, strict=True)):
@@ -323,19 +328,19 @@ def test_per_shard_traces_check_their_prompts_and_server(tmp_path, generation_sh
     )
     outputs = _shard_outputs(tmp_path / "shards", 1)
     with pytest.raises(TraceError, match=r"00001.*51 prompts, 50 rows"):
-        filter_shard_traces(generation_shards[1], prompt, server, TraceFilters(), outputs)
+        filter_shard_traces(generation_shards[1], prompt, server, _traces(), outputs)
     other = write_identity(tmp_path / "other" / "identity.json", identity="another-server")
     _write(prompt, ids)
     with pytest.raises(TraceError, match="mixed servers|another|server"):
-        filter_shard_traces(generation_shards[1], prompt, other, TraceFilters(), outputs)
+        filter_shard_traces(generation_shards[1], prompt, other, _traces(), outputs)
     assert not any(path.exists() for path in outputs.values())
 
 
 def test_split_is_stable_as_the_corpus_grows(tmp_path):
     small = write_generation_shards(tmp_path / "small", 3, 40)
     large = write_generation_shards(tmp_path / "large", 8, 40)  # the same 3 shards, then 5 more
-    _merge(tmp_path / "a", small, TraceFilters(validation_fraction=0.2))
-    _merge(tmp_path / "b", large, TraceFilters(validation_fraction=0.2))
+    _merge(tmp_path / "a", small, _traces(validation_fraction=0.2))
+    _merge(tmp_path / "b", large, _traces(validation_fraction=0.2))
     before = dict(
         pl.read_parquet(tmp_path / "a" / "traces" / "traces.parquet").select("id", "split").iter_rows()
     )
@@ -404,16 +409,16 @@ def test_nothing_kept_fails(tmp_path):
 
 
 def test_unknown_traces_key_is_refused():
-    assert TraceFilters.from_config({"drop_empty": False}).drop_empty is False
-    with pytest.raises(ValueError, match=r"unknown traces.\* key\(s\) \['drop_trunc'\]"):
-        TraceFilters.from_config({"drop_trunc": True})
+    assert section(TracesSettings, {"drop_empty": False}).drop_empty is False
+    with pytest.raises(TypeError, match="TracesSettings has no field 'drop_trunc'"):
+        section(TracesSettings, {"drop_trunc": True})
 
 
 def test_bad_identity_file(tmp_path, generation_shards):
     server = tmp_path / "identity.json"
     server.write_text("{}")
     with pytest.raises(TraceError, match="rerun the snapshot_server rule"):
-        merge_traces(generation_shards, server, TraceOutputs.in_dir(tmp_path / "t"), TraceFilters())
+        merge_traces(generation_shards, server, TraceOutputs.in_dir(tmp_path / "t"), _traces())
 
 
 def test_json_strings_round_trip():
@@ -447,7 +452,8 @@ def test_rule_script_reads_the_named_inputs_and_outputs(
         params=Namedlist(
             fromdict={
                 "traces": {"drop_truncated": True, "validation_fraction": 0.2},
-                "runtime": runtime_only(),  # as rules/traces.smk (max_failed_fraction: none here)
+                # as rules/traces.smk; these shards fail more than the schema's 1% on purpose
+                "runtime": runtime_only(traces={"max_failed_fraction": 1.0}),
             }
         ),
         log=[str(tmp_path / "merge_traces.log")],
@@ -513,6 +519,6 @@ def test_more_failed_rows_than_max_failed_fraction_stop_the_merge_with_the_numbe
         TraceError,
         match=rf"{failed} of 200 prompts failed .* traces.max_failed_fraction = 1.00%.*00001: {failed}",
     ):
-        _merge(tmp_path / "strict", shards, TraceFilters(max_failed_fraction=0.01))
-    stats = _merge(tmp_path / "lenient", shards, TraceFilters(max_failed_fraction=0.2))
+        _merge(tmp_path / "strict", shards, _traces(max_failed_fraction=0.01))
+    stats = _merge(tmp_path / "lenient", shards, _traces(max_failed_fraction=0.2))
     assert stats["failed"] == failed

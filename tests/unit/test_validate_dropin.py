@@ -7,17 +7,10 @@ import signal
 
 import pytest
 
+from eagle3_pipeline.server.dropin import ServeCheckError, dropin_path, dropin_text, parse_marker
+from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
 from eagle3_pipeline.server.unit import merge_unit, split_words
-from eagle3_pipeline.validate.dropin import (
-    Interrupted,
-    deferred_interrupts,
-    dropin_path,
-    dropin_text,
-    interrupts_as_exceptions,
-    parse_marker,
-)
 from eagle3_pipeline.validate.remote_checkpoint import unit_sandbox
-from eagle3_pipeline.validate.serve_check import ServeCheckError
 
 
 def test_marker_round_trips_and_systemd_reads_the_rest():

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3_pipeline.server.dropin import ServeCheckError, exec_start_with_draft, vllm_exec
 from eagle3_pipeline.server.unit import merge_unit, split_words
-from eagle3_pipeline.validate.dropin import exec_start_with_draft, vllm_exec
-from eagle3_pipeline.validate.serving import ServeCheckError
 
 
 def _exec(line: str, unit: str = "vllm.service"):

@@ -76,7 +76,7 @@ def test_training_keeps_its_epochs_and_the_best_one_is_exported(
     epochs = tmp_path / "epochs"
     job = replace(
         draft_train_job,
-        train=draft_train_job.train | {"epochs": 2},
+        train=replace(draft_train_job.train, epochs=2),
         checkpoint_epochs=[0, 1],
         checkpoints=[str(epochs / "epoch-000.safetensors"), str(epochs / "epoch-001.safetensors")],
     )

@@ -6,13 +6,17 @@ import socket
 import pytest
 
 from eagle3_pipeline.ports import PortError, free_port, reserved_port
-from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
-from eagle3_pipeline.validate.dropin import dropin_text, exec_start_with_draft, systemd_quote, vllm_exec
-from eagle3_pipeline.validate.serve_check import (
+from eagle3_pipeline.server.dropin import (
     ServeCheckError,
-    serve_sampling,
-    with_speculative_draft,
+    dropin_text,
+    exec_start_with_draft,
+    systemd_quote,
+    vllm_exec,
 )
+from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
+from eagle3_pipeline.server.vllm_args import eagle3_draft, serving_argv
+from eagle3_pipeline.settings import GenerationSettings, ValidateSettings
+from eagle3_pipeline.validate.serve_check import serve_sampling
 
 ARGV = [
     "/venv/bin/python",
@@ -35,7 +39,7 @@ def spec_of(words):
 
 
 def test_draft_added_and_the_units_own_host_port_and_spec_replaced():
-    words = with_speculative_draft(ARGV, "/ckpt", 3, host="127.0.0.1", port=18590)
+    words = serving_argv(ARGV, eagle3_draft("/ckpt", 3), "127.0.0.1", 18590, enforce_eager=True)
     assert spec_of(words) == {"method": "eagle3", "model": "/ckpt", "num_speculative_tokens": 3}
     assert words.count("--speculative-config") == 1 and "--speculative_config" not in words
     assert '{"method":"ngram"}' not in words
@@ -46,7 +50,7 @@ def test_draft_added_and_the_units_own_host_port_and_spec_replaced():
 
 
 def test_host_port_kept_when_not_given_and_eager_not_doubled():
-    words = with_speculative_draft([*ARGV, "--enforce_eager"], "ckpt", 2, enforce_eager=True)
+    words = serving_argv([*ARGV, "--enforce_eager"], eagle3_draft("ckpt", 2), enforce_eager=True)
     assert "8000" in words and "--host=0.0.0.0" in words
     assert sum(w.replace("_", "-") == "--enforce-eager" for w in words) == 1
     assert spec_of(words)["model"].startswith("/")  # made absolute: the server's cwd may differ
@@ -120,16 +124,10 @@ def test_vllm_exec_follows_dropins():
 
 
 def test_serve_sampling_caps_max_tokens_and_sets_temperature():
-    generation = {
-        "max_tokens": 8192,
-        "temperature": 0.6,
-        "top_p": 0.95,
-        "seed": 0,
-        "chat_template_kwargs": {},
-    }
-    greedy = serve_sampling(generation, {"max_tokens": 128, "temperature": 0.0}, "m")
+    generation = GenerationSettings(max_tokens=8192, temperature=0.6, top_p=0.95, seed=0)
+    greedy = serve_sampling(generation, ValidateSettings(max_tokens=128, temperature=0.0), "m")
     assert (greedy.max_tokens, greedy.temperature, greedy.top_p) == (128, 0.0, 0.95)
-    same = serve_sampling(generation, {"max_tokens": None, "temperature": None}, "m")
+    same = serve_sampling(generation, ValidateSettings(max_tokens=None, temperature=None), "m")
     assert (same.max_tokens, same.temperature) == (8192, 0.6)
 
 
@@ -153,7 +151,7 @@ def test_a_port_taken_by_another_server_while_the_check_starts_is_never_measured
     import threading
 
     from eagle3_pipeline.server.process_identity import group_listens_on
-    from eagle3_pipeline.validate.serving import serve_local
+    from eagle3_pipeline.validate.local_vllm import serve_local
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

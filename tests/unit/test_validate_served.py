@@ -7,16 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.vllm_args import serving_argv
+from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import parse_prometheus, spec_decode_counters
-from eagle3_pipeline.validate.served import (
+from eagle3_pipeline.validate.served_figures import (
     compare_with_offline,
     disagreement_message,
     measure_by_source,
     source_groups,
     speedup,
     time_by_source,
-    without_draft,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "validate"
@@ -127,7 +129,7 @@ def test_speedup_is_tokens_per_second_with_over_without_the_draft():
 def test_the_target_alone_runs_without_any_speculative_config():
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port=8000"]
     argv += ["--speculative_config", '{"method":"ngram"}', "--host", "0.0.0.0"]
-    words = without_draft(argv, "127.0.0.1", 19301)
+    words = serving_argv(argv, None, "127.0.0.1", 19301)
     assert "--speculative_config" not in words and '{"method":"ngram"}' not in words
     assert words[-4:] == ["--host", "127.0.0.1", "--port", "19301"] and "--port=8000" not in words
 
@@ -137,7 +139,7 @@ def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(
     """The greedy run against its greedy replay decides; the sampled run is compared and reported."""
     import json
 
-    from eagle3_pipeline.validate.serve_check import ServeCheckError, check_against_offline
+    from eagle3_pipeline.validate.serve_check import check_against_offline
 
     ids = {"question_ids": ["a", "b"], "failed": {}}
     greedy = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
@@ -150,7 +152,7 @@ def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(
         "served_replay": {"num_speculative_tokens": 3, "samples": replay}
     }
     (tmp_path / "offline.json").write_text(json.dumps(offline))
-    validate = {"served_offline_tolerance": tolerance}
+    validate = ValidateSettings(served_offline_tolerance=tolerance)
     if raises:
         with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.800"):
             check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
@@ -167,8 +169,6 @@ def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(
 
 
 def test_a_source_that_fails_is_reported_and_the_others_measured():
-    from eagle3_pipeline.validate.serve_check import ServeCheckError
-
     after = counters("vllm-0.32.0-metrics-trained-draft.txt")
     reading = after.__dict__ | {"accepted_per_position": list(after.accepted_per_position)}
 
@@ -209,9 +209,9 @@ def test_a_systemd_unit_is_timed_without_the_draft_on_restored_production(script
     questions = [
         {"id": f"q{i}", "question": f"q {i}", "source": "math" if i % 2 else "code"} for i in range(6)
     ]
-    server_cfg = {"unit": "vllm.service", "base_url": scripted_endpoint.base_url}
+    server = ServerSettings(unit="vllm.service", base_url=scripted_endpoint.base_url)
     with_draft = {"tokens_per_s": 1e9, "by_source": {"math": {"tokens_per_s": 1e9}}}
-    figures = production_speedup(server_cfg, {}, with_draft, _common(tmp_path, questions), {"speedup": True})
+    figures = production_speedup(server, {}, with_draft, _common(tmp_path, questions), ValidateSettings())
     assert all(scripted_endpoint.requests[q["question"]] == 1 for q in questions)
     assert figures["completion_tokens_without_draft"] == 6 * 8 and figures["speedup"] > 1
     assert set(figures["by_source"]) == {"math"} and figures["without_draft"].startswith("the production")
@@ -221,7 +221,7 @@ def test_no_speedup_when_production_was_not_running_before_the_check(scripted_en
     from eagle3_pipeline.validate.serve_check import production_speedup
 
     scripted_endpoint.healthy = False
-    server_cfg = {"unit": "vllm.service", "base_url": scripted_endpoint.base_url}
-    figures = production_speedup(server_cfg, {}, {}, _common(tmp_path, []), {"speedup": True})
+    server = ServerSettings(unit="vllm.service", base_url=scripted_endpoint.base_url)
+    figures = production_speedup(server, {}, {}, _common(tmp_path, []), ValidateSettings(speedup=True))
     assert figures["speedup"] is None and "not serving after the restore" in figures["reason"]
     assert not scripted_endpoint.requests

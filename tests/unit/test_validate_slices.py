@@ -96,14 +96,17 @@ def test_special_token_ids_from_either_tokenizer_file(tmp_path):
 
 
 def test_the_check_refuses_an_offline_json_without_a_matching_replay():
-    from eagle3_pipeline.validate.serve_check import ServeCheckError, matched_questions
+    from eagle3_pipeline.server.dropin import ServeCheckError
+    from eagle3_pipeline.settings import ValidateSettings
+    from eagle3_pipeline.validate.serve_check import matched_questions
 
     questions = [{"id": "a"}, {"id": "b"}]
     offline = {"served_replay": {"num_speculative_tokens": 3, "max_tokens": 128, "samples": {"b": {}}}}
-    assert matched_questions(questions, offline, {"num_speculative_tokens": 3}, 128) == [{"id": "b"}]
+    three, five = ValidateSettings(num_speculative_tokens=3), ValidateSettings(num_speculative_tokens=5)
+    assert matched_questions(questions, offline, three, 128) == [{"id": "b"}]
     with pytest.raises(ServeCheckError, match="max_tokens 64"):
-        matched_questions(questions, offline, {"num_speculative_tokens": 3}, 64)
+        matched_questions(questions, offline, three, 64)
     with pytest.raises(ServeCheckError, match="rerun validate_offline"):
-        matched_questions(questions, offline, {"num_speculative_tokens": 5})
+        matched_questions(questions, offline, five)
     with pytest.raises(ServeCheckError, match="rerun validate_offline"):
-        matched_questions(questions, {"anchors": 10}, {"num_speculative_tokens": 3})
+        matched_questions(questions, {"anchors": 10}, three)

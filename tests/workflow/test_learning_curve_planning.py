@@ -43,9 +43,9 @@ def test_each_point_plans_training_and_validation_only_and_a_new_shard_retrains_
     for variant in points:
         assert set(variants[variant]) == POINT_RULES, variant  # no extraction, export or serve check
         train = variants[variant]["train_draft"]
-        shards = [Path(f).name for f in train.input.states]
+        shards = [Path(f).name for f in train.input.train_states]
         assert shards == [f"shard-{k:05d}.safetensors" for k in range(int(variant[-3:-1]))]
-        assert all("/results/curve-plan/hidden_states/train/" in f"/{f}" for f in train.input.states)
+        assert all("/results/curve-plan/hidden_states/train/" in f"/{f}" for f in train.input.train_states)
         assert train.resources["gpu"] == 1
         # never beside an extraction engine: after the baseline's engine, the last to run, has stopped
         assert any("baseline/hidden_states/engine/stopped.json" in str(f) for f in train.input.engine_stopped)

@@ -44,6 +44,10 @@ def test_each_epoch_plans_every_shard_once_in_the_window_the_function_gives(tmp_
             assert gate == [] if previous is None else gate[0].endswith(previous), (e, w, gate)
         if job.rule.name == "train_draft_window":
             e, w = int(job.wildcards.epoch), int(job.wildcards.window)
-            states = {str(f).rsplit("shard-", 1)[1].split(".")[0] for f in job.input.states}
-            assert states == set(expected[e][w]), (e, w)
-            assert all(f"/epoch-{e}/" in str(f) for f in job.input.states)
+            for split in ("train", "validation"):
+                files = [str(f) for f in job.input[f"{split}_states"]]
+                assert files == [
+                    f"results/test-{tmp_path.name}/hidden_states/epoch-{e}/{split}/shard-{k}.safetensors"
+                    for k in expected[e][w]
+                ], (e, w, split)
+            assert job.params.runtime.section("window")["shards"] == expected[e][w]  # the job's check

@@ -16,8 +16,16 @@ import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
 from eagle3_pipeline import io
-from eagle3_pipeline.demo.fit import FitSettings, build_examples, fit, model_config, synthesise_reasoning
+from eagle3_pipeline.demo.fit import (
+    RECIPE,
+    FitOptions,
+    build_examples,
+    fit,
+    model_config,
+    synthesise_reasoning,
+)
 from eagle3_pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
+from eagle3_pipeline.settings import DemoSettings
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +65,16 @@ def _tokenizer_texts(rows: list[dict]) -> list[str]:
     return texts
 
 
-def build_target(rows: list[dict], out_dir: Path, settings: FitSettings) -> dict[str, float]:
+def build_target(
+    rows: list[dict], out_dir: Path, demo: DemoSettings, options: FitOptions = RECIPE
+) -> dict[str, float]:
     """Train the tokenizer, fit the model and save both (plus generation_config.json) into ``out_dir``."""
     tokenizer = train_tokenizer(_tokenizer_texts(rows))
-    examples = build_examples(rows, tokenizer, settings.seed)
+    examples = build_examples(rows, tokenizer, demo.seed)
     logger.info("%d examples, %d tokens", len(examples), sum(len(ids) for ids, _ in examples))
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(demo.seed)
     model = LlamaForCausalLM(model_config(tokenizer))
-    figures = fit(model, examples, tokenizer.pad_token_id, settings)
+    figures = fit(model, examples, tokenizer.pad_token_id, demo, options)
     logger.info("fit: %s", figures)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
@@ -93,8 +103,8 @@ def build_demo_target(
     unit_template_path: str | Path,
     target_dir: str | Path,
     unit_path: str | Path,
-    port: int,
-    settings: FitSettings,
+    demo: DemoSettings,
+    options: FitOptions = RECIPE,
     repo: str | Path | None = None,
 ) -> dict[str, float]:
     """Build the demo target into ``target_dir`` and its systemd unit into ``unit_path``.
@@ -104,8 +114,8 @@ def build_demo_target(
         unit_template_path: The unit template with @REPO@, @TARGET@ and @PORT@ placeholders.
         target_dir: Where the model and tokenizer go (replaced whole, atomically).
         unit_path: Where the rendered unit goes.
-        port: The port the unit's server listens on (127.0.0.1).
-        settings: How long and how the model is fitted.
+        demo: The demo.* settings: the unit's port (127.0.0.1), the fit's CPU budget and seed.
+        options: How the model is fitted beyond those (FitOptions).
         repo: The repository root the unit runs from (default: the current directory).
 
     Returns:
@@ -114,14 +124,14 @@ def build_demo_target(
     target_dir = Path(target_dir).absolute()
     rows = load_rows(sample_path)
     unit = render_unit(
-        Path(unit_template_path).read_text(), Path(repo or Path.cwd()).absolute(), target_dir, port
+        Path(unit_template_path).read_text(), Path(repo or Path.cwd()).absolute(), target_dir, demo.port
     )
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in target_dir.parent.glob(f".{target_dir.name}.*"):  # left by a killed build
         shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.", dir=target_dir.parent))
     try:
-        figures = build_target(rows, work, settings)
+        figures = build_target(rows, work, demo, options)
         old = target_dir.with_name(f".{target_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if target_dir.exists():

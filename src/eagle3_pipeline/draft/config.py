@@ -75,11 +75,11 @@ def read_target_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def rope_theta_of(config: dict[str, Any]) -> float:
+def rope_theta_of(model_config: dict[str, Any]) -> float:
     """rope_theta, from transformers 4 (top level) or 5 (rope_parameters) configs."""
-    if "rope_theta" in config:
-        return float(config["rope_theta"])
-    return float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    if "rope_theta" in model_config:
+        return float(model_config["rope_theta"])
+    return float((model_config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
 
 
 def attention_shape(

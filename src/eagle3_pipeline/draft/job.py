@@ -4,23 +4,28 @@ The rules train_draft and train_draft_window run a thin script (scripts/train_dr
 scripts/train_draft_window.py) that builds a `TrainJob` from the rule's inputs, params and outputs
 (`rule_job`), writes it as JSON under the job's work folder (`write_job`) and has
 eagle3_pipeline.launch exec `accelerate launch -m eagle3_pipeline.draft JOB.json`; every process reads
-the file back (`read_job`). The settings are typed here once (the config may hold `3e-3` as a string).
+the file back (`read_job`) as typed settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eagle3_pipeline import launch
-from eagle3_pipeline.settings import TRAIN_DEFAULTS
+from eagle3_pipeline.settings import (
+    DRAFT_ATTENTION_KEYS,
+    DRAFT_NORM_KEYS,
+    TRAIN_RUNTIME_KEYS,
+    DraftSettings,
+    TrainSettings,
+    section,
+)
 
-# config draft.*: the attention's shape (None: the default) and EAGLE-3.1's norms (false: off)
-DRAFT_ATTENTION_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")
-DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")
-DRAFT_SHAPE_KEYS = DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS  # what draft_config_from_target takes
+SectionT = TypeVar("SectionT", DraftSettings, TrainSettings)
 
 
 @dataclass
@@ -31,8 +36,8 @@ class TrainJob:
     validation_shards: list[str]
     vocab_map: str
     target: str  # the target model folder
-    draft: dict[str, Any]  # config draft.* (ttt_steps, step_weight_decay; the DRAFT_SHAPE_KEYS when set/on)
-    train: dict[str, Any]  # config train.*
+    draft: DraftSettings
+    train: TrainSettings
     work: str
     weights: str  # output: trained tensors
     history: str  # output: per-epoch metrics
@@ -54,60 +59,41 @@ class WindowJob:
     plan: str  # draft/windows/plan.json: shards and batches per (epoch, window) (the schedule's length)
     previous: str | None  # the previous (epoch, window)'s state file; None for the first
     state: str  # output: this (epoch, window)'s state file
+    shards: list[str]  # the window's shard ids, as the rules assigned them (checked against the plan)
 
 
-# train.* keys a job reads, typed (RUNTIME_TRAIN_KEYS are left out of the resume fingerprint: train.py)
-RUNTIME_TRAIN_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
-TRAIN_KEYS = {
-    "epochs": int,
-    "lr": float,
-    "warmup_ratio": float,
-    "weight_decay": float,
-    "grad_clip": float,
-    "batch_tokens": int,
-    "seed": int,
-    "save_every_steps": int,
-    "activation_checkpointing": bool,
-    "fsdp": bool,
-}
+def draft_shape(draft: DraftSettings) -> dict[str, Any]:
+    """The draft.* keys draft.config.draft_config_from_target takes (the attention's shape, the norms)."""
+    return {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS}
 
 
-def split_shards(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(train, validation) shard paths, by their split folder (hidden_states/{split}/shard-*.safetensors)."""
-    train = [p for p in paths if Path(p).parent.name == "train"]
-    validation = [p for p in paths if Path(p).parent.name == "validation"]
-    other = sorted(set(paths) - set(train) - set(validation))
-    if other or not train:
-        raise ValueError(
-            f"hidden-state shards must sit under train/ or validation/ (train: {len(train)}, other: {other})"
-        )
-    return train, validation
+def draft_identity(draft: DraftSettings) -> dict[str, Any]:
+    """The draft.* a trained draft depends on, as the resume fingerprint reads them: the shape keys only
+    when set (the norms only when on: a draft without them keeps the fingerprint it had before them)."""
+    identity: dict[str, Any] = {"ttt_steps": draft.ttt_steps, "step_weight_decay": draft.step_weight_decay}
+    identity |= {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS if getattr(draft, key) is not None}
+    return identity | {key: True for key in DRAFT_NORM_KEYS if getattr(draft, key)}
 
 
-def job_settings(draft: Mapping[str, Any], train: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The draft.* and train.* settings a training job reads, typed; the shape keys only when set.
+def train_identity(train: TrainSettings) -> dict[str, Any]:
+    """The train.* a trained draft depends on (TRAIN_RUNTIME_KEYS left out), for the resume fingerprint."""
+    return {key: value for key, value in asdict(train).items() if key not in TRAIN_RUNTIME_KEYS}
 
-    Raises:
-        KeyError: a setting the job needs is missing from the config section.
-    """
-    settings = {"ttt_steps": int(draft["ttt_steps"]), "step_weight_decay": float(draft["step_weight_decay"])}
-    settings |= {key: int(draft[key]) for key in DRAFT_ATTENTION_KEYS if draft.get(key) is not None}
-    # only when on: a draft without them keeps the job (and its resume fingerprint) it had before them
-    settings |= {key: True for key in DRAFT_NORM_KEYS if draft.get(key)}
-    defaults = {  # newer keys: optional
-        "activation_checkpointing": TRAIN_DEFAULTS.activation_checkpointing,
-        "fsdp": TRAIN_DEFAULTS.fsdp,
-    }
-    typed = {key: kind(train[key] if key in train else defaults[key]) for key, kind in TRAIN_KEYS.items()}
-    return settings, typed
+
+def _floats(settings: SectionT) -> SectionT:
+    """`settings` with its float fields as floats: the schema takes `0` for one (train.weight_decay), and
+    the job file, read back and fingerprinted, must not depend on how the config spelled the number."""
+    floats = [f.name for f in dataclasses.fields(settings) if f.type == "float"]
+    return dataclasses.replace(settings, **{name: float(getattr(settings, name)) for name in floats})
 
 
 def rule_job(
-    states: Sequence[str],
+    train_states: Sequence[str],
+    validation_states: Sequence[str],
     vocab_map: str,
     target_config: str,
-    draft: Mapping[str, Any],
-    train: Mapping[str, Any],
+    draft: DraftSettings,
+    train: TrainSettings,
     work: str,
     cpu_threads: int,
     weights: str = "",
@@ -119,10 +105,11 @@ def rule_job(
     """The job of a train_draft (weights, history) or train_draft_window (window) rule.
 
     Args:
-        states: hidden_states/{train,validation}/shard-*.safetensors, in the rule's order.
+        train_states: hidden_states/train/shard-*.safetensors, in the rule's order.
+        validation_states: hidden_states/validation/shard-*.safetensors (none for a learning-curve point).
         vocab_map: draft/vocab_map.safetensors.
         target_config: The target's config.json (the target is its folder).
-        draft: Config draft.* (see `job_settings`).
+        draft: Config draft.*.
         train: Config train.*.
         work: The training state's folder (resume).
         cpu_threads: torch threads on CPU (the rule's threads).
@@ -132,15 +119,15 @@ def rule_job(
         checkpoint_epochs: The epochs whose weights are kept (validate.select_every_epochs).
         checkpoints: Outputs: their weights (train_draft).
     """
-    train_shards, validation_shards = split_shards(list(states))
-    draft_settings, train_settings = job_settings(draft, train)
+    if not train_states:
+        raise ValueError("a training job needs hidden states of the train split; none given")
     return TrainJob(
-        train_shards=train_shards,
-        validation_shards=validation_shards,
+        train_shards=[str(p) for p in train_states],
+        validation_shards=[str(p) for p in validation_states],
         vocab_map=str(vocab_map),
         target=str(Path(target_config).parent),
-        draft=draft_settings,
-        train=train_settings,
+        draft=_floats(draft),
+        train=_floats(train),
         work=str(work),
         weights=str(weights),
         history=str(history),
@@ -165,8 +152,9 @@ def read_job(path: str | Path) -> TrainJob:
     data = launch.read_job(path)
     window = data.pop("window", None)
     try:
-        return TrainJob(**data, window=WindowJob(**window) if window else None)
-    except TypeError as err:
+        draft, train = section(DraftSettings, data.pop("draft")), section(TrainSettings, data.pop("train"))
+        return TrainJob(**data, draft=draft, train=train, window=WindowJob(**window) if window else None)
+    except (KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a training job file: {err}") from err
 
 

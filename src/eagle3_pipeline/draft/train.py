@@ -48,13 +48,14 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
-from eagle3_pipeline.draft.job import DRAFT_SHAPE_KEYS, RUNTIME_TRAIN_KEYS, TrainJob
+from eagle3_pipeline.draft.job import TrainJob, draft_identity, draft_shape, train_identity
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.sharding import full_state, gathered, load_full_state, shard
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
-from eagle3_pipeline.draft.windows import order_key, shard_id, total_steps
+from eagle3_pipeline.draft.windows import order_key, total_steps
+from eagle3_pipeline.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +97,13 @@ def build_model(
     """
     target_config = read_target_config(job.target)
     d2t, t2d = load_vocab_map(job.vocab_map)
-    shape = {k: job.draft.get(k) for k in DRAFT_SHAPE_KEYS}
-    config = draft_config_from_target(target_config, len(d2t), **shape)
+    config = draft_config_from_target(target_config, len(d2t), **draft_shape(job.draft))
     if config.draft_vocab_size != len(d2t) or len(t2d) != config.vocab_size:
         raise ValueError(
             f"{job.vocab_map} does not fit the target vocabulary ({config.vocab_size}); rebuild it"
         )
-    set_seed(int(job.train["seed"]))
-    model = Eagle3Draft(config, checkpointing=bool(job.train.get("activation_checkpointing")))
+    set_seed(job.train.seed)
+    model = Eagle3Draft(config, checkpointing=job.train.activation_checkpointing)
     embed, lm_head = load_target_embed_and_head(job.target)
     model.embed_tokens.to(frozen_dtype or torch.float32).weight.data.copy_(embed)
     lm_head = lm_head if frozen_dtype is None else lm_head.to(frozen_dtype)
@@ -113,12 +113,12 @@ def build_model(
 
 
 def build_optimizer(
-    model: torch.nn.Module, train: dict[str, Any], total_steps: int
+    model: torch.nn.Module, train: TrainSettings, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the trainable tensors; linear warmup then cosine decay to zero."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=float(train["lr"]), weight_decay=float(train["weight_decay"]))
-    warmup = max(1, round(float(train["warmup_ratio"]) * total_steps))
+    optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+    warmup = max(1, round(train.warmup_ratio * total_steps))
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -135,7 +135,7 @@ def prepare(
     """(model, optimiser, schedule) ready to train: DDP through accelerate, or with train.fsdp over more
     than one process the draft sharded (draft/sharding.py) before the optimiser is built on its shards.
     The scheduler stays unprepared: accelerate's wrapper would step it once per process."""
-    if job.train.get("fsdp") and accelerator.num_processes > 1:
+    if job.train.fsdp and accelerator.num_processes > 1:
         model = shard(model, accelerator.device)
         optimizer, scheduler = build_optimizer(model, job.train, total_steps)
         log.info(
@@ -156,7 +156,7 @@ def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.
     draft = ctx.accelerator.unwrap_model(model)
     with ctx.accelerator.autocast():
         # through the (DDP-)wrapped module's forward: DDP's gradient hooks expect a forward call
-        steps, decay = int(ctx.job.draft["ttt_steps"]), float(ctx.job.draft["step_weight_decay"])
+        steps, decay = ctx.job.draft.ttt_steps, ctx.job.draft.step_weight_decay
         hidden = model(batch.aux_hidden_states, batch.input_ids, steps, logits=False)
         return chunked_ttt_loss(hidden, draft.lm_head.weight, batch, head["target_head"], in_draft, decay)
 
@@ -166,13 +166,13 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: i
     the epoch); False when stopped early (state saved)."""
     acc, train = ctx.accelerator, ctx.job.train
     key = state.epoch if order is None else order
-    batches = data.batches(int(train["seed"]), key, acc.process_index, acc.num_processes)
+    batches = data.batches(train.seed, key, acc.process_index, acc.num_processes)
     stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
     ctx.model.train()
     for b in range(state.batch_in_epoch, len(batches)):
         loss, step_stats = _forward(ctx, ctx.model, data.collate(batches[b]))
         acc.backward(loss)
-        acc.clip_grad_norm_(ctx.model.parameters(), float(train["grad_clip"]))
+        acc.clip_grad_norm_(ctx.model.parameters(), train.grad_clip)
         ctx.optimizer.step()
         ctx.scheduler.step()
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -186,7 +186,7 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: i
                 loss.item(),
                 ctx.scheduler.get_last_lr()[0],
             )
-        if state.step % int(train["save_every_steps"]) == 0 or state.step == ctx.job.stop_after_steps:
+        if state.step % train.save_every_steps == 0 or state.step == ctx.job.stop_after_steps:
             save_state(ctx, _with_total_stats(ctx, state))
         if state.step == ctx.job.stop_after_steps:
             return False
@@ -204,7 +204,7 @@ def validation_sums(ctx: Context, data: HiddenStateData) -> torch.Tensor | None:
     if len(data) == 0:
         return None
     model = acc.unwrap_model(ctx.model).eval()
-    stats = torch.zeros(len(STAT_ROWS), int(ctx.job.draft["ttt_steps"]), device=acc.device)
+    stats = torch.zeros(len(STAT_ROWS), ctx.job.draft.ttt_steps, device=acc.device)
     plan = plan_batches([s.length for s in data.samples], data.batch_tokens, seed=0, epoch=0)
     with gathered(model):  # sharded (train.fsdp): gathered once, so unequal shares need no collective
         for batch in plan[acc.process_index :: acc.num_processes]:
@@ -215,7 +215,7 @@ def validation_sums(ctx: Context, data: HiddenStateData) -> torch.Tensor | None:
 def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
     """Validation loss, per-step and conditional accuracy over every process's share, summed."""
     stats = validation_sums(ctx, data)
-    return None if stats is None else summarize(stats, float(ctx.job.draft["step_weight_decay"]))
+    return None if stats is None else summarize(stats, ctx.job.draft.step_weight_decay)
 
 
 def _with_total_stats(ctx: Context, state: TrainState) -> TrainState:
@@ -286,8 +286,7 @@ def fingerprint(job: TrainJob) -> str:
     stamp = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
     if job.window is not None:
         stamp.append(("window", job.window.epoch, job.window.window, job.window.windows))
-    settings = {k: v for k, v in job.train.items() if k not in RUNTIME_TRAIN_KEYS}
-    identity = [stamp, job.draft, settings, job.target]
+    identity = [stamp, draft_identity(job.draft), train_identity(job.train), job.target]
     if job.checkpoint_epochs:  # a resume keeps the epochs it kept: another choice starts afresh
         identity.append(job.checkpoint_epochs)
     text = json.dumps(identity, sort_keys=True, default=str)
@@ -373,12 +372,12 @@ def main(job: TrainJob) -> bool:
         return main_window(job)
     accelerator = _accelerator(job)
     model, head = build_model(job, _frozen_dtype(accelerator))
-    train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
-    validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
+    train_data = HiddenStateData(job.train_shards, job.train.batch_tokens)
+    validation_data = HiddenStateData(job.validation_shards, job.train.batch_tokens)
     per_epoch = len(
-        train_data.batches(int(job.train["seed"]), 0, accelerator.process_index, accelerator.num_processes)
+        train_data.batches(job.train.seed, 0, accelerator.process_index, accelerator.num_processes)
     )
-    model, optimizer, scheduler = prepare(accelerator, model, job, per_epoch * int(job.train["epochs"]))
+    model, optimizer, scheduler = prepare(accelerator, model, job, per_epoch * job.train.epochs)
     head = {k: v.to(accelerator.device) for k, v in head.items()}
     ctx = Context(accelerator, model, optimizer, scheduler, head, job)
     state = load_state(ctx, fingerprint(job))
@@ -389,7 +388,7 @@ def main(job: TrainJob) -> bool:
         per_epoch,
         len(validation_data),
     )
-    while state.epoch < int(job.train["epochs"]):
+    while state.epoch < job.train.epochs:
         if not train_epoch(ctx, train_data, state):
             return False
         train_stats = accelerator.reduce(
@@ -397,7 +396,7 @@ def main(job: TrainJob) -> bool:
         )
         record = {"epoch": state.epoch, "step": state.step, "lr": scheduler.get_last_lr()[0]}
         record |= {
-            "train": summarize(train_stats, float(job.draft["step_weight_decay"])),
+            "train": summarize(train_stats, job.draft.step_weight_decay),
             "validation": evaluate(ctx, validation_data),
         }
         log.info("epoch %d: %s", state.epoch, json.dumps(record))
@@ -437,8 +436,8 @@ def main_window(job: TrainJob) -> bool:
         raise ValueError("main_window needs job.window")
     accelerator = _accelerator(job)
     model, head = build_model(job, _frozen_dtype(accelerator))
-    train_data = HiddenStateData(job.train_shards, int(job.train["batch_tokens"]))
-    validation_data = HiddenStateData(job.validation_shards, int(job.train["batch_tokens"]))
+    train_data = HiddenStateData(job.train_shards, job.train.batch_tokens)
+    validation_data = HiddenStateData(job.validation_shards, job.train.batch_tokens)
     model, optimizer, scheduler = prepare(
         accelerator, model, job, total_steps(window.plan, accelerator.num_processes)
     )
@@ -456,8 +455,8 @@ def main_window(job: TrainJob) -> bool:
         window.plan,
         window.epoch,
         window.window,
-        len(train_data.batches(int(job.train["seed"]), order)),
-        [shard_id(path) for path in job.train_shards],
+        len(train_data.batches(job.train.seed, order)),
+        window.shards,
     )
     log.info(
         "epoch %d window %d/%d: %d training samples (%d batches per process), %d validation samples",
@@ -465,11 +464,7 @@ def main_window(job: TrainJob) -> bool:
         window.window + 1,
         window.windows,
         len(train_data),
-        len(
-            train_data.batches(
-                int(job.train["seed"]), order, accelerator.process_index, accelerator.num_processes
-            )
-        ),
+        len(train_data.batches(job.train.seed, order, accelerator.process_index, accelerator.num_processes)),
         len(validation_data),
     )
     if len(train_data) and not train_epoch(ctx, train_data, state, order):
@@ -490,7 +485,7 @@ def main_window(job: TrainJob) -> bool:
         state.epoch_stats = state.carried_stats
     state.carried_stats = None
     if window.window == window.windows - 1:
-        decay = float(job.draft["step_weight_decay"])
+        decay = job.draft.step_weight_decay
         train_stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
         record = {"epoch": state.epoch, "step": state.step, "lr": scheduler.get_last_lr()[0]}
         record |= {
@@ -510,7 +505,7 @@ def main_window(job: TrainJob) -> bool:
 
 
 def check_planned_batches(
-    plan_path: str | Path, epoch: int, window: int, batches: int, shards: list[str] | None = None
+    plan_path: str | Path, epoch: int, window: int, batches: int, shards: list[str]
 ) -> None:
     """The window's shards (ids) are those the plan assigned it, and its batches (all processes) are
     those plan_windows counted for it, on which the learning-rate schedule's length rests.
@@ -520,7 +515,7 @@ def check_planned_batches(
             states are not the plan's shards).
     """
     plan = json.loads(Path(plan_path).read_text())
-    if shards is not None and sorted(shards) != sorted(plan["windows"][epoch][window]):
+    if sorted(shards) != sorted(plan["windows"][epoch][window]):
         raise ValueError(
             f"epoch {epoch} window {window}: states of shards {sorted(shards)}, but {plan_path} assigned "
             f"{plan['windows'][epoch][window]} to it (was train.seed or dataset.num_samples changed after "

@@ -22,6 +22,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.data import plan_batches
+from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,31 +57,35 @@ def stored_lengths(trace_path: str | Path, max_seq_len: int, overlong: str) -> l
 
 def plan_windows(
     epoch_windows: Sequence[Sequence[Sequence[str]]],
-    traces: Mapping[str, str | Path],
-    epochs: int,
-    max_seq_len: int,
-    overlong: str,
-    batch_tokens: int,
-    seed: int,
+    shard_traces: Mapping[str, str | Path],
+    train: TrainSettings,
+    hidden_states: HiddenStatesSettings,
 ) -> dict[str, Any]:
     """Batches of every (epoch, window), counted as the trainer will form them (all processes together),
     and the windows themselves (shard ids per epoch and window, as the rules assigned them).
 
     Args:
         epoch_windows: per epoch, per window, its shard ids (budget.epoch_windows).
-        traces: each shard id's train-split trace file.
-        epochs, batch_tokens, seed: config train.*.
-        max_seq_len, overlong: config hidden_states.*.
+        shard_traces: each shard id's train-split trace file.
+        train: config train.* (epochs, batch_tokens, seed).
+        hidden_states: config hidden_states.* (max_seq_len, overlong: the lengths extraction stores).
     """
-    if len(epoch_windows) != epochs:
-        raise ValueError(f"windows for {len(epoch_windows)} epochs, but train.epochs is {epochs}")
+    if len(epoch_windows) != train.epochs:
+        raise ValueError(f"windows for {len(epoch_windows)} epochs, but train.epochs is {train.epochs}")
+    batch_tokens = train.batch_tokens
     lengths = {
-        shard: [min(n, batch_tokens) for n in stored_lengths(path, max_seq_len, overlong)]
-        for shard, path in traces.items()
+        shard: [
+            min(n, batch_tokens)
+            for n in stored_lengths(path, hidden_states.max_seq_len, hidden_states.overlong)
+        ]
+        for shard, path in shard_traces.items()
     }
     samples = [[[n for k in window for n in lengths[k]] for window in windows] for windows in epoch_windows]
     batches = [
-        [len(plan_batches(window, batch_tokens, seed, order_key(e, w))) for w, window in enumerate(windows)]
+        [
+            len(plan_batches(window, batch_tokens, train.seed, order_key(e, w)))
+            for w, window in enumerate(windows)
+        ]
         for e, windows in enumerate(samples)
     ]
     return {
@@ -88,11 +93,6 @@ def plan_windows(
         "batches": batches,
         "samples": [[len(window) for window in windows] for windows in samples],
     }
-
-
-def shard_id(path: str | Path) -> str:
-    """The shard id of a shard file (`.../shard-00012.safetensors` -> "00012")."""
-    return Path(path).name.removeprefix("shard-").split(".")[0]
 
 
 def write_plan(plan: dict[str, Any], output: str | Path) -> None:

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_pipeline.settings import GenerationSettings, as_params
+
 # Sent only when not null; null leaves the value to the served model's generation defaults.
 OPTIONAL_SAMPLING = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 # What the pipeline itself sets: extra_body may not override it.
@@ -50,17 +52,23 @@ class Sampling:
             )
 
     @classmethod
-    def from_config(cls, generation: dict[str, Any], model: str) -> Sampling:
+    def from_settings(cls, generation: GenerationSettings, model: str) -> Sampling:
+        """The requests' sampling: generation.* (SAMPLING_KEYS, extra_body) for served model `model`."""
         return cls(
             model=model,
-            max_tokens=generation["max_tokens"],
-            temperature=generation.get("temperature"),
-            top_p=generation.get("top_p"),
-            seed=generation.get("seed"),
-            chat_template_kwargs=dict(generation.get("chat_template_kwargs") or {}),
-            **{key: generation.get(key) for key in OPTIONAL_SAMPLING},
-            extra_body=dict(generation.get("extra_body") or {}),
+            max_tokens=generation.max_tokens,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            seed=generation.seed,
+            chat_template_kwargs=dict(generation.chat_template_kwargs),
+            **{key: getattr(generation, key) for key in OPTIONAL_SAMPLING},
+            extra_body=dict(generation.extra_body),
         )
+
+    @property
+    def thinking_off(self) -> bool:
+        """Whether chat_template_kwargs switch thinking off (Kimi `thinking`, Qwen3 `enable_thinking`)."""
+        return any(self.chat_template_kwargs.get(key) is False for key in ("thinking", "enable_thinking"))
 
     def identity(self) -> dict[str, Any]:
         """The fields that shape the answer, for the journal's params hash.
@@ -79,6 +87,12 @@ class Sampling:
         """The sampling values sent with every request (None values left out)."""
         sent = {key: getattr(self, key) for key in ("temperature", "top_p", *OPTIONAL_SAMPLING)}
         return {key: value for key, value in sent.items() if value is not None}
+
+
+def served_model_name(server_json: dict[str, Any]) -> str:
+    """The model name requests carry: server.json's served_model_name (its first), else its model."""
+    model = server_json.get("served_model_name") or server_json["model"]
+    return model[0] if isinstance(model, list) else model
 
 
 def request_seed(base: int | None, prompt_id: str) -> int | None:
@@ -119,18 +133,27 @@ def chat_body(
 
 # Keys added after the first release, and the value that makes each a no-op (not sent / default).
 LATER_KEYS = {key: None for key in OPTIONAL_SAMPLING} | {"extra_body": {}, "history": "none"}
-
-
-def rule_params(section: dict[str, Any], later: dict[str, Any] = LATER_KEYS) -> dict[str, Any]:
-    """A config section as a rule's params (rerun triggers): a key added later is left out while it
-    holds its no-op value, so that upgrading the pipeline does not rerun every finished shard."""
-    return {key: value for key, value in section.items() if key not in later or value != later[key]}
-
-
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "chat_template_kwargs", *OPTIONAL_SAMPLING)
+# generation.* that pace the requests without shaping an answer: run-time only in the rules
+PACING_KEYS = ("concurrency", "global_concurrency", "retries", "request_timeout_s")
+# The others (the sampling and history), in config/config.yaml's order: Snakemake compares params by
+# their repr, and a run recorded when the rule passed the raw section (a config written from that
+# file) keeps its finished shards.
+SHARD_KEYS = ("max_tokens", "temperature", "top_p", "seed", *OPTIONAL_SAMPLING, "extra_body")
+SHARD_KEYS += ("chat_template_kwargs", "history")
 
 
-def sampling_params(generation: dict[str, Any]) -> dict[str, Any]:
-    """Only the generation.* keys that shape a request (Sampling.from_config reads these), as params."""
-    keys = (*SAMPLING_KEYS, "extra_body")
-    return rule_params({key: generation[key] for key in keys if key in generation})
+def _recorded(values: dict[str, Any]) -> dict[str, Any]:
+    """Values as a rule's params (rerun triggers): a key added later is left out while it holds its
+    no-op value, so that upgrading the pipeline does not rerun every finished shard."""
+    return {key: value for key, value in values.items() if key not in LATER_KEYS or value != LATER_KEYS[key]}
+
+
+def sampling_params(generation: GenerationSettings) -> dict[str, Any]:
+    """The generation.* keys that shape a request (what Sampling.from_settings reads), as params."""
+    return _recorded(as_params(generation, *SAMPLING_KEYS, "extra_body"))
+
+
+def shard_params(generation: GenerationSettings) -> dict[str, Any]:
+    """generation.* less PACING_KEYS (the sampling and history), as a generation shard's params."""
+    return _recorded(as_params(generation, *SHARD_KEYS))

@@ -22,13 +22,17 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.generate.http import Http
-from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages
+from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages, served_model_name
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.server.replicas import Server
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +44,6 @@ COUNT_CONCURRENCY = 16
 
 class PreflightError(RuntimeError):
     """The server cannot produce usable traces with this config; the message names the fix."""
-
-
-def thinking_off(chat_template_kwargs: dict[str, Any]) -> bool:
-    """Whether the config switches thinking off (Kimi `thinking`, Qwen3 `enable_thinking`)."""
-    return any(chat_template_kwargs.get(key) is False for key in ("thinking", "enable_thinking"))
 
 
 def check_probe_reply(data: Any, reasoning_parser: str | None, sampling: Sampling) -> dict[str, Any]:
@@ -59,7 +58,7 @@ def check_probe_reply(data: Any, reasoning_parser: str | None, sampling: Samplin
         )
     message = choice["message"] or {}
     reasoning = message.get("reasoning", message.get("reasoning_content"))
-    if reasoning_parser and not thinking_off(sampling.chat_template_kwargs):
+    if reasoning_parser and not sampling.thinking_off:
         if reasoning is None:
             content = str(message.get("content"))[:120]
             raise PreflightError(
@@ -215,34 +214,34 @@ def run_preflight(
 
 def preflight_generation(
     server_json_path: str,
-    server_cfg: dict[str, Any],
-    generation: dict[str, Any],
+    server: ServerSettings,
+    generation: GenerationSettings,
     selection_path: str,
     output_path: str,
     state_dir: str,
 ) -> None:
     """The preflight_generation rule: start the server if needed, check it, write the findings.
 
-    `generation` holds only the keys that shape a request (payload.sampling_params): changing the
-    concurrency does not rerun the preflight.
+    Only `generation`'s sampling is read; the rule records only that (payload.sampling_params), so
+    changing the concurrency does not rerun the preflight.
     """
-    _preflight_one(server_json_path, server_cfg, state_dir, output_path, generation, selection_path)
+    _preflight_one(server_json_path, server, state_dir, output_path, generation, selection_path)
 
 
 def preflight_replicas(
-    replicas: list[tuple[Any, str]],
-    generation: dict[str, Any],
-    selection: str,
+    replicas: list[tuple[Server, str]],
+    generation: GenerationSettings,
+    selection_path: str,
     summary_path: str,
 ) -> None:
     """The preflight_replicas rule: each of server.replicas checked as the primary is, all at once.
 
     Args:
-        replicas: (replicas.Server, findings path) pairs; each server is started (when managed) in its
-            own thread, since a managed 8-GPU server loads for many minutes and one after another
-            would add those up.
+        replicas: (replica, findings path) pairs; each server is started (when managed) in its own
+            thread, since a managed 8-GPU server loads for many minutes and one after another would
+            add those up.
         generation: as preflight_generation's.
-        selection: the first selection block (the fit check's prompts).
+        selection_path: the first selection block (the fit check's prompts).
         summary_path: the replicas checked, by name: what the shard jobs wait for (no timestamp, so a
             rerun that finds the same writes the same bytes).
 
@@ -255,7 +254,9 @@ def preflight_replicas(
     if replicas:
         with ThreadPoolExecutor(len(replicas)) as pool:
             futures = [
-                pool.submit(_preflight_one, r.server_json, r.config, r.state_dir, out, generation, selection)
+                pool.submit(
+                    _preflight_one, r.server_json, r.settings, r.state_dir, out, generation, selection_path
+                )
                 for r, out in replicas
             ]
         for (replica, _), future in zip(replicas, futures, strict=True):
@@ -272,10 +273,10 @@ def preflight_replicas(
 
 def _preflight_one(
     server_json_path: str,
-    server_cfg: dict[str, Any],
+    server: ServerSettings,
     state_dir: str,
     output_path: str,
-    generation: dict[str, Any],
+    generation: GenerationSettings,
     selection_path: str,
 ) -> None:
     from eagle3_pipeline.server import api_key
@@ -283,15 +284,14 @@ def _preflight_one(
     from eagle3_pipeline.server.secrets import redact_data
 
     server_json = json.loads(Path(server_json_path).read_text())
-    base_url = ensure_running(server_json, server_cfg, Path(state_dir))
-    model = server_json.get("served_model_name") or server_json["model"]
-    sampling = Sampling.from_config(generation, model[0] if isinstance(model, list) else model)
+    base_url = ensure_running(server_json, server, Path(state_dir))
+    sampling = Sampling.from_settings(generation, served_model_name(server_json))
     result = run_preflight(
         base_url,
         sampling,
         server_json,
         selection_path,
-        api_key=api_key(server_cfg),
-        ca_bundle=server_cfg.get("ca_bundle"),
+        api_key=api_key(server),
+        ca_bundle=server.ca_bundle,
     )
     io.write_json(redact_data(result), output_path, indent=1, sort_keys=True)  # server text in it

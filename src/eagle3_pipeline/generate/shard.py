@@ -20,17 +20,20 @@ from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from tqdm import tqdm
 
 from eagle3_pipeline.generate.client import ChatClient, ServerUnavailable, outcome
 from eagle3_pipeline.generate.journal import Journal, params_hash
-from eagle3_pipeline.generate.payload import Sampling, request_seed
+from eagle3_pipeline.generate.payload import Sampling, request_seed, served_model_name
 from eagle3_pipeline.generate.slots import SlotPool
 from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
-from eagle3_pipeline.settings import GENERATION_DEFAULTS, SERVER_DEFAULTS
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.server.replicas import Server
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +243,7 @@ def run_generation(
     prompts: pl.DataFrame,
     base_url: str | Callable[[], str],
     sampling: Sampling,
-    generation: dict[str, Any],
+    generation: GenerationSettings,
     journal_path: str | os.PathLike[str],
     identity: str,
     shard: int = 0,
@@ -258,8 +261,8 @@ def run_generation(
         base_url: the server, e.g. http://127.0.0.1:8000, or a callable giving it (called only when
             something is left to send, so that a finished shard never starts a server).
         sampling: model and sampling parameters.
-        generation: the `generation` config (concurrency, global_concurrency, retries,
-            request_timeout_s, history).
+        generation: read for its pacing (concurrency, global_concurrency, retries,
+            request_timeout_s) and history; `sampling` is what is sent.
         journal_path: the shard's journal under results/{run}/work/.
         identity: the server identity hash (server.json "identity"); part of the journal's params hash.
         health_timeout_s: how long the server may stay down (server.start_timeout_s).
@@ -273,7 +276,7 @@ def run_generation(
         RuntimeError: every request of a non-empty shard failed (wrong model name...).
     """
     records = _prompt_records(prompts)
-    history = generation.get("history", GENERATION_DEFAULTS.history)
+    history = generation.history
     shaping: dict[str, Any] = {"sampling": sampling.identity(), "identity": identity}
     if history == "own":
         shaping["history"] = history  # later turns carry the target's own answers
@@ -300,13 +303,11 @@ def run_generation(
                     base_url,
                     sampling,
                     api_key=api_key,
-                    retries=generation.get("retries", GENERATION_DEFAULTS.retries),
-                    request_timeout_s=generation.get(
-                        "request_timeout_s", GENERATION_DEFAULTS.request_timeout_s
-                    ),
+                    retries=generation.retries,
+                    request_timeout_s=generation.request_timeout_s,
                     health_timeout_s=health_timeout_s,
                     revive=revive,
-                    concurrency=generation.get("concurrency", GENERATION_DEFAULTS.concurrency),
+                    concurrency=generation.concurrency,
                     ca_bundle=ca_bundle,
                 )
                 asyncio.run(_generate(pending, client, generation, slots_dir, journal, progress))
@@ -331,16 +332,14 @@ def run_generation(
 async def _generate(
     pending: list[list[dict[str, Any]]],
     client: ChatClient,
-    generation: dict[str, Any],
+    generation: GenerationSettings,
     slots_dir: str | os.PathLike[str],
     journal: Journal,
     progress: _Progress,
 ) -> None:
-    pool = SlotPool(slots_dir, generation.get("global_concurrency", GENERATION_DEFAULTS.global_concurrency))
+    pool = SlotPool(slots_dir, generation.global_concurrency)
     try:
-        await _Workers(
-            client, pool, generation.get("concurrency", GENERATION_DEFAULTS.concurrency), journal, progress
-        ).run(pending)
+        await _Workers(client, pool, generation.concurrency, journal, progress).run(pending)
     finally:
         pool.close()
         await client.close()
@@ -381,35 +380,34 @@ def generate_shard(
     prompts_path: str,
     output_path: str,
     server_json_path: str,
-    server_cfg: dict[str, Any],
-    generation: dict[str, Any],
+    server: ServerSettings,
+    generation: GenerationSettings,
     journal_path: str,
     state_dir: str,
     shard: int,
-    replica: Any = None,
+    replica: Server | None = None,
 ) -> None:
     """The generate_shard rule: ensure the server runs, generate the shard, write it atomically.
 
-    `replica` (a server.replicas.Server) is the server this shard is sent to; None or the primary:
-    `server_cfg`'s. The journal and the output carry the primary's identity either way (a replica is
-    checked identical to it by rule check_replica), so the shard does not depend on which one wrote it.
+    `replica` is the server this shard is sent to; None or the primary: `server`. The journal and the
+    output carry the primary's identity either way (a replica is checked identical to it by rule
+    check_replica), so the shard does not depend on which one wrote it.
     """
     from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import ensure_running
 
     server_json = json.loads(Path(server_json_path).read_text())
     secrets.learn(server_json)  # the unit's secrets, hidden in this job's log, errors and reasons
-    target_json, target_cfg, target_state, slots_dir = server_json, server_cfg, state_dir, None
+    target_json, target, target_state, slots_dir = server_json, server, state_dir, None
     if replica is not None and not replica.primary:
         target_json = json.loads(Path(replica.server_json).read_text())
         secrets.learn(target_json)
-        target_cfg, target_state, slots_dir = replica.config, replica.state_dir, replica.slots_dir
+        target, target_state, slots_dir = replica.settings, replica.state_dir, replica.slots_dir
     if replica is not None:
         log.info("shard %05d is sent to server %s", shard, replica.name)
     prompts = pl.read_parquet(prompts_path)
-    start_server = partial(ensure_running, target_json, target_cfg, Path(target_state))
-    model = server_json.get("served_model_name") or server_json["model"]
-    sampling = Sampling.from_config(generation, model[0] if isinstance(model, list) else model)
+    start_server = partial(ensure_running, target_json, target, Path(target_state))
+    sampling = Sampling.from_settings(generation, served_model_name(server_json))
     frame = run_generation(
         prompts,
         start_server,  # only when some request is left to send
@@ -418,11 +416,11 @@ def generate_shard(
         journal_path,
         identity=server_json["identity"],
         shard=shard,
-        api_key=api_key(target_cfg),
-        health_timeout_s=target_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s),
+        api_key=api_key(target),
+        health_timeout_s=target.start_timeout_s,
         slots_dir=slots_dir,  # the global cap per server (None: the primary's, next to the journal)
         # a managed server that dies mid-shard is started again (systemd would, with Restart=)
-        revive=start_server if target_cfg.get("manage", SERVER_DEFAULTS.manage) else None,
-        ca_bundle=target_cfg.get("ca_bundle"),
+        revive=start_server if target.manage else None,
+        ca_bundle=target.ca_bundle,
     )
     write_output(frame, output_path)

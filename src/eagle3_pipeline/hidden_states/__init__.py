@@ -1,8 +1,12 @@
 """Hidden states of the target over each full conversation, packed per shard for draft training.
 
-Modules: `sequences` (token ids and loss masks from traces), `capture` (running the target, layer
-hooks), `storage` (packed safetensors: writer, validation, memory-mapped reader `HiddenStateShard`),
-`extract` (the per-shard job with resume). See docs/hidden_states.md.
+Modules: `extract` (the job's entry point, by backend), `job` (a job and its file), `plan` (a shard's
+sequences and batches), `parts` (resumable per-batch parts), `packing` (parts into the packed shard
+and its metadata), `transformers_extraction` and `vllm_extraction` (the two backends; `vllm_backend`,
+`engine`, `vllm_worker`, `vllm_connector` and `final_norm` serve the second), `sequences` (token ids
+and loss masks from traces), `capture` (running the target, layer hooks), `storage` (packed
+safetensors: writer, validation, memory-mapped reader `HiddenStateShard`), `cost` (a config's
+extraction cost). See docs/hidden_states.md.
 """
 
 from typing import Any

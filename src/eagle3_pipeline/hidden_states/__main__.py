@@ -18,4 +18,4 @@ if __name__ == "__main__":
             "usage: python -m eagle3_pipeline.hidden_states JOB.json (see scripts/extract_hidden_states.py)"
         )
     setup_logging(None, "extract_hidden_states")
-    extract_shards(read_jobs(sys.argv[1]))
+    extract_shards(*read_jobs(sys.argv[1]))

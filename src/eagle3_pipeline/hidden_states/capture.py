@@ -24,10 +24,10 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 PAD_ID = 0  # any valid id: right padding under a causal mask never reaches a real token
 
 
-def text_config(config: Any) -> Any:
+def text_config(model_config: Any) -> Any:
     """The language model's config (VL wrappers such as Kimi-K2.5 nest it as text_config)."""
-    getter = getattr(config, "get_text_config", None)
-    return getter() if getter else config
+    getter = getattr(model_config, "get_text_config", None)
+    return getter() if getter else model_config
 
 
 def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:

@@ -23,12 +23,13 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import budget
 from eagle3_pipeline.hidden_states import vllm_backend
+from eagle3_pipeline.settings import Settings
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
 # 32 B-active MoE at ~64 GFLOP/token; 20,000 tokens/s is ~25% of the GPUs' dense bf16 peak, 10,000 half
@@ -43,18 +44,18 @@ DEFAULT_ASSUMPTIONS = {
 }
 
 
-def plan_counts(config: Mapping[str, Any], hidden_size: int) -> dict[str, Any]:
+def plan_counts(settings: Settings, hidden_size: int) -> dict[str, Any]:
     """Shards, windows, passes and engine starts of a config (the workflow's rules, no DAG built)."""
     from eagle3_pipeline.config import shard_ids
 
-    shards = len(shard_ids(config["dataset"]["num_samples"], config["dataset"]["shard_size"]))
-    window = budget.capped_window_shards(config, hidden_size)
-    epochs = config["train"]["epochs"]
+    shards = len(shard_ids(settings.dataset.num_samples, settings.dataset.shard_size))
+    window = budget.capped_window_shards(settings, hidden_size)
+    epochs = settings.train.epochs
     windows = math.ceil(shards / window) if window else 0
     passes = epochs if window else 1
-    baseline = bool(config["validate"]["baseline"]) and not window
+    baseline = settings.validate.baseline and not window
     jobs = shards * passes + (shards if baseline else 0)
-    vllm = config["hidden_states"]["backend"] == "vllm"
+    vllm = settings.hidden_states.backend == "vllm"
     starts = (epochs * windows if window else 1 + baseline) if vllm else jobs
     return {
         "shards": shards,
@@ -68,28 +69,27 @@ def plan_counts(config: Mapping[str, Any], hidden_size: int) -> dict[str, Any]:
 
 
 def estimate(
-    config: Mapping[str, Any], hidden_size: int, gpus: int | None = None, **assumptions: float
+    settings: Settings, hidden_size: int, gpus: int | None = None, **assumptions: float
 ) -> dict[str, Any]:
     """The cost JSON (see the module docstring)."""
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
-    counts = plan_counts(config, hidden_size)
-    hs, samples = config["hidden_states"], config["dataset"]["num_samples"]
-    upper = budget.estimate_from_config(config, hidden_size, int(stated["prompt_tokens"]))
-    per_sample_low = min(stated["prompt_tokens"] + stated["completion_tokens"], hs["max_seq_len"])
+    counts = plan_counts(settings, hidden_size)
+    hs, samples = settings.hidden_states, settings.dataset.num_samples
+    upper = budget.estimate_from_config(settings, hidden_size, int(stated["prompt_tokens"]))
+    per_sample_low = min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len)
     passes = counts["extraction_passes"]
-    baseline_share = (1 - config["traces"]["validation_fraction"]) if counts["baseline"] else 0.0
+    baseline_share = (1 - settings.traces.validation_fraction) if counts["baseline"] else 0.0
     scale = passes + baseline_share  # the baseline extracts its train split once, beside the main pass
     tokens_low = int(samples * per_sample_low * scale)
     tokens_high = int(upper.tokens * scale)
-    peak, _ = budget.on_disk_at_once(config, upper)
-    vllm = hs["backend"] == "vllm"
-    options = hs.get("vllm") or {}
+    peak, _ = budget.on_disk_at_once(settings, upper)
+    vllm = hs.backend == "vllm"
     if gpus is None:
-        gpus = int(options.get("tensor_parallel_size") or 1) if vllm else 1
+        gpus = int(hs.vllm.tensor_parallel_size or 1) if vllm else 1
     staging = 0
     if vllm:
-        step = options.get("max_num_batched_tokens") or max(hs["max_seq_len"] + 1, hs["batch_tokens"])
-        window_tokens = options.get("max_in_flight_tokens") or 2 * step
+        step = hs.vllm.max_num_batched_tokens or max(hs.max_seq_len + 1, hs.batch_tokens)
+        window_tokens = hs.vllm.max_in_flight_tokens or 2 * step
         staging = 2 * window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
     starts = counts["engine_starts"]
 
@@ -105,7 +105,7 @@ def estimate(
         "gpu_hours_low": hours(tokens_low, stated["tokens_per_s_fast"], stated["start_s_fast"]),
         "gpu_hours_high": hours(tokens_high, stated["tokens_per_s_slow"], stated["start_s_slow"]),
         "gpus": gpus,
-        "backend": hs["backend"],
+        "backend": hs.backend,
         "plan": counts,
         "staging_bytes": staging,
         "hidden_size": hidden_size,
@@ -135,12 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
     from eagle3_pipeline.config import check_config
+    from eagle3_pipeline.settings import build_settings
 
     args = _parse(sys.argv[1:] if argv is None else argv)
-    config = check_config(yaml.safe_load(Path(args.config).read_text()), args.schema)
-    hidden_size = args.hidden_size or budget.parse_time_hidden_size(config)
+    settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
+    hidden_size = args.hidden_size or budget.parse_time_hidden_size(settings)
     assumptions = {name: getattr(args, name) for name in DEFAULT_ASSUMPTIONS}
-    sys.stdout.write(json.dumps(estimate(config, hidden_size, args.gpus, **assumptions)) + "\n")
+    sys.stdout.write(json.dumps(estimate(settings, hidden_size, args.gpus, **assumptions)) + "\n")
     return 0
 
 

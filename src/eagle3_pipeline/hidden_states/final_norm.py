@@ -38,9 +38,9 @@ class FinalNorm:
         return {"file": self.file, "key": self.key, "eps": self.eps}
 
 
-def text_config(config: dict) -> dict:
+def text_config(model_config: dict) -> dict:
     """The language model's config.json section (VL wrappers such as Kimi-K2.5 nest it)."""
-    return config.get("text_config") or config
+    return model_config.get("text_config") or model_config
 
 
 def checkpoint_keys(target: Path) -> dict[str, str]:
@@ -65,9 +65,9 @@ def find_final_norm(target: str | Path) -> FinalNorm:
         FinalNormError: no such weight, several, a biased norm, or a family whose norm is not plain.
     """
     target = Path(target)
-    config = json.loads((target / "config.json").read_text())
-    text = text_config(config)
-    model_type = text.get("model_type", config.get("model_type"))
+    model_config = json.loads((target / "config.json").read_text())
+    text = text_config(model_config)
+    model_type = text.get("model_type", model_config.get("model_type"))
     fallback = "set hidden_states.backend: transformers to extract with transformers instead"
     if model_type in NON_PLAIN_RMSNORM:
         raise FinalNormError(

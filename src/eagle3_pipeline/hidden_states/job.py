@@ -1,22 +1,44 @@
 """An extraction job: shard k of every split through one load of the target, and its job file.
 
 Rule extract_hidden_states runs a thin script (scripts/extract_hidden_states.py) that builds one
-`ExtractSettings` per split from the rule's inputs, params and outputs (`rule_jobs`), writes them as
-JSON under the shard's work folder (`write_jobs`) and has eagle3_pipeline.launch exec
-`accelerate launch -m eagle3_pipeline.hidden_states JOB.json`, which reads them back (`read_jobs`).
+`ShardJob` per split from the rule's inputs and outputs (`rule_jobs`), writes them with the typed
+`hidden_states` section as JSON under the shard's work folder (`write_jobs`) and has
+eagle3_pipeline.launch exec `accelerate launch -m eagle3_pipeline.hidden_states JOB.json`, which reads
+them back (`read_jobs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import launch
-from eagle3_pipeline.hidden_states.extract import ExtractSettings
+from eagle3_pipeline.settings import HiddenStatesSettings, as_params, section
 
 PATH_FIELDS = ("traces", "target", "output", "metadata", "work", "server_json", "engine_dir", "engine_log")
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One split of one shard: which traces, through which target, into which files.
+
+    What is extracted and how (layers, dtypes, backend, ...) is the run's `HiddenStatesSettings`,
+    shared by every job of a call.
+    """
+
+    traces: Path
+    shard: int  # the trace rows whose `shard` column equals it
+    target: Path  # the target's folder
+    output: Path
+    metadata: Path
+    work: Path  # the resumable parts (parts.py)
+    server_json: Path | None = None  # the served unit's snapshot: the vllm backend's engine settings
+    # the vllm backend's engine folder, shared by the jobs of one engine (engine.py); None: a private
+    # engine for this call, stopped when it returns (tests, benchmarks)
+    engine_dir: Path | None = None
+    engine_log: Path | None = None  # the engine's own log (None: engine_dir/engine.log)
 
 
 def rule_jobs(
@@ -26,21 +48,10 @@ def rule_jobs(
     shard: int,
     target_config: str,
     work: str,
-    *,
-    layers: str | Sequence[int | str],
-    max_seq_len: int,
-    overlong: str,
-    dtype: str,
-    compute_dtype: str,
-    batch_tokens: int,
-    trust_remote_code: bool,
-    backend: str,
-    vllm: dict[str, Any] | None,
-    server_json: str | None,
-    device_map: bool,
+    server_json: str | None = None,
     engine_dir: str | None = None,
     engine_log: str | None = None,
-) -> list[ExtractSettings]:
+) -> list[ShardJob]:
     """One job per split, in the order of `traces`; each split's resumable state in WORK/<split>.
 
     Args:
@@ -50,17 +61,7 @@ def rule_jobs(
         shard: k (rows whose `shard` column equals it).
         target_config: The target's config.json (the target is its folder).
         work: The shard's work folder.
-        layers: hidden_states.layers ("auto" or three ints).
-        max_seq_len: hidden_states.max_seq_len.
-        overlong: hidden_states.overlong.
-        dtype: hidden_states.dtype (storage).
-        compute_dtype: hidden_states.compute_dtype.
-        batch_tokens: hidden_states.batch_tokens.
-        trust_remote_code: hidden_states.trust_remote_code.
-        backend: hidden_states.backend (vllm or transformers).
-        vllm: hidden_states.vllm (null values: the snapshot's).
         server_json: The served unit's snapshot (the vllm backend's engine settings).
-        device_map: Spread the target over every GPU the process sees (the launcher's device_map mode).
         engine_dir: The vllm backend's shared extraction engine (engine.py); None: a private one.
         engine_log: That engine's log (under logs/); None: engine_dir/engine.log.
 
@@ -72,42 +73,38 @@ def rule_jobs(
             f"one output and one metadata file per split: {len(traces)} traces, {len(outputs)} outputs, "
             f"{len(metadata)} metadata files"
         )
-    shared = ExtractSettings(
-        traces=Path(),
-        shard=int(shard),
-        target=Path(target_config).parent,
-        output=Path(),
-        metadata=Path(),
-        work=Path(work),
-        layers=[layers] if isinstance(layers, str) else list(layers),
-        max_seq_len=int(max_seq_len),
-        overlong=overlong,
-        dtype=dtype,
-        batch_tokens=int(batch_tokens),
-        compute_dtype=compute_dtype,
-        device_map=bool(device_map),
-        trust_remote_code=bool(trust_remote_code),
-        backend=backend,
-        vllm=vllm,
-        server_json=Path(server_json) if server_json else None,
-        engine_dir=Path(engine_dir) if engine_dir else None,
-        engine_log=Path(engine_log) if engine_log else None,
-    )
     return [
-        replace(
-            shared, traces=Path(t), output=Path(o), metadata=Path(m), work=Path(work) / Path(o).parent.name
+        ShardJob(
+            traces=Path(t),
+            shard=int(shard),
+            target=Path(target_config).parent,
+            output=Path(o),
+            metadata=Path(m),
+            work=Path(work) / Path(o).parent.name,
+            server_json=Path(server_json) if server_json else None,
+            engine_dir=Path(engine_dir) if engine_dir else None,
+            engine_log=Path(engine_log) if engine_log else None,
         )
         for t, o, m in zip(traces, outputs, metadata, strict=True)
     ]
 
 
-def write_jobs(jobs: Sequence[ExtractSettings], path: str | Path) -> Path:
-    """The jobs of one shard as a job file (JSON) at `path`."""
-    return launch.write_job({"jobs": [asdict(job) for job in jobs]}, path)
+def launch_mode(hidden_states: HiddenStatesSettings) -> launch.LaunchMode:
+    """How the job's processes start: the vllm backend's one client (its engine holds the GPUs), one
+    process spreading the target over the job's GPUs (device_map), else one per GPU."""
+    if hidden_states.backend == "vllm":
+        return launch.LaunchMode.CLIENT
+    return launch.LaunchMode.DEVICE_MAP if hidden_states.device_map else launch.LaunchMode.DDP
 
 
-def read_jobs(path: str | Path) -> list[ExtractSettings]:
-    """The jobs a job file holds (`write_jobs`).
+def write_jobs(hidden_states: HiddenStatesSettings, jobs: Sequence[ShardJob], path: str | Path) -> Path:
+    """The jobs of one shard and the settings they run with as a job file (JSON) at `path`."""
+    data = {"hidden_states": as_params(hidden_states), "jobs": [asdict(job) for job in jobs]}
+    return launch.write_job(data, path)
+
+
+def read_jobs(path: str | Path) -> tuple[HiddenStatesSettings, list[ShardJob]]:
+    """The settings and jobs a job file holds (`write_jobs`).
 
     Raises:
         ValueError: the file is not an extraction job file (no jobs, or a key missing or unknown).
@@ -115,15 +112,20 @@ def read_jobs(path: str | Path) -> list[ExtractSettings]:
     data = launch.read_job(path)
     if not isinstance(data.get("jobs"), list) or not data["jobs"]:
         raise ValueError(f"{path} is not an extraction job file: no list of jobs")
-    return [_settings(job, path) for job in data["jobs"]]
+    jobs = [_job(job, path) for job in data["jobs"]]
+    try:
+        hidden_states = section(HiddenStatesSettings, data.get("hidden_states"))
+    except TypeError as err:  # a key the schema does not know
+        raise ValueError(f"{path} is not an extraction job file: hidden_states: {err}") from err
+    return hidden_states, jobs
 
 
-def _settings(job: dict[str, Any], path: str | Path) -> ExtractSettings:
-    unknown = set(job) - {f.name for f in fields(ExtractSettings)}
+def _job(job: dict[str, Any], path: str | Path) -> ShardJob:
+    unknown = set(job) - {f.name for f in fields(ShardJob)}
     if unknown:
         raise ValueError(f"{path} is not an extraction job file: unknown keys {sorted(unknown)}")
     paths = {k: Path(v) for k, v in job.items() if k in PATH_FIELDS and v is not None}
     try:
-        return ExtractSettings(**(job | paths))
+        return ShardJob(**(job | paths))
     except TypeError as err:  # a required key missing
         raise ValueError(f"{path} is not an extraction job file: {err}") from err

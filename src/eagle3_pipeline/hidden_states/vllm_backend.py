@@ -3,8 +3,8 @@
 The target runs in vLLM's own engine (vllm_worker.py) in an interpreter that has vLLM installed: the
 pipeline's environment has none, and vLLM pins its own torch. This side plans as the transformers
 backend does (sequences, batches, parts under work/) and submits the batches still to run to a
-long-lived extraction engine (engine.py) shared by every extraction job of its scope; packing stays in
-extract.py.
+long-lived extraction engine (engine.py) shared by every extraction job of its scope
+(vllm_extraction.py); packing is both backends' (packing.py).
 
 Engine settings that change the numbers come from the served unit's snapshot (server.json), so the
 states are the serving engine's: tensor_parallel_size and expert parallelism, dtype (`--dtype`),
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.server.secrets import REDACTED
-from eagle3_pipeline.settings import VllmEngineSettings, section
+from eagle3_pipeline.settings import VllmEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +51,6 @@ class VllmBackendError(RuntimeError):
     """The vLLM backend cannot run as configured; the message names the key to fix."""
 
 
-# `hidden_states.vllm` from the config, typed once in settings.py: None = from the snapshot (or vLLM's
-# default)
-VllmOptions = VllmEngineSettings
-
-
-def vllm_options(data: dict[str, Any] | None) -> VllmOptions:
-    """`hidden_states.vllm` as read from a job file, refusing a key the schema does not know."""
-    try:
-        return section(VllmEngineSettings, data)
-    except TypeError as err:
-        raise VllmBackendError(f"hidden_states.vllm: {err}") from err
-
-
 def read_snapshot(path: Path | None) -> dict[str, Any] | None:
     """server.json, or None when there is none (traces given by hand, no served unit to copy)."""
     if path is None:
@@ -84,9 +71,13 @@ ALLOW_UNTESTED_KEY = "hidden_states.vllm.allow_untested_version"
 
 
 def engine_settings(
-    options: VllmOptions, snapshot: dict[str, Any] | None, max_seq_len: int, batch_tokens: int | None = None
+    vllm: VllmEngineSettings,
+    snapshot: dict[str, Any] | None,
+    max_seq_len: int,
+    batch_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The extraction engine's settings: each from `hidden_states.vllm`, else the snapshot, else a default.
+    """The extraction engine's settings: each from `hidden_states.vllm` (a None field: not set), else
+    the snapshot, else a default.
 
     What shapes the numbers follows the served unit (TP, EP, dtype, quantization, trust_remote_code,
     enforce_eager); what only sizes the engine follows extraction: max_model_len is max_seq_len + 1 (the
@@ -131,7 +122,7 @@ def engine_settings(
     settings: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, default in defaults.items():
-        configured = getattr(options, name)
+        configured = getattr(vllm, name)
         if configured is not None:
             settings[name], sources[name] = configured, "config"
         elif from_snapshot[name] is not None:
@@ -139,7 +130,7 @@ def engine_settings(
         else:
             settings[name], sources[name] = default, "default"
     data_parallel = int(args.get("--data-parallel-size") or 1)
-    if data_parallel > 1 and options.tensor_parallel_size is None:
+    if data_parallel > 1 and vllm.tensor_parallel_size is None:
         ep = " --enable-expert-parallel" if args.get("--enable-expert-parallel") else ""
         tp = args.get("--tensor-parallel-size")
         raise VllmBackendError(
@@ -167,8 +158,8 @@ def engine_settings(
             f"max_model_len {settings['max_model_len']}: with chunked prefill off (one prefill per "
             "sequence) a step must hold the longest sequence; raise it or set it to null"
         )
-    settings["cuda_graphs"], sources["cuda_graphs"] = options.cuda_graphs, "config"
-    settings["connector"], sources["connector"] = options.connector, "config"
+    settings["cuda_graphs"], sources["cuda_graphs"] = vllm.cuda_graphs, "config"
+    settings["connector"], sources["connector"] = vllm.connector, "config"
     settings["gpus"] = settings["tensor_parallel_size"]  # one LLM: TP x 1 (DP is refused above)
     settings["sources"] = sources
     return settings
@@ -220,7 +211,7 @@ def _has_vllm(python: str) -> bool:
         return False
 
 
-def resolve_python(options: VllmOptions, snapshot: dict[str, Any] | None) -> str:
+def resolve_python(vllm: VllmEngineSettings, snapshot: dict[str, Any] | None) -> str:
     """The interpreter that runs vLLM: `hidden_states.vllm.python`, else the served unit's own Python.
 
     The snapshot records the unit's interpreter (`python`: the word before `-m vllm...`, or the shebang
@@ -234,8 +225,8 @@ def resolve_python(options: VllmOptions, snapshot: dict[str, Any] | None) -> str
         "set hidden_states.vllm.python to a Python that has vLLM installed (the demo: "
         ".venv-vllm/bin/python), or hidden_states.backend: transformers"
     )
-    if options.python:
-        python, origin = options.python, "hidden_states.vllm.python"
+    if vllm.python:
+        python, origin = vllm.python, "hidden_states.vllm.python"
     elif snapshot and snapshot.get("python"):
         python, origin = snapshot["python"], "the served unit's interpreter (server.json `python`)"
     else:
@@ -245,7 +236,7 @@ def resolve_python(options: VllmOptions, snapshot: dict[str, Any] | None) -> str
         raise VllmBackendError(f"{origin} {python!r} does not run or has no vLLM here: {fix}")
     version = vllm_version(resolved)
     if version:  # a source checkout without metadata is let through; the worker records its version
-        check_vllm_version(version, options.allow_untested_version)
+        check_vllm_version(version, vllm.allow_untested_version)
     return str(Path(resolved).absolute())
 
 
@@ -286,12 +277,12 @@ def staging_bytes_per_token(hidden_size: int, num_states: int = 4) -> int:
     return num_states * hidden_size * 2
 
 
-def staging_dir(options: VllmOptions, engine_dir: Path, window_tokens: int, hidden_size: int) -> Path:
+def staging_dir(vllm: VllmEngineSettings, engine_dir: Path, window_tokens: int, hidden_size: int) -> Path:
     """Where the connector writes each request's states: the config's, else /dev/shm when it holds the
     in-flight window twice over (the requests in the engine and those being read), else the engine's
     folder under work/ (on the run's own disk, counted in its budget)."""
-    if options.staging_dir:
-        return Path(options.staging_dir)
+    if vllm.staging_dir:
+        return Path(vllm.staging_dir)
     need = 2 * window_tokens * staging_bytes_per_token(hidden_size)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need:
@@ -300,9 +291,9 @@ def staging_dir(options: VllmOptions, engine_dir: Path, window_tokens: int, hidd
     return Path(engine_dir) / "staging"
 
 
-def in_flight_tokens(options: VllmOptions, engine: dict[str, Any]) -> int:
+def in_flight_tokens(vllm: VllmEngineSettings, engine: dict[str, Any]) -> int:
     """The engine's bounded window: hidden_states.vllm.max_in_flight_tokens, else two steps' worth."""
-    return int(options.max_in_flight_tokens or 2 * engine["max_num_batched_tokens"])
+    return int(vllm.max_in_flight_tokens or 2 * engine["max_num_batched_tokens"])
 
 
 def engine_spec(

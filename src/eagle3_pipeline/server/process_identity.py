@@ -9,17 +9,38 @@ import contextlib
 import hashlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot; None when there is no such process."""
+def pids() -> Iterator[int]:
+    """Every pid in /proc (a process may be gone by the time it is read)."""
+    return (int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit())
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after `(comm)`, which may hold spaces: index 0 is field 3 of proc(5)
+    (the state), 1 the parent pid, 2 the process group, 19 the start time; None when there is no such
+    process."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[19])  # field 22 of proc(5), counted after the `(comm)` field (3 onwards)
+
+
+def command_line(pid: int) -> str | None:
+    """The process's argv joined with spaces (to match words in; it may hold secrets: never log it)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot; None when there is no such process."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields else None
 
 
 def cmdline_sha256(pid: int) -> str | None:
@@ -64,11 +85,8 @@ def pid_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
         if done == pid:
             return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
+    fields = stat_fields(pid)
+    return fields is None or fields[0] != "Z"
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -90,13 +108,12 @@ def group_listens_on(pgid: int, port: int) -> bool | None:
     if not Path("/proc/net/tcp").exists():
         return None
     inodes = _listening_inodes(port)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in pids():
+        fields = stat_fields(pid)
+        if fields is None or int(fields[2]) != pgid:
             continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int(Path(entry, "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:  # field 5
-                continue
-            for fd in Path(entry, "fd").iterdir():
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
                 link = os.readlink(fd)
                 if link.startswith("socket:[") and link[8:-1] in inodes:
                     return True

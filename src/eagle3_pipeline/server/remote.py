@@ -18,13 +18,12 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import invoke
 import paramiko
 from fabric import Config, Connection
 
-from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
+from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +172,8 @@ def _refuse_revoked(path: str, hostname: str, key: paramiko.PKey) -> None:
         )
 
 
-def _known_hosts_path(ssh_cfg: dict[str, Any]) -> str:
-    return os.path.expanduser(ssh_cfg.get("known_hosts_file") or "~/.ssh/known_hosts")
+def _known_hosts_path(ssh: SshSettings) -> str:
+    return os.path.expanduser(ssh.known_hosts_file)
 
 
 class RemoteHost:
@@ -182,11 +181,11 @@ class RemoteHost:
 
     is_local = False
 
-    def __init__(self, destination: str, ssh_cfg: dict[str, Any], ssh_config_path: str | None = None) -> None:
+    def __init__(self, destination: str, ssh: SshSettings, ssh_config_path: str | None = None) -> None:
         self.name = destination
-        self.ssh_cfg = ssh_cfg
-        self.connect_timeout = float(ssh_cfg.get("connect_timeout_s", SSH_DEFAULTS.connect_timeout_s))
-        self.command_timeout = float(ssh_cfg.get("command_timeout_s", SSH_DEFAULTS.command_timeout_s))
+        self.ssh = ssh
+        self.connect_timeout = float(ssh.connect_timeout_s)
+        self.command_timeout = float(ssh.command_timeout_s)
         config = Config(runtime_ssh_path=ssh_config_path) if ssh_config_path else Config()
         self.connection = Connection(
             destination,
@@ -194,16 +193,16 @@ class RemoteHost:
             connect_timeout=self.connect_timeout,
             connect_kwargs={"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout},
         )
-        self.connection.client = self._client(ssh_cfg)
+        self.connection.client = self._client(ssh)
         hop = self.connection.gateway  # ProxyJump: each bastion gets the same host-key policy
         while isinstance(hop, Connection):
-            hop.client = self._client(ssh_cfg)
+            hop.client = self._client(ssh)
             hop = hop.gateway
 
-    def _client(self, ssh_cfg: dict[str, Any]) -> paramiko.SSHClient:
+    def _client(self, ssh: SshSettings) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        path = _known_hosts_path(ssh_cfg)
-        if ssh_cfg.get("known_hosts", SSH_DEFAULTS.known_hosts) == "accept_new":
+        path = _known_hosts_path(ssh)
+        if ssh.known_hosts == "accept_new":
             hashed = str(self.connection.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
             client.set_missing_host_key_policy(_AcceptNew(path, hashed))
         else:
@@ -225,7 +224,7 @@ class RemoteHost:
             raise
         except paramiko.BadHostKeyException as err:
             raise HostError(
-                f"host key of {where} does not match {_known_hosts_path(self.ssh_cfg)}: the key changed or "
+                f"host key of {where} does not match {_known_hosts_path(self.ssh)}: the key changed or "
                 "someone is in the middle; if the change is expected, remove the old line "
                 f"(`ssh-keygen -R {err.hostname}`) and trust the new key"
             ) from None
@@ -240,11 +239,11 @@ class RemoteHost:
             raise HostError(f"SSH to {where} failed within {self.connect_timeout:g} s: {err}") from None
         server_key = self.connection.transport.get_remote_server_key() if self.connection.transport else None
         if server_key is not None and (server_key.get_name(), server_key.get_base64()) in revoked_keys(
-            _known_hosts_path(self.ssh_cfg)
+            _known_hosts_path(self.ssh)
         ):
             self.connection.close()
-            _refuse_revoked(_known_hosts_path(self.ssh_cfg), where, server_key)
-        keepalive = int(self.ssh_cfg.get("keepalive_s", SSH_DEFAULTS.keepalive_s))
+            _refuse_revoked(_known_hosts_path(self.ssh), where, server_key)
+        keepalive = int(self.ssh.keepalive_s)
         if keepalive and self.connection.transport is not None:
             self.connection.transport.set_keepalive(keepalive)
 
@@ -276,8 +275,8 @@ class RemoteHost:
         self.connection.close()
 
 
-def open_host(server_cfg: dict[str, Any], ssh_config_path: str | None = None) -> LocalHost | RemoteHost:
+def open_host(server: ServerSettings, ssh_config_path: str | None = None) -> LocalHost | RemoteHost:
     """The host named by `server.host`."""
-    if server_cfg.get("host", SERVER_DEFAULTS.host) == "local":
+    if server.host == "local":
         return LocalHost()
-    return RemoteHost(server_cfg["host"], server_cfg.get("ssh", {}), ssh_config_path)
+    return RemoteHost(server.host, server.ssh, ssh_config_path)

@@ -14,15 +14,17 @@ builtin types only; tests/workflow/test_replicas.py checks that a changed fleet 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.settings import SERVER_DEFAULTS
+from eagle3_pipeline import io
+from eagle3_pipeline.settings import ServerSettings
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # a slug: used in paths and as part of a resource name
-# keys of `server` that describe the fleet, not one server: never part of one server's config
-FLEET_KEYS = ("name", "max_shard_jobs", "replicas")
 # where a replica is: its own value, or `server`'s when null (base_url: its own unit's, never inherited)
 LOCATION_KEYS = ("host", "unit", "unit_file", "base_url", "tunnel")
 
@@ -31,36 +33,36 @@ class ReplicaError(ValueError):
     """The replicas' config, or a replica's identity, is not usable; the message names the fix."""
 
 
-def server_names(server_cfg: dict[str, Any]) -> list[str]:
+def server_names(server: ServerSettings) -> list[str]:
     """Every server's name, the primary first, in config order (the assignment's order)."""
-    return [
-        server_cfg.get("name", SERVER_DEFAULTS.name),
-        *(r["name"] for r in server_cfg.get("replicas") or []),
-    ]
+    return [server.name, *(replica.name for replica in server.replicas)]
 
 
-def primary_config(server_cfg: dict[str, Any]) -> dict[str, Any]:
-    """The primary server's own config: `server` without the fleet keys (what the rules always saw)."""
-    return {key: value for key, value in server_cfg.items() if key not in FLEET_KEYS}
+def primary_config(server: ServerSettings) -> ServerSettings:
+    """The primary server's own settings: `server` without its replicas."""
+    return dataclasses.replace(server, replicas=())
 
 
-def replica_config(server_cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """One server's config: the primary's, or a replica's location keys over the primary's others."""
-    if name == server_cfg.get("name", SERVER_DEFAULTS.name):
-        return primary_config(server_cfg)
-    for replica in server_cfg.get("replicas") or []:
-        if replica["name"] == name:
-            config = primary_config(server_cfg) | {"base_url": None}
-            config |= {key: replica[key] for key in LOCATION_KEYS if replica.get(key) is not None}
-            return config
+def replica_config(server: ServerSettings, name: str) -> ServerSettings:
+    """One server's settings: the primary's, or a replica's location keys over the primary's others
+    (its name and max_shard_jobs its own)."""
+    if name == server.name:
+        return primary_config(server)
+    for replica in server.replicas:
+        if replica.name == name:
+            own = {key: getattr(replica, key) for key in LOCATION_KEYS if getattr(replica, key) is not None}
+            return dataclasses.replace(
+                primary_config(server),
+                name=name,
+                max_shard_jobs=replica.max_shard_jobs,
+                **{"base_url": None, **own},
+            )
     raise ReplicaError(f"no server named {name!r} in server.name / server.replicas")
 
 
-def shard_caps(server_cfg: dict[str, Any]) -> dict[str, int | None]:
+def shard_caps(server: ServerSettings) -> dict[str, int | None]:
     """Each server's max_shard_jobs (None: no cap), by name."""
-    caps = {server_cfg.get("name", SERVER_DEFAULTS.name): server_cfg.get("max_shard_jobs")}
-    caps |= {r["name"]: r.get("max_shard_jobs") for r in server_cfg.get("replicas") or []}
-    return caps
+    return {server.name: server.max_shard_jobs} | {r.name: r.max_shard_jobs for r in server.replicas}
 
 
 def assigned_server(shard: int, names: list[str]) -> str:
@@ -73,15 +75,15 @@ def resource_name(name: str) -> str:
     return f"vllm_{name}"
 
 
-def _location(config: dict[str, Any]) -> tuple[Any, ...]:
-    if config.get("base_url"):
-        return ("url", config["base_url"].rstrip("/"))
-    return (config.get("host", SERVER_DEFAULTS.host), config["unit"], config.get("unit_file"))
+def _location(server: ServerSettings) -> tuple[Any, ...]:
+    if server.base_url:
+        return ("url", server.base_url.rstrip("/"))
+    return (server.host, server.unit, server.unit_file)
 
 
-def config_problems(server_cfg: dict[str, Any]) -> list[str]:
+def config_problems(server: ServerSettings) -> list[str]:
     """What the schema cannot say about the replicas: names unique, no two naming the same server."""
-    names = server_names(server_cfg)
+    names = server_names(server)
     problems = [
         f"'server.replicas': the name {name!r} is used twice (server.name included); names must differ"
         for name in sorted({n for n in names if names.count(n) > 1})
@@ -90,7 +92,7 @@ def config_problems(server_cfg: dict[str, Any]) -> list[str]:
         return problems
     seen: dict[tuple[Any, ...], str] = {}
     for name in names:
-        where = _location(replica_config(server_cfg, name))
+        where = _location(replica_config(server, name))
         if where in seen:
             problems.append(
                 f"'server.replicas': {name!r} names the same server as {seen[where]!r} ({where}); give "
@@ -151,10 +153,10 @@ class Server:
     """Where one server's files are: its snapshot, its lifecycle state and its slot folder."""
 
     name: str
-    config: dict[str, Any]
+    settings: ServerSettings  # this server's own: replica_config
     server_json: str
     state_dir: str
-    slots_dir: str | None  # None: the shard journal's folder's `slots/` (the primary, as before)
+    slots_dir: str | None  # None: the shard journal folder's `slots/` (the primary)
     primary: bool = False
 
 
@@ -173,6 +175,10 @@ class Fleet:
         return [server.name for server in self.servers]
 
     @property
+    def primary(self) -> Server:
+        return self.servers[0]
+
+    @property
     def replicas(self) -> tuple[Server, ...]:
         return self.servers[1:]
 
@@ -180,11 +186,11 @@ class Fleet:
         return self.servers[self.names.index(assigned_server(shard, self.names))]
 
 
-def fleet(server_cfg: dict[str, Any], results: str, work: str) -> Fleet:
+def fleet(server: ServerSettings, results: str, work: str) -> Fleet:
     """The run's servers and their paths (results/{run}/server/replicas/NAME/, work/server/replicas/NAME)."""
     primary = Server(
-        server_cfg.get("name", SERVER_DEFAULTS.name),
-        primary_config(server_cfg),
+        server.name,
+        primary_config(server),
         f"{results}/server/server.json",
         f"{work}/server",
         None,
@@ -193,12 +199,12 @@ def fleet(server_cfg: dict[str, Any], results: str, work: str) -> Fleet:
     replicas = tuple(
         Server(
             name,
-            replica_config(server_cfg, name),
+            replica_config(server, name),
             f"{results}/server/replicas/{name}/server.json",
             f"{work}/server/replicas/{name}",
             f"{work}/generations/replica-slots/{name}",
         )
-        for name in server_names(server_cfg)[1:]
+        for name in server_names(server)[1:]
     )
     return Fleet((primary, *replicas))
 
@@ -218,10 +224,6 @@ def check_replica_files(
 ) -> None:
     """The check_replica rule: compare replica `name`'s snapshot with the primary's; write the
     finding (no timestamps: rewriting it unchanged changes no byte), or raise ReplicaError."""
-    import json
-    from pathlib import Path
-
-    from eagle3_pipeline import io
 
     def load(path: str) -> dict[str, Any]:
         return json.loads(Path(path).read_text())
@@ -239,6 +241,4 @@ def check_replica_files(
 def write_checked(names: list[str], output: str) -> None:
     """check_replicas: the replicas whose identity check passed, by name (no timestamp: a rerun that
     finds the same writes the same bytes)."""
-    from eagle3_pipeline import io
-
     io.write_json({"replicas": list(names)}, output, indent=1)

@@ -1,8 +1,9 @@
 """Snapshot of the vLLM systemd service: what really runs, as server.json, identity.json and the unit.
 
 The unit text comes from `systemctl cat` on the host (local or SSH), or from `server.unit_file` (and
-its `.d/*.conf` drop-ins) where systemctl is absent. server.json holds no timestamps and no secrets:
-re-snapshotting an unchanged server rewrites identical files, so nothing downstream goes stale.
+its `.d/*.conf` drop-ins) where that file is on this machine or systemctl fails. server.json holds no
+timestamps and no secrets: re-snapshotting an unchanged server rewrites identical files, so nothing
+downstream goes stale.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
 from eagle3_pipeline.server.unit import ServiceUnit, Unresolved, command_argv, merge_unit, split_cat_output
 from eagle3_pipeline.server.vllm_args import VllmCommand, parse_command, parse_length
+from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 Host = LocalHost | RemoteHost
@@ -55,10 +57,12 @@ class SnapshotError(RuntimeError):
     """The snapshot could not be taken; the message (secrets scrubbed) says what to fix."""
 
 
-def read_unit_text(host: Host, server_cfg: dict[str, Any]) -> str:
-    """`systemctl cat` output for the unit, or the unit file and its drop-ins in the same format."""
-    unit, unit_file = server_cfg["unit"], server_cfg.get("unit_file")
-    if not (host.is_local and unit_file):
+def read_unit_text(host: Host, server: ServerSettings) -> str:
+    """`systemctl cat` output for the unit; the unit file and its drop-ins in the same format where the
+    file is on this machine (`server.local_unit_file`), or where `systemctl cat` fails and
+    server.unit_file is set."""
+    unit, unit_file = server.unit, server.unit_file
+    if not server.local_unit_file:
         res = host.run(f"systemctl cat --no-pager -- {shlex.quote(unit)}")
         if res.ok and res.stdout.strip():
             return res.stdout
@@ -244,7 +248,7 @@ def build_server_json(
     env: dict[str, str],
     command: VllmCommand,
     host: Host,
-    server_cfg: dict[str, Any],
+    server: ServerSettings,
     redactor: secrets.Redactor | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(server.json, identity.json) from a parsed unit, secrets redacted as structures.
@@ -268,12 +272,12 @@ def build_server_json(
     template_digest, template_problem = chat_template_fingerprint(template, host, template_path)
     if template_problem:
         unresolved.append(Unresolved("chat_template", template_problem))
-    server = {
+    snapshot = {
         "model": command.model,
         "served_model_name": served_name,
         "host": bind,
         "port": port,
-        "base_url": server_cfg.get("base_url") or _base_url(host, bind, port, flags, unresolved),
+        "base_url": server.base_url or _base_url(host, bind, port, flags, unresolved),
         "tensor_parallel_size": _number(
             flags, "--tensor-parallel-size", 1 if command.found else None, unresolved
         ),
@@ -290,11 +294,11 @@ def build_server_json(
     fields = {
         "model": command.model,
         "served_model_name": served_name,
-        "reasoning_parser": server["reasoning_parser"],
-        "tool_call_parser": server["tool_call_parser"],
+        "reasoning_parser": snapshot["reasoning_parser"],
+        "tool_call_parser": snapshot["tool_call_parser"],
         "chat_template": None if template_digest else template,  # its content counts, not its path
         "chat_template_sha256": template_digest,
-        "max_model_len": server["max_model_len"],
+        "max_model_len": snapshot["max_model_len"],
         "model_files": model_fingerprint(_model_on_host(command), host),
         "flags": {name: flags[name] for name in IDENTITY_FLAGS if name in flags},
     }
@@ -304,15 +308,15 @@ def build_server_json(
     python = _launcher_python(command.launcher, host) if command.found and command.container is None else None
     version = _vllm_version(command, python, host)
     if version:
-        server["vllm_version"] = version
+        snapshot["vllm_version"] = version
     if python and python.startswith("/"):
-        server["python"] = python  # the unit's interpreter: hidden_states' vllm backend runs it
-    server["identity"] = identity
-    server["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
-    server["warnings"] = list(dict.fromkeys(unit.warnings))  # what systemd itself would warn about
-    server["redaction"] = found.export()
+        snapshot["python"] = python  # the unit's interpreter: hidden_states' vllm backend runs it
+    snapshot["identity"] = identity
+    snapshot["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
+    snapshot["warnings"] = list(dict.fromkeys(unit.warnings))  # what systemd itself would warn about
+    snapshot["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
-    return secrets.redact_data(server, found), {"identity": identity, "fields": fields}
+    return secrets.redact_data(snapshot, found), {"identity": identity, "fields": fields}
 
 
 def _published(
@@ -391,50 +395,50 @@ def _log_state(host: Host, unit_name: str, argv: list[str]) -> None:
             log.warning("the running command line differs from the unit's ExecStart (edited, not restarted?)")
 
 
-def take_snapshot(server_cfg: dict[str, Any], host: Host) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(redacted unit text, server.json, identity.json) for `server_cfg` on `host`."""
-    cat_text = read_unit_text(host, server_cfg)
-    found = secrets.Redactor(secrets.unit_salt(host.name, server_cfg["unit"]))
+def take_snapshot(server: ServerSettings, host: Host) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(redacted unit text, server.json, identity.json) for `server` on `host`."""
+    cat_text = read_unit_text(host, server)
+    found = secrets.Redactor(secrets.unit_salt(host.name, server.unit))
     redacted_unit = secrets.redact_unit_text(cat_text, found)
     secrets.REDACTOR.merge(found)  # a parse error below may quote the unit
-    unit, env, argv, command = parse_service(cat_text, server_cfg["unit"], host)
-    server, identity = build_server_json(unit, env, command, host, server_cfg, found)
+    unit, env, argv, command = parse_service(cat_text, server.unit, host)
+    snapshot, identity = build_server_json(unit, env, command, host, server, found)
     redacted_unit = found.scrub_known(redacted_unit)  # also values met in environment files
     try:
-        if not (host.is_local and server_cfg.get("unit_file")):
-            _log_state(host, server_cfg["unit"], argv)
+        if not server.local_unit_file:  # no systemd state to log for a unit file read as such
+            _log_state(host, server.unit, argv)
     except HostError as err:
         log.info("could not read the unit's state: %s", err)
-    for item in server["unresolved"]:
+    for item in snapshot["unresolved"]:
         log.warning("unresolved %s: %s", item["what"], item["why"])
-    for warning in server["warnings"]:
+    for warning in snapshot["warnings"]:
         log.warning("the unit: %s", warning)
-    return redacted_unit, server, identity
+    return redacted_unit, snapshot, identity
 
 
 def snapshot_server(
-    server_cfg: dict[str, Any],
+    server: ServerSettings,
     unit_out: str,
     server_out: str,
     identity_out: str,
     ssh_config_path: str | None = None,
 ) -> dict[str, Any]:
     """Snapshot the server and write the three outputs; errors come out with secrets scrubbed."""
-    host = open_host(server_cfg, ssh_config_path)
+    host = open_host(server, ssh_config_path)
     try:
-        unit_text, server, identity = take_snapshot(server_cfg, host)
+        unit_text, snapshot, identity = take_snapshot(server, host)
     except (SnapshotError, HostError, OSError, ValueError) as err:
         raise SnapshotError(secrets.REDACTOR.scrub(str(err))) from None
     finally:
         host.close()
     _write(unit_out, unit_text)
-    _write(server_out, _dump(server))  # both redacted as structures: valid JSON whatever a secret is
+    _write(server_out, _dump(snapshot))  # both redacted as structures: valid JSON whatever a secret is
     _write(identity_out, _dump(identity))
     log.info(
         "server %s serves %s as %s (identity %s)",
-        server["base_url"],
-        server["model"],
-        server["served_model_name"],
-        server["identity"],
+        snapshot["base_url"],
+        snapshot["model"],
+        snapshot["served_model_name"],
+        snapshot["identity"],
     )
-    return server
+    return snapshot

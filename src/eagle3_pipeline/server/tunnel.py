@@ -7,7 +7,7 @@ thread, so not even a new tunnel can take the port. This forwarder owns its list
 life and opens one `direct-tcpip` channel per accepted connection: a refused channel closes only that
 local connection (the client sees the server as down, which it is), and a dead SSH transport is
 reconnected (a rebuild) before the next channel opens. Health is polled through the tunnel, so
-`lifecycle.wait_healthy` sees the server come up through it.
+`health.wait_healthy` sees the server come up through it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import logging
 import select
 import socket
 import threading
-from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -25,6 +24,7 @@ import paramiko
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, RemoteHost
+from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)
 _TUNNELS: dict[tuple[str, int], Tunnel] = {}
@@ -57,10 +57,10 @@ class Tunnel:
     """127.0.0.1:local_port on this machine -> remote_host:remote_port as seen from the SSH host."""
 
     def __init__(
-        self, destination: str, ssh_cfg: dict[str, Any], remote_port: int, remote_host: str = "127.0.0.1",
+        self, destination: str, ssh: SshSettings, remote_port: int, remote_host: str = "127.0.0.1",
         local_port: int | None = None, ssh_config_path: str | None = None,
     ) -> None:  # fmt: skip
-        self.destination, self.ssh_cfg, self.ssh_config_path = destination, ssh_cfg, ssh_config_path
+        self.destination, self.ssh, self.ssh_config_path = destination, ssh, ssh_config_path
         self.remote_port, self.remote_host = remote_port, remote_host
         self.local_port = local_port or free_port()
         self.host: RemoteHost | None = None
@@ -84,7 +84,7 @@ class Tunnel:
                 log.warning("SSH connection of the tunnel to %s is down; rebuilding it", self.destination)
                 self.host.close()
                 self.rebuilds += 1
-            self.host = RemoteHost(self.destination, self.ssh_cfg, self.ssh_config_path)
+            self.host = RemoteHost(self.destination, self.ssh, self.ssh_config_path)
             self.host.open()
             return self.host.connection.transport
 
@@ -155,10 +155,9 @@ class Tunnel:
         up = transport is not None and transport.is_active()
         return up and check_health(self.base_url, headers, verify=verify)
 
-    def url(self, headers: dict[str, str] | None = None) -> str:
+    def url(self) -> str:
         """The local URL; the listener is opened on first use and the SSH transport reconnected when
-        it is down. `headers` is kept for callers that pass the API key; health is their business."""
-        del headers
+        it is down (health is the caller's business)."""
         if self._listener is None:
             self.open()
         else:
@@ -166,16 +165,11 @@ class Tunnel:
         return self.base_url
 
 
-def get_tunnel(
-    server_json: dict[str, Any], server_cfg: dict[str, Any], state_dir: Path | None = None
-) -> Tunnel:
+def get_tunnel(server_json: dict[str, Any], server: ServerSettings) -> Tunnel:
     """The process-wide tunnel for this server (one per destination and port)."""
-    del state_dir  # kept for the callers' signature; the tunnel holds no state on disk
     bind = server_json.get("host")
     remote_host = "127.0.0.1" if bind in (None, "", "0.0.0.0", "::") else bind
-    key = (server_cfg["host"], int(server_json["port"]))
+    key = (server.host, int(server_json["port"]))
     if key not in _TUNNELS:
-        _TUNNELS[key] = Tunnel(
-            server_cfg["host"], server_cfg.get("ssh", {}), int(server_json["port"]), remote_host
-        )
+        _TUNNELS[key] = Tunnel(server.host, server.ssh, int(server_json["port"]), remote_host)
     return _TUNNELS[key]

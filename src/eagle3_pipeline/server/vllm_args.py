@@ -419,3 +419,48 @@ def parse_length(value: Any) -> int:
     if text and text[-1] in factors:
         return int(float(text[:-1]) * factors[text[-1]])
     return int(text)
+
+
+def eagle3_draft(checkpoint_dir: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's --speculative-config for an EAGLE-3 draft (the path made absolute: the server's working
+    directory may differ)."""
+    model = os.path.abspath(checkpoint_dir)
+    return {"method": "eagle3", "model": model, "num_speculative_tokens": num_speculative_tokens}
+
+
+def serving_argv(
+    vllm_words: list[str],
+    speculative_config: dict[str, Any] | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    enforce_eager: bool = False,
+) -> list[str]:
+    """A vLLM command line re-pointed for the serve check: its own --speculative-config dropped (and
+    `speculative_config` set instead, see `eagle3_draft`), --host/--port replaced when given,
+    --enforce-eager added when asked (vLLM 0.32's CPU build feeds an EAGLE-3 draft's fc 1x hidden
+    instead of 3x without it).
+    Flags match in both spellings (`--port 1`, `--port=1`, underscores for dashes)."""
+    drop = {"--speculative-config"} | ({"--host"} if host else set()) | ({"--port"} if port else set())
+    words, skip = [], False
+    for word in vllm_words:
+        if skip:
+            skip = False
+            continue
+        if _flag_name(word) in drop:
+            skip = "=" not in word  # `--flag value`: the value goes too
+            continue
+        words.append(word)
+    words += (
+        ["--speculative-config", json.dumps(speculative_config, separators=(",", ":"))]
+        if speculative_config
+        else []
+    )
+    words += ["--host", host] if host else []
+    words += ["--port", str(port)] if port else []
+    if enforce_eager and "--enforce-eager" not in {_flag_name(w) for w in words}:
+        words.append("--enforce-eager")
+    return words
+
+
+def _flag_name(word: str) -> str:
+    return word.split("=", 1)[0].replace("_", "-") if word.startswith("--") else word

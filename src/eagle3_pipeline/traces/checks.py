@@ -14,7 +14,8 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_pipeline.traces.filters import ROW_REASONS, TraceFilters, dedup_key, row_reason
+from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.traces.filters import ROW_REASONS, dedup_key, row_reason
 from eagle3_pipeline.traces.schema import STATUSES, TraceError, shard_number
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,10 @@ def _shard_names(shards: Sequence[int]) -> str:
     return _listed([f"{k:05d}" for k in shards])
 
 
-def shard_table(frame: pl.LazyFrame, identity: str, filters: TraceFilters) -> pl.LazyFrame:
+def shard_table(frame: pl.LazyFrame, identity: str, traces: TracesSettings) -> pl.LazyFrame:
     """One row per shard: rows, counts by status and by row-local drop reason, and check counters."""
     status = pl.col("status")
-    reason = row_reason(filters)
+    reason = row_reason(traces)
     return (
         frame.with_columns(reason)
         .group_by("file_shard")
@@ -179,7 +180,7 @@ def check_shards(
         raise TraceError("cannot merge the generation shards:\n  - " + "\n  - ".join(problems))
 
 
-def duplicate_rows(frame: pl.LazyFrame, filters: TraceFilters) -> pl.DataFrame:
+def duplicate_rows(frame: pl.LazyFrame, traces: TracesSettings) -> pl.DataFrame:
     """`_index` and `file_shard` of every row that repeats an earlier kept row's
     (system, question, reasoning, content) in the same shard; empty when traces.drop_duplicates is off.
 
@@ -187,9 +188,9 @@ def duplicate_rows(frame: pl.LazyFrame, filters: TraceFilters) -> pl.DataFrame:
     traces (rule filter_traces) and hidden states depend on generation shard k alone (docs/traces.md).
     """
     empty = pl.DataFrame(schema={"_index": pl.get_index_type(), "file_shard": pl.Int32})
-    if not filters.drop_duplicates:
+    if not traces.drop_duplicates:
         return empty
-    candidates = frame.with_columns(row_reason(filters), *dedup_key()).filter(pl.col("drop_reason").is_null())
+    candidates = frame.with_columns(row_reason(traces), *dedup_key()).filter(pl.col("drop_reason").is_null())
     key = ["file_shard", "_key0", "_key1"]
     groups = (
         candidates.group_by(key)
@@ -211,10 +212,10 @@ def duplicate_rows(frame: pl.LazyFrame, filters: TraceFilters) -> pl.DataFrame:
     )
 
 
-def cross_shard_repeats(frame: pl.LazyFrame, filters: TraceFilters) -> int:
+def cross_shard_repeats(frame: pl.LazyFrame, traces: TracesSettings) -> int:
     """Kept rows whose (system, question, reasoning, content) also occur in another shard (counted,
     not dropped: each shard's traces are decided by that shard alone)."""
-    candidates = frame.with_columns(row_reason(filters), *dedup_key()).filter(pl.col("drop_reason").is_null())
+    candidates = frame.with_columns(row_reason(traces), *dedup_key()).filter(pl.col("drop_reason").is_null())
     per_shard = candidates.select("file_shard", "_key0", "_key1").unique()
     counts = per_shard.group_by("_key0", "_key1").agg(shards=pl.len()).filter(pl.col("shards") > 1)
     return int(counts.select(pl.col("shards").sum()).collect(engine="streaming").item() or 0)

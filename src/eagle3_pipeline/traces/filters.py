@@ -12,12 +12,10 @@ generation shard k alone (rule filter_traces); repeats across shards are counted
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
 
 import polars as pl
 
-from eagle3_pipeline.settings import TRACES_DEFAULTS
+from eagle3_pipeline.settings import TracesSettings
 
 REASONS = ("failed", "skipped", "truncated", "no_token_ids", "empty", "duplicate")
 ROW_REASONS = REASONS[:-1]  # decided by the row alone; duplicate needs the whole shard
@@ -25,37 +23,11 @@ DEDUP_KEY = ("system", "question", "reasoning", "content")
 _BUCKETS = 1 << 64
 
 
-@dataclass(frozen=True)
-class TraceFilters:
-    """The traces.* config section (see config/schema.yaml for each key)."""
-
-    drop_truncated: bool = TRACES_DEFAULTS.drop_truncated  # the schema's defaults (settings.py)
-    drop_empty: bool = TRACES_DEFAULTS.drop_empty
-    drop_duplicates: bool = TRACES_DEFAULTS.drop_duplicates
-    validation_fraction: float = TRACES_DEFAULTS.validation_fraction
-    # merge_traces stops above it (merge.check_failed_fraction); None, the library default, checks
-    # nothing: the config always sets it (schema default 0.01)
-    max_failed_fraction: float | None = None
-
-    @classmethod
-    def from_config(cls, section: dict[str, Any]) -> TraceFilters:
-        """Build from config["traces"]; an unknown key is refused, naming it."""
-        unknown = sorted(set(section) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown traces.* key(s) {unknown}; see config/schema.yaml")
-        filters = cls(**section)
-        if not 0 <= filters.validation_fraction <= 0.5:
-            raise ValueError(
-                f"traces.validation_fraction must be in [0, 0.5], got {filters.validation_fraction}"
-            )
-        return filters
-
-
 def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars().str.len_bytes() == 0
 
 
-def row_reason(filters: TraceFilters) -> pl.Expr:
+def row_reason(traces: TracesSettings) -> pl.Expr:
     """Expression: the reason a row is dropped (one of ROW_REASONS), or null when it passes them."""
     status = pl.col("status")
     no_ids = (pl.col("prompt_token_ids").list.len().fill_null(0) == 0) | (
@@ -66,11 +38,11 @@ def row_reason(filters: TraceFilters) -> pl.Expr:
         .then(pl.lit("failed"))
         .when(status == "skipped")
         .then(pl.lit("skipped"))
-        .when(pl.lit(filters.drop_truncated) & (pl.col("finish_reason") == "length"))
+        .when(pl.lit(traces.drop_truncated) & (pl.col("finish_reason") == "length"))
         .then(pl.lit("truncated"))
         .when(no_ids)
         .then(pl.lit("no_token_ids"))
-        .when(pl.lit(filters.drop_empty) & _blank("reasoning") & _blank("content"))
+        .when(pl.lit(traces.drop_empty) & _blank("reasoning") & _blank("content"))
         .then(pl.lit("empty"))
         .otherwise(pl.lit(None, dtype=pl.String))
         .alias("drop_reason")

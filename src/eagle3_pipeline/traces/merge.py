@@ -20,7 +20,7 @@ import resource
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.io import atomic_path
+from eagle3_pipeline.settings import TracesSettings
 from eagle3_pipeline.traces.checks import (
     check_shards,
     cross_shard_repeats,
@@ -38,7 +39,7 @@ from eagle3_pipeline.traces.checks import (
     shard_table,
 )
 from eagle3_pipeline.traces.export import write_conversations
-from eagle3_pipeline.traces.filters import REASONS, ROW_REASONS, TraceFilters, row_reason, split_expr
+from eagle3_pipeline.traces.filters import REASONS, ROW_REASONS, row_reason, split_expr
 from eagle3_pipeline.traces.plots import plot_counts, plot_lengths
 from eagle3_pipeline.traces.schema import GENERATION_SCHEMA, STATUSES, TraceError, scan_shards
 from eagle3_pipeline.traces.stats import trace_stats
@@ -115,25 +116,25 @@ def _step(name: str) -> Iterator[None]:
 def _account(
     frame: pl.LazyFrame,
     identity: str,
-    filters: TraceFilters,
+    traces: TracesSettings,
     generations: Sequence[str | Path],
     prompts: Sequence[str | Path] | None,
 ) -> pl.DataFrame:
     """Pass 1: the per-shard table; raises TraceError when the shards do not add up."""
-    table = shard_table(frame, identity, filters).collect(engine="streaming")
+    table = shard_table(frame, identity, traces).collect(engine="streaming")
     prompt_counts = prompt_table(prompts) if prompts else None
     check_shards(table, repeated_ids(frame), identity, Path(generations[0]).parent, prompt_counts)
     return table
 
 
-def check_failed_fraction(table: pl.DataFrame, frame: pl.LazyFrame, limit: float | None) -> None:
+def check_failed_fraction(table: pl.DataFrame, frame: pl.LazyFrame, limit: float) -> None:
     """Stop when more than `limit` of the prompts failed: naming the count, the worst shards and why.
 
     A failed row is a request the server refused for good (a 4xx, a malformed reply): a few are
     noise, many mean a config or server problem worth fixing before training on what is left.
     """
     prompts, failed = int(table["rows"].sum()), int(table["failed"].sum())
-    if limit is None or not prompts or failed / prompts <= limit:
+    if not prompts or failed / prompts <= limit:
         return
     worst = table.sort("failed", descending=True).head(3)
     shards = ", ".join(f"{k:05d}: {n}" for k, n in worst.select("file_shard", "failed").iter_rows() if n)
@@ -147,12 +148,12 @@ def check_failed_fraction(table: pl.DataFrame, frame: pl.LazyFrame, limit: float
     )
 
 
-def kept_traces(frame: pl.LazyFrame, filters: TraceFilters, duplicates: pl.DataFrame) -> pl.LazyFrame:
+def kept_traces(frame: pl.LazyFrame, traces: TracesSettings, duplicates: pl.DataFrame) -> pl.LazyFrame:
     """The rows that become traces (no drop reason, not a later duplicate), with `split`."""
     return (
-        frame.with_columns(row_reason(filters))
+        frame.with_columns(row_reason(traces))
         .filter(pl.col("drop_reason").is_null() & ~pl.col("_index").is_in(duplicates["_index"].implode()))
-        .select(*GENERATION_SCHEMA, split_expr(filters.validation_fraction))
+        .select(*GENERATION_SCHEMA, split_expr(traces.validation_fraction))
     )
 
 
@@ -224,7 +225,7 @@ def _build_stats(
     table: pl.DataFrame,
     duplicates: pl.DataFrame,
     identity: str,
-    filters: TraceFilters,
+    traces: TracesSettings,
 ) -> dict[str, Any]:
     """stats.json: the accounts (checked again per shard), drop reasons and the kept traces' figures."""
     kept_stats = trace_stats(kept)
@@ -236,8 +237,8 @@ def _build_stats(
         "train": kept_stats["splits"].get("train", 0),
         "validation": kept_stats["splits"].get("validation", 0),
         "dropped": dropped,
-        "cross_shard_repeats": cross_shard_repeats(frame, filters) if filters.drop_duplicates else 0,
-        "filters": vars(filters),
+        "cross_shard_repeats": cross_shard_repeats(frame, traces) if traces.drop_duplicates else 0,
+        "filters": asdict(traces),
         "server_identity": identity,
         "versions": {"polars": pl.__version__, "eagle3_pipeline": _package_version()},
         "by_source": _by_source(frame),
@@ -251,7 +252,7 @@ def merge_traces(
     generations: Sequence[str | Path],
     server: str | Path,
     outputs: TraceOutputs,
-    filters: TraceFilters,
+    traces: TracesSettings,
     prompts: Sequence[str | Path] | None = None,
 ) -> dict[str, Any]:
     """Merge, check, filter and split generation shards; write `outputs`; return the statistics.
@@ -260,7 +261,7 @@ def merge_traces(
         generations: generations/shard-{k:05d}.parquet, in shard order.
         server: server/identity.json; every row must carry its identity hash.
         outputs: where to write (see TraceOutputs).
-        filters: the traces.* config section.
+        traces: the traces.* settings (filters, split, failed-row limit).
         prompts: prompts/shard-{k:05d}.parquet; when given, each generation shard must hold exactly
             the ids of the prompt shard with the same number.
 
@@ -274,18 +275,18 @@ def merge_traces(
     log.info("merging %d generation shards, %d rows per chunk", len(generations), rows)
     with pl.Config(streaming_chunk_size=rows):
         with _step("accounting"):
-            table = _account(frame, identity, filters, generations, prompts)
-            check_failed_fraction(table, frame, filters.max_failed_fraction)
+            table = _account(frame, identity, traces, generations, prompts)
+            check_failed_fraction(table, frame, traces.max_failed_fraction)
         with _step("duplicates"):
-            duplicates = duplicate_rows(frame, filters)
-        kept = kept_traces(frame, filters, duplicates)
+            duplicates = duplicate_rows(frame, traces)
+        kept = kept_traces(frame, traces, duplicates)
         _write_traces(kept, outputs, rows)
         with _step("statistics"):
-            stats = _build_stats(frame, kept, table, duplicates, identity, filters)
+            stats = _build_stats(frame, kept, table, duplicates, identity, traces)
     if not stats["kept"]:
         raise TraceError(f"no trace kept out of {stats['prompts']} prompts: dropped {stats['dropped']}")
     if not stats["validation"]:
-        log.warning("no trace in validation (traces.validation_fraction %s)", filters.validation_fraction)
+        log.warning("no trace in validation (traces.validation_fraction %s)", traces.validation_fraction)
     for plot, target in ((plot_lengths, outputs.lengths_plot), (plot_counts, outputs.counts_plot)):
         with atomic_path(target) as path:
             plot(stats, path)

@@ -16,6 +16,7 @@ import polars as pl
 
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.io import atomic_path
+from eagle3_pipeline.settings import TracesSettings
 from eagle3_pipeline.traces.checks import (
     check_shards,
     duplicate_rows,
@@ -23,7 +24,6 @@ from eagle3_pipeline.traces.checks import (
     repeated_ids,
     shard_table,
 )
-from eagle3_pipeline.traces.filters import TraceFilters
 from eagle3_pipeline.traces.merge import chunk_rows, kept_traces, read_identity
 from eagle3_pipeline.traces.schema import scan_shards
 
@@ -34,7 +34,7 @@ def filter_shard_traces(
     generation: str | Path,
     prompts: str | Path,
     server: str | Path,
-    filters: TraceFilters,
+    traces: TracesSettings,
     outputs: dict[str, str | Path],
 ) -> dict[str, int]:
     """Check, filter and split one generation shard; write each split's kept rows; return their counts.
@@ -43,7 +43,7 @@ def filter_shard_traces(
         generation: generations/shard-{k:05d}.parquet.
         prompts: prompts/shard-{k:05d}.parquet: the generation shard must hold exactly its ids.
         server: server/identity.json; every row must carry its identity hash.
-        filters: the traces.* config section.
+        traces: the traces.* settings (the filters and the split; the failed-row limit is the merge's).
         outputs: split name -> traces/shards/{split}/shard-{k:05d}.parquet (every split of SPLITS).
 
     Raises:
@@ -54,9 +54,9 @@ def filter_shard_traces(
         raise ValueError(f"outputs must name every split {SPLITS}, got {sorted(outputs)}")
     identity = read_identity(server)
     frame = scan_shards([generation])
-    table = shard_table(frame, identity, filters).collect()
+    table = shard_table(frame, identity, traces).collect()
     check_shards(table, repeated_ids(frame), identity, Path(generation).parent, prompt_table([prompts]))
-    kept = kept_traces(frame, filters, duplicate_rows(frame, filters))
+    kept = kept_traces(frame, traces, duplicate_rows(frame, traces))
     rows = chunk_rows([generation])
     counts = {}
     for split in SPLITS:

@@ -74,12 +74,13 @@ def point(
     fractions: Sequence[float],
     history: Sequence[Mapping[str, Any]],
     offline: Mapping[str, Any],
-    selection: Mapping[str, Any] | None,
+    selected: Mapping[str, Any] | None,
     steps: int,
 ) -> dict[str, Any]:
-    """One point: its subset, training tokens (loss tokens of one epoch) and offline acceptance."""
+    """One point: its subset, training tokens (loss tokens of one epoch) and offline acceptance.
+    `selected`: the point's selection.json (data, not the config), None without checkpoint selection."""
     tokens = (history[0].get("train") or {}).get("tokens") if history else None
-    chosen = (selection or {}).get("chosen") or {}
+    chosen = (selected or {}).get("chosen") or {}
     return {
         "fractions": list(fractions),
         "shards": k,
@@ -104,10 +105,10 @@ def curve_record(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
     }
 
 
-def chosen_acceptance(selection: Mapping[str, Any]) -> dict[str, Any]:
-    """The offline figures of the epoch a selection chose (measured as validate_offline measures them)."""
-    epoch = selection["chosen"]["epoch"]
-    return next(c for c in selection["candidates"] if c["epoch"] == epoch)
+def chosen_acceptance(selected: Mapping[str, Any]) -> dict[str, Any]:
+    """The offline figures of the epoch selection.json chose (measured as validate_offline measures them)."""
+    epoch = selected["chosen"]["epoch"]
+    return next(c for c in selected["candidates"] if c["epoch"] == epoch)
 
 
 def learning_curve(
@@ -126,11 +127,11 @@ def learning_curve(
     """
     rows = []
     for p in points:
-        selection = json.loads(Path(p["selection"]).read_text()) if p.get("selection") else None
-        offline = chosen_acceptance(selection) if selection else json.loads(Path(p["offline"]).read_text())
+        selected = json.loads(Path(p["selection"]).read_text()) if p.get("selection") else None
+        offline = chosen_acceptance(selected) if selected else json.loads(Path(p["offline"]).read_text())
         k = max(1, min(num_speculative_tokens, len(offline["acceptance_length"])))
         history = json.loads(Path(p["history"]).read_text())
-        rows.append(point(p["shards"], shards, p["fractions"], history, offline, selection, k))
+        rows.append(point(p["shards"], shards, p["fractions"], history, offline, selected, k))
     record = curve_record(rows, k)
     io.write_json(record, output, indent=1)
     trend = record["trend"]

@@ -299,7 +299,7 @@ def validate_offline(
 ) -> dict[str, Any]:
     """Rule validate_offline: write offline.json (see `evaluate`; the slices by `context_buckets`, the
     serve check's run replayed with `num_speculative_tokens` (default: steps) and `served_max_tokens`)."""
-    from eagle3_pipeline.validate.serving import write_json
+    from eagle3_pipeline.validate.serve_check import write_json
 
     slicing = default_slicing(target_dir, num_speculative_tokens or steps, context_buckets, served_max_tokens)
     result = evaluate(checkpoint_dir, target_dir, shard_paths, steps, slicing=slicing)

@@ -28,8 +28,8 @@ from typing import Any
 
 import paramiko
 
+from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.unit import merge_unit, parse_unit_file, split_cat_output
-from eagle3_pipeline.validate.serving import ServeCheckError
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,11 @@
-"""The serve check in production: the same systemd unit, restarted with the draft, then restored.
+"""The serve check on a systemd unit as a state machine with a durable record on the host: the unit
+restarted with the draft's drop-in (dropin.py), then, in every case, put back as it was and production
+verified.
 
-On the GPU box the target occupies every GPU, so the draft cannot be served beside it: the check
-installs a RUNTIME drop-in `/run/systemd/system/UNIT.d/zz-eagle3-serve-check.conf` (gone on reboot)
-that resets ExecStart and sets it to the unit's own command plus `--speculative-config` (and
-`--enforce-eager` when configured), runs `daemon-reload` and `restart`, measures, and in every case
-puts the unit back as it was and verifies production. Drop-ins of all unit folders are applied in
-file-name order, so `zz-` wins over the unit's own.
-
-It is a state machine with a durable record on the host (`draft_dropin`, `restore_from_record`):
 - before any change: a unit with changes on disk systemd has not loaded (NeedDaemonReload=yes) is
   refused; ActiveState (active, activating, reloading: running) and the ExecStart argv are read;
-- the lock is the host record `HOST_STATE_DIR/UNIT.serve-check.json`, created atomically (`ln`) and
-  naming its owner (host, pid, process start time); each phase (`locked`, `dropin`, `draft`,
+- the lock is the host record `server.host_state_dir/UNIT.serve-check.json`, created atomically (`ln`)
+  and naming its owner (host, pid, process start time); each phase (`locked`, `dropin`, `draft`,
   `restoring`) is recorded before its action;
 - the restore removes the drop-in, reloads, starts production only if the draft may have run (never
   re-issuing a start already under way), verifies that production runs its own ExecStart, not the
@@ -19,10 +13,9 @@ It is a state machine with a durable record on the host (`draft_dropin`, `restor
   record, and the next run (snapshot or serve check) resumes from its phase, unless its owner may
   still be running (another pipeline's live check is never touched);
 - SIGTERM, SIGINT and SIGHUP become an exception while the check runs; during the restore they are
-  deferred;
+  deferred (interrupts.py);
 - remote commands run in the C locale and nothing reads translated text (exit statuses, `systemctl
   show` properties); what was written through sudo is read through sudo;
-- the checkpoint goes to a private folder with its sha256 checked on the host (`remote_checkpoint`);
 - the drop-in text travels on stdin, never on a command line.
 
 Needs on the host: `sudo -n` for mkdir, tee, ln, mv, rm, cat and systemctl (server.ssh.sudo).
@@ -38,142 +31,32 @@ import posixpath
 import re
 import shlex
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.server import process_identity, secrets
+from eagle3_pipeline.server.dropin import (
+    MARKER,
+    RECOVERY_DIRS,
+    UNIT_DIR,
+    ServeCheckError,
+    dropin_path,
+    dropin_text,
+    new_run_id,
+    parse_marker,
+)
+from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts
 from eagle3_pipeline.server.remote import HostError
-from eagle3_pipeline.server.unit import ExecCommand, split_words
-from eagle3_pipeline.server.vllm_args import SHELLS, find_vllm
-from eagle3_pipeline.settings import SERVER_DEFAULTS, SSH_DEFAULTS
-from eagle3_pipeline.validate.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
-from eagle3_pipeline.validate.serving import ServeCheckError, with_speculative_draft
+from eagle3_pipeline.server.unit_watch import RUNNING_STATES  # read from ActiveState, not `is-active`
+from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
-DROPIN_NAME = "zz-eagle3-serve-check.conf"
-UNIT_DIR = "/run/systemd/system"  # runtime: a drop-in here does not survive a reboot
-LEGACY_UNIT_DIR = "/etc/systemd/system"  # where versions before the runtime drop-in wrote it
-RECOVERY_DIRS = (UNIT_DIR, LEGACY_UNIT_DIR)  # searched for a leftover drop-in of ours
-MARKER = "# eagle3-pipeline serve_check"
-_MARKER_LINE = re.compile(rf"^{re.escape(MARKER)} run=(?P<run>\S+) was_active=(?P<was_active>yes|no)\b")
-_LEGACY_MARKER = "# Written by eagle3-pipeline's serve_check"
 RESTORE_ATTEMPTS = 3
 RESTORE_RETRY_S = 2.0
 POLL_S = 1.0  # between two reads of ActiveState while production starts
-# The host record: written before any change, removed last (see draft_dropin). /run is a tmpfs: a
-# reboot clears it along with the runtime drop-in it describes.
-HOST_STATE_DIR = SERVER_DEFAULTS.host_state_dir  # server.host_state_dir
-# ActiveState values of a unit whose process runs or is starting (systemd.unit(5)); `is-active` exits
-# non-zero for `activating`, so the property is read instead.
-RUNNING_STATES = ("active", "activating", "reloading")
 # The record's phases, in order; each names what may have changed on the host once it is written.
 LOCKED, DROPIN, DRAFT, RESTORING = "locked", "dropin", "draft", "restoring"
-
-
-def systemd_quote(word: str) -> str:
-    """One ExecStart word, double-quoted for systemd (`%` doubled; `$VAR` left to systemd)."""
-    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    return f'"{escaped}"'
-
-
-def exec_start_with_draft(
-    command: ExecCommand, checkpoint_dir: str, num_speculative_tokens: int, enforce_eager: bool
-) -> str:
-    """The ExecStart value that runs `command` with the draft; its prefixes and `$VAR`s are kept, and
-    its words are those systemd made (specifiers resolved per word: `%I` holding a space stays one word).
-
-    Raises:
-        ServeCheckError: before anything is changed on the host, for a drop-in that cannot work: the
-            command is not a vLLM server, wraps it in a shell (`bash -c "..."`, where added flags would
-            land outside the vLLM command), uses a specifier the snapshot cannot resolve (`%h`: the
-            drop-in would carry it as a literal), or runs a container that does not mount the draft.
-    """
-    if command.unresolved_specifiers:
-        why = "; ".join(command.unresolved_specifiers)
-        raise ServeCheckError(
-            f"ExecStart uses systemd specifiers the drop-in cannot carry over ({why}): write the value "
-            "out in the unit, or serve the draft through a second unit; nothing was changed"
-        )
-    words = command.words if command.words is not None else split_words(command.raw, "ExecStart=")
-    checkpoint_dir = _draft_path_in_container(words, checkpoint_dir)
-    found = find_vllm(words)
-    if found is None:
-        raise ServeCheckError(
-            f"ExecStart runs {words[:1]}, not vLLM: add the draft to the server yourself (a second unit) "
-            "and set validate.serve_check: false"
-        )
-    if any(posixpath.basename(w) in SHELLS for w in found[0]):
-        raise ServeCheckError(
-            "ExecStart wraps vLLM in a shell -c string: serve the draft through a second unit"
-        )
-    served = with_speculative_draft(
-        words, checkpoint_dir, num_speculative_tokens, enforce_eager=enforce_eager
-    )
-    return command.prefixes + " ".join(systemd_quote(w) for w in served)
-
-
-def _draft_path_in_container(words: list[str], checkpoint_dir: str) -> str:
-    """The draft's path as the server sees it: through a container's bind mounts when the command runs
-    one (`docker run -v HOST:CONTAINER ...`); refused when no mount holds it."""
-    from eagle3_pipeline.server import container
-
-    if container.engine_at(words) is None:
-        return checkpoint_dir
-    run = container.parse_run(words, {}, _no_file)
-    if run is None:
-        return checkpoint_dir
-    inside = run.container_path(checkpoint_dir)
-    if inside is None:
-        raise ServeCheckError(
-            f"the unit's container ({run.image}) does not mount {checkpoint_dir}, where the draft is: set "
-            "validate.remote_dir to a folder under one of its -v/--mount sources "
-            f"({', '.join(s for s, _ in run.mounts) or 'none'}); nothing was changed"
-        )
-    return inside
-
-
-def _no_file(path: str) -> str:
-    raise OSError(f"{path} is not read here")
-
-
-def new_run_id() -> str:
-    """The id written in the drop-in's marker: when, and a random part."""
-    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-
-
-def dropin_text(exec_start: str, run_id: str = "", was_active: bool = True) -> str:
-    """The drop-in: the marker line (run id, the unit's state before), then ExecStart reset and set."""
-    return (
-        f"{MARKER} run={run_id or new_run_id()} was_active={'yes' if was_active else 'no'}\n"
-        "# Temporary (a runtime drop-in, gone on reboot); the next eagle3-pipeline run removes it if\n"
-        "# this one died. Safe to delete: then `systemctl daemon-reload` and restart the unit.\n"
-        f"[Service]\nExecStart=\nExecStart={exec_start}\n"
-    )
-
-
-def parse_marker(text: str) -> dict[str, Any] | None:
-    """{'run', 'was_active'} from a drop-in of ours (was_active None for the legacy marker); None
-    when the text is not ours."""
-    match = _MARKER_LINE.match(text)
-    if match:
-        return {"run": match["run"], "was_active": match["was_active"] == "yes"}
-    if text.startswith(_LEGACY_MARKER):
-        return {"run": "legacy", "was_active": None}
-    return None
-
-
-def dropin_path(unit: str, unit_dir: str = UNIT_DIR) -> str:
-    """Where our drop-in for unit goes.
-
-    Raises:
-        ServeCheckError: a unit name that would put it elsewhere (a `/`, or not a .service).
-    """
-    if "/" in unit or not unit.endswith(".service") or unit.startswith("."):
-        raise ServeCheckError(f"server.unit {unit!r} is not a NAME.service unit name")
-    return f"{unit_dir}/{unit}.d/{DROPIN_NAME}"
 
 
 def _must(result: Any, what: str) -> Any:
@@ -206,10 +89,11 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()  # the argv may hold a secret: only its hash is kept
 
 
-def record_path(unit: str, record_dir: str | None = None) -> str:
-    """The host record (and lock) of a serve check on unit: HOST_STATE_DIR/UNIT.serve-check.json."""
+def record_path(unit: str, record_dir: str) -> str:
+    """The host record (and lock) of a serve check on unit: `record_dir` (server.host_state_dir: /run,
+    a tmpfs, which a reboot clears along with the runtime drop-in) / UNIT.serve-check.json."""
     dropin_path(unit)  # the same unit-name check
-    return f"{record_dir or HOST_STATE_DIR}/{unit}.serve-check.json"
+    return f"{record_dir}/{unit}.serve-check.json"
 
 
 def read_record(host: Any, path: str, sudo: bool) -> dict[str, Any] | None:
@@ -416,9 +300,9 @@ def restore(
 
 @contextlib.contextmanager
 def draft_dropin(
-    host: Any, unit: str, exec_start: str, sudo: bool = True, timeout_s: float = 720,
+    host: Any, unit: str, exec_start: str, *, record_dir: str, sudo: bool = True, timeout_s: float = 720,
     unit_dir: str | None = None, before_restart: Callable[[], None] | None = None,
-    verify: Callable[[], None] | None = None, record_dir: str | None = None, draft_path: str | None = None,
+    verify: Callable[[], None] | None = None, draft_path: str | None = None,
 ) -> Iterator[str]:  # fmt: skip
     """The serve check's state machine on the host. Before any change: refuse a unit with changes on
     disk systemd has not loaded, read production's state, and take the lock by creating the host
@@ -478,9 +362,8 @@ def draft_dropin(
 
 
 def recover_leftover(
-    host: Any, unit: str, sudo: bool = True, timeout_s: float = 720,
+    host: Any, unit: str, *, record_dir: str, sudo: bool = True, timeout_s: float = 720,
     unit_dirs: tuple[str, ...] | None = None, verify: Callable[[], None] | None = None,
-    record_dir: str | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Finish what a previous serve check left (killed, connection lost): first its host record
     (refused while its owner may still run), then any drop-in of ours without one (older versions).
@@ -529,133 +412,25 @@ def recover_leftover(
     return found
 
 
-def recover_leftover_dropin(server_cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def recover_leftover_dropin(server: ServerSettings) -> list[dict[str, Any]]:
     """`recover_leftover` on the configured host; nothing to do where the pipeline runs the unit as a
     local process (no systemd). Called first by snapshot_server, so that a draft command left in the
     unit is never snapshotted as production."""
-    from eagle3_pipeline.server.lifecycle import uses_local_process
+    from eagle3_pipeline.server.backend import uses_local_process
     from eagle3_pipeline.server.remote import open_host
 
-    if uses_local_process(server_cfg):
+    if uses_local_process(server):
         return []
-    host = open_host(server_cfg)
+    host = open_host(server)
     try:
         return recover_leftover(
-            host,
-            server_cfg["unit"],
-            bool(server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo)),
-            _restart_timeout(server_cfg),
-            record_dir=server_cfg.get("host_state_dir"),
-        )
+            host, server.unit, record_dir=server.host_state_dir, sudo=server.ssh.sudo,
+            timeout_s=restart_timeout_s(server),
+        )  # fmt: skip
     finally:
         host.close()
 
 
-def _start_timeout_s(server_cfg: dict[str, Any]) -> float:
-    """server.start_timeout_s: how long production may take to answer /health again."""
-    return float(server_cfg.get("start_timeout_s", SERVER_DEFAULTS.start_timeout_s))
-
-
-def _restart_timeout(server_cfg: dict[str, Any]) -> float:
+def restart_timeout_s(server: ServerSettings) -> float:
     """A blocking restart stops the old server first (minutes for a tensor-parallel one)."""
-    return float(server_cfg.get("stop_timeout_s", SERVER_DEFAULTS.stop_timeout_s)) + 120
-
-
-def vllm_exec(cat_text: str, unit: str) -> ExecCommand:
-    """The unit's ExecStart line that runs vLLM (the last one naming vllm), after drop-ins."""
-    from eagle3_pipeline.server.unit import merge_unit, split_cat_output
-
-    parsed = merge_unit(split_cat_output(cat_text, default_path=unit), unit)
-    candidates = [c for c in parsed.exec_start if "vllm" in c.raw] or parsed.exec_start[-1:]
-    if not candidates:
-        raise ServeCheckError(f"{unit} has no ExecStart= after its drop-ins: nothing to add the draft to")
-    return candidates[-1]
-
-
-def _production_check(
-    server_cfg: dict[str, Any], server_json: dict[str, Any], state_dir: Path
-) -> Callable[[], None]:
-    """/health through the configured URL (tunnel included), then /v1/models lists the snapshot's model."""
-    from eagle3_pipeline.server import auth_headers, tls_verify
-    from eagle3_pipeline.server.lifecycle import check_model, server_url, wait_healthy
-
-    def check() -> None:
-        headers, verify = auth_headers(server_cfg), tls_verify(server_cfg)
-        base_url = server_url(server_json, server_cfg, state_dir)
-        wait_healthy(base_url, _start_timeout_s(server_cfg), None, None, headers, verify=verify)
-        check_model(base_url, server_json["served_model_name"], headers, verify)
-
-    return check
-
-
-def run_remote_serve_check(
-    server_cfg: dict[str, Any],
-    server_json: dict[str, Any],
-    checkpoint_dir: str | Path,
-    questions: list[dict],
-    sampling: Any,
-    state_dir: str | Path,
-    num_speculative_tokens: int,
-    remote_dir: str | None,
-    enforce_eager: bool = True,
-    concurrency: int = 8,
-    request_timeout_s: float = 600.0,
-    matched: tuple[list[dict], Any] | None = None,
-) -> dict[str, Any]:
-    """The serve check through systemd (an SSH host, or this machine when it runs systemd); `matched`:
-    a second run's questions and sampling, its figures under "sampled" (as run_local_serve_check)."""
-    from eagle3_pipeline.server import api_key, auth_headers, tls_verify
-    from eagle3_pipeline.server.lifecycle import UnitWatch, server_url, wait_healthy
-    from eagle3_pipeline.server.remote import open_host
-    from eagle3_pipeline.server.snapshot import read_unit_text
-    from eagle3_pipeline.validate import remote_checkpoint
-    from eagle3_pipeline.validate.serving import measure
-
-    unit, sudo = server_cfg["unit"], bool(server_cfg.get("ssh", {}).get("sudo", SSH_DEFAULTS.sudo))
-    timeout_s = _restart_timeout(server_cfg)
-    verify = _production_check(server_cfg, server_json, Path(state_dir))
-    with interrupts_as_exceptions():
-        host = open_host(server_cfg)
-        folder = None
-        try:
-            record_dir = server_cfg.get("host_state_dir")
-            recover_leftover(host, unit, sudo, timeout_s, verify=verify, record_dir=record_dir)  # first
-            cat_text = read_unit_text(host, server_cfg)
-            command = vllm_exec(cat_text, unit)
-            expected = remote_checkpoint.sha256_files(checkpoint_dir)
-            if host.is_local:
-                checkpoint = str(Path(checkpoint_dir).resolve())
-            else:
-                sandbox = remote_checkpoint.unit_sandbox(cat_text, unit)
-                folder = checkpoint = remote_checkpoint.private_dir(host, remote_dir, sandbox)
-                remote_checkpoint.upload(host, checkpoint_dir, folder)
-            exec_start = exec_start_with_draft(command, checkpoint, num_speculative_tokens, enforce_eager)
-            with draft_dropin(
-                host, unit, exec_start, sudo, timeout_s,
-                before_restart=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
-                draft_path=checkpoint, record_dir=record_dir,
-            ) as run_id:  # fmt: skip
-                base_url = server_url(server_json, server_cfg, Path(state_dir))
-                watch = UnitWatch(server_cfg)
-                try:
-                    wait_healthy(
-                        base_url, _start_timeout_s(server_cfg), watch.journal, watch.alive,
-                        auth_headers(server_cfg), lambda: f"{unit} with the draft stopped ({watch.state})",
-                        tls_verify(server_cfg),
-                    )  # fmt: skip
-                finally:
-                    watch.close()
-                result = measure(
-                    base_url, questions, sampling, api_key(server_cfg), concurrency, request_timeout_s,
-                    ca_bundle=server_cfg.get("ca_bundle"),
-                )  # fmt: skip
-                if matched is not None:
-                    result["sampled"] = measure(
-                        base_url, *matched, api_key(server_cfg), concurrency, request_timeout_s,
-                        ca_bundle=server_cfg.get("ca_bundle"),
-                    )  # fmt: skip
-        finally:
-            if folder is not None:
-                remote_checkpoint.remove(host, folder)
-            host.close()
-    return result | {"mode": "systemd-dropin", "unit": unit, "host": server_cfg.get("host"), "run_id": run_id}
+    return server.stop_timeout_s + 120

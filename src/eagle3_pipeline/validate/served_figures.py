@@ -21,16 +21,19 @@ binomial standard errors of the two estimates, and fails the serve check beyond 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
-from eagle3_pipeline.settings import VALIDATE_DEFAULTS
+from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.settings import ValidateSettings, field_default
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters
 
 Z = 3.0  # standard errors allowed on top of the systematic tolerance (about 1 in 370 per position)
-# validate.served_offline_tolerance's default (config/schema.yaml): measured, docs/validation.md
-DEFAULT_TOLERANCE = VALIDATE_DEFAULTS.served_offline_tolerance
+# The allowance a comparison is reported with when validate.served_offline_tolerance is null (not
+# enforced): the schema's default, measured (docs/validation.md).
+REPORTED_TOLERANCE = field_default(ValidateSettings, "served_offline_tolerance")
 UNKNOWN_SOURCE = "unknown"
 
 
@@ -117,7 +120,7 @@ def _counters(reading: dict[str, Any]) -> SpecDecodeCounters:
 def measure_by_source(
     measure: Callable[[list[dict[str, Any]]], dict[str, Any]], questions: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Run `measure` (serving.measure bound to a server) once per source, one source after the other:
+    """Run `measure` (spec_decode.measure bound to a server) once per source, one source after the other:
     vLLM's counters are global, so per-source acceptance needs each source's requests alone. The whole
     figure is the counters from before the first measured group to after the last; tokens/s is all
     completion tokens over the groups' summed wall time (concurrency applies within a group). A source
@@ -126,8 +129,6 @@ def measure_by_source(
     Raises:
         ServeCheckError: no source was measured (the first source's error).
     """
-    from eagle3_pipeline.validate.serving import ServeCheckError
-
     by_source, errors = {}, {}
     for source, group in source_groups(questions).items():
         try:
@@ -185,10 +186,8 @@ def speedup(with_draft: dict[str, Any], without_draft: dict[str, Any]) -> dict[s
 def time_by_source(
     ask: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], questions: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Completion tokens and wall time of `ask` (serving.ask bound to a server), source by source as
+    """Completion tokens and wall time of `ask` (spec_decode.ask bound to a server), source by source as
     `measure_by_source` groups them: the run without a draft, which has no spec-decode counters."""
-    import time
-
     by_source = {}
     for source, group in source_groups(questions).items():
         start = time.perf_counter()
@@ -207,48 +206,3 @@ def time_by_source(
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "by_source": by_source,
     }
-
-
-def without_draft(vllm_words: list[str], host: str, port: int) -> list[str]:
-    """The unit's vLLM command line with any --speculative-config removed and host/port replaced."""
-    words, skip = [], False
-    for word in vllm_words:
-        if skip:
-            skip = False
-            continue
-        name = word.split("=", 1)[0].replace("_", "-") if word.startswith("--") else word
-        if name in ("--speculative-config", "--host", "--port"):
-            skip = "=" not in word
-            continue
-        words.append(word)
-    return [*words, "--host", host, "--port", str(port)]
-
-
-def run_local_without_draft(
-    server_cfg: dict[str, Any],
-    questions: list[dict[str, Any]],
-    ask_group: Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]],
-    state_dir: str,
-    start_timeout_s: float,
-    port_range: tuple[int, int] = (18580, 18599),
-) -> dict[str, Any]:
-    """Serve the local unit's target alone (no draft) on a free port, time the questions by source, stop.
-
-    Args:
-        ask_group: (base_url, questions) -> outcomes, with the draft run's sampling and concurrency.
-    """
-    from pathlib import Path
-
-    from eagle3_pipeline.server.lifecycle import local_command
-    from eagle3_pipeline.validate.serving import serve_local
-
-    argv, env, cwd = local_command(server_cfg)
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    handle, base_url = serve_local(
-        lambda port: without_draft(argv, "127.0.0.1", port), env, cwd, Path(state_dir), start_timeout_s,
-        port_range,
-    )  # fmt: skip
-    try:
-        return time_by_source(lambda group: ask_group(base_url, group), questions)
-    finally:
-        handle.stop()

@@ -1,0 +1,157 @@
+"""The vllm backend's extraction: every split's missing batches through one vLLM engine, then each
+shard packed here.
+
+Only the main process works (vLLM starts its own tensor-parallel workers). Parts and packing are the
+transformers backend's (parts.py, packing.py), so resume is shared; the plan fingerprint includes the
+backend and the engine settings, so parts of another backend or engine are never mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.hidden_states import engine as engine_service
+from eagle3_pipeline.hidden_states import final_norm, sequences, vllm_backend
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.hidden_states.packing import finish_shard
+from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
+from eagle3_pipeline.hidden_states.plan import plan_shard
+from eagle3_pipeline.settings import HiddenStatesSettings
+
+log = logging.getLogger(__name__)
+
+
+def extract_shards(
+    hidden_states: HiddenStatesSettings, jobs: list[ShardJob], state: Any = None, keep_work: bool = False
+) -> list[dict[str, Any] | None]:
+    """Every job's missing batches through the extraction engine, then each shard packed; the work
+    folders go once all are written (`keep_work`: they stay, for a test that packs them again).
+
+    Raises:
+        vllm_backend.VllmBackendError: no interpreter with vLLM, a bad setting, or the engine failed.
+        final_norm.FinalNormError: the target's final norm cannot be rebuilt (use transformers).
+    """
+    if state is not None and not state.is_main_process:
+        log.info("vllm backend: rank %d has nothing to do", state.process_index)
+        return [None] * len(jobs)
+    first = jobs[0]
+    snapshot = vllm_backend.read_snapshot(first.server_json)
+    engine = vllm_backend.engine_settings(
+        hidden_states.vllm, snapshot, hidden_states.max_seq_len, hidden_states.batch_tokens
+    )
+    log.info(
+        "vLLM engine settings: %s (from %s)",
+        {k: v for k, v in engine.items() if k != "sources"},
+        engine["sources"],
+    )
+    norm = final_norm.find_final_norm(first.target)
+    plans = [plan_shard(hidden_states, job) for job in jobs]
+    batches: list[dict[str, Any]] = []
+    for plan in plans:
+        parts = prepare_work(plan.job.work, fingerprint(hidden_states, plan, engine))
+        todo = missing_batches(parts, plan)
+        log.info(
+            "%s: %d batches to run, %d already saved",
+            plan.job.output,
+            len(todo),
+            len(plan.batches) - len(todo),
+        )
+        batches += [
+            {
+                "part": str(part_path(parts, b)),
+                "index": plan.batches[b],
+                "input_ids": [plan.seqs[i].input_ids for i in plan.batches[b]],
+            }
+            for b in todo
+        ]
+    layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
+    if batches:
+        python = vllm_backend.resolve_python(hidden_states.vllm, snapshot)
+        records = [str(plan.job.work / "engine.json") for plan in plans]
+        spec = {
+            "engine": engine,
+            "layer_ids": layer_ids,
+            "final_norm": norm.as_dict(),
+            "hidden_size": plans[0].info.hidden_size,
+        }
+        run_on_engine(hidden_states, first, snapshot, python, spec, {"batches": batches, "records": records})
+    metas: list[dict[str, Any] | None] = []
+    for plan in plans:
+        record_path = plan.job.work / "engine.json"
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+        requested = {k: v for k, v in engine.items() if k != "sources"}
+        backend = {
+            "compute_dtype": (record or requested)["dtype"],
+            "engine": record or {**requested, "layer_ids": layer_ids, "ran": False},
+            "final_state_source": f"vLLM id {plan.info.num_layers} (before the final norm), then the "
+            f"target's final RMSNorm ({norm.key}, eps {norm.eps}) applied in float32",
+        }
+        metas.append(finish_shard(hidden_states, plan, backend))
+    if not keep_work:
+        for job in jobs:
+            shutil.rmtree(job.work, ignore_errors=True)
+    return metas
+
+
+def run_on_engine(
+    hidden_states: HiddenStatesSettings,
+    job: ShardJob,
+    snapshot: dict[str, Any] | None,
+    python: str,
+    spec: dict[str, Any],
+    request: dict[str, Any],
+) -> dict[str, Any]:
+    """Run a job's batches on its extraction engine (started when none runs), waiting for every part.
+
+    The engine is the one of `job.engine_dir`, shared with the other jobs of its scope and stopped by
+    rule stop_extraction_engine; with no engine_dir, or inside a SLURM allocation (where an engine
+    cannot outlive the job), a private one stopped when this returns.
+
+    Raises:
+        engine.EngineError: the engine failed to start, or died (the parts saved are kept).
+    """
+    options = hidden_states.vllm
+    private = job.engine_dir is None or "SLURM_JOB_ID" in os.environ
+    scratch = None
+    if job.engine_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="eagle3-engine-")
+        directory = Path(scratch.name)
+    elif "SLURM_JOB_ID" in os.environ:
+        directory = Path(job.engine_dir) / f"slurm-{os.environ['SLURM_JOB_ID']}"
+    else:
+        directory = Path(job.engine_dir)
+    window = vllm_backend.in_flight_tokens(options, spec["engine"])
+    full = vllm_backend.engine_spec(
+        job.target,
+        spec["engine"],
+        spec["layer_ids"],
+        hidden_states.dtype,
+        spec["final_norm"],
+        vllm_backend.staging_dir(options, directory, window, spec["hidden_size"]),
+        window,
+        options.idle_timeout_s,
+        mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
+    )
+    if job.engine_log and not private:
+        full["log"] = str(job.engine_log)
+    directory.mkdir(parents=True, exist_ok=True)
+    env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
+    try:
+        info = engine_service.start_or_join(directory, python, full, env)
+        # queued before the engine is ready: it takes the batches as soon as it is, with no wait
+        name = engine_service.enqueue(directory, request)
+        log.info("extraction engine %s: %d batches queued", info["start_id"], len(request["batches"]))
+        done = engine_service.wait_done(directory, info, name)
+        log.info("extraction engine %s: %d tokens in %.1f s", info["start_id"], done["tokens"], done["s"])
+        return done
+    finally:
+        if private:
+            log.info("private engine: %s", engine_service.stop_engine(directory))
+        if scratch is not None:
+            scratch.cleanup()
