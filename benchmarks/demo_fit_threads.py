@@ -2,7 +2,7 @@
 
 The busy core stands for the other pytest-xdist worker of `make test` (or any job beside the fit): two
 OpenMP threads then wait at every barrier for a partner that is descheduled. The same step count in
-each case (FitSettings.steps), so the losses must agree; wall and CPU seconds side by side, one JSON
+each case (FitOptions.steps), so the losses must agree; wall and CPU seconds side by side, one JSON
 line per case.
 
     .venv/bin/python benchmarks/demo_fit_threads.py [--steps 40]
@@ -28,6 +28,7 @@ def _spin(stop) -> None:
 def fit_case(threads: int, busy: bool, steps: int) -> dict:
     from eagle3_pipeline.demo import fit as fitting
     from eagle3_pipeline.demo.target import build_target
+    from eagle3_pipeline.settings import DemoSettings
 
     rows = [json.loads(line) for line in (REPO / "config/demo/sample.jsonl").read_text().splitlines()]
     fitting._threads = lambda wanted: wanted  # the case's thread count whatever the load average says
@@ -37,7 +38,9 @@ def fit_case(threads: int, busy: bool, steps: int) -> dict:
         spinner.start()
     try:
         with tempfile.TemporaryDirectory() as out:
-            figures = build_target(rows, Path(out), fitting.FitSettings(steps=steps, threads=threads))
+            figures = build_target(
+                rows, Path(out), DemoSettings(), fitting.FitOptions(steps=steps, threads=threads)
+            )
     finally:
         stop.set()
         if spinner:

@@ -38,6 +38,7 @@ import yaml
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.train import TrainJob, main
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.settings import DraftSettings, TrainSettings, section
 from eagle3_pipeline.validate.offline import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +112,9 @@ def make_states(
 ) -> dict[str, list[Path]]:
     """Hidden-state shards of the target's own replies (the pipeline's extraction, transformers backend)."""
     from eagle3_pipeline.demo.target import load_rows
-    from eagle3_pipeline.hidden_states.extract import ExtractSettings, extract_shard
+    from eagle3_pipeline.hidden_states.extract import extract_shard
+    from eagle3_pipeline.hidden_states.job import ShardJob
+    from eagle3_pipeline.settings import HiddenStatesSettings
 
     rows = load_rows(REPO / "config" / "demo" / "sample.jsonl")
     shards = {}
@@ -120,17 +123,15 @@ def make_states(
         sampled_traces(target, chosen, max_tokens, seed=len(split)).write_parquet(traces)
         shard = work / "hidden_states" / split / "shard-00000.safetensors"
         shard.parent.mkdir(parents=True, exist_ok=True)
-        settings = ExtractSettings(
+        job = ShardJob(
             traces=traces,
             shard=0,
             target=target,
             output=shard,
             metadata=shard.with_suffix(".json"),
             work=work / f"extract-{split}",
-            max_seq_len=1024,
-            layers=["auto"],
         )
-        extract_shard(settings)
+        extract_shard(HiddenStatesSettings(backend="transformers", max_seq_len=1024), job)
         shards[split] = [shard]
     return shards
 
@@ -153,8 +154,8 @@ def train_and_measure(
         validation_shards=[],
         vocab_map=str(vocab_map),
         target=str(target),
-        draft=draft,
-        train=train,
+        draft=section(DraftSettings, draft),
+        train=section(TrainSettings, train),
         work=str(work / "train"),
         weights=str(work / "trained.safetensors"),
         history=str(work / "history.json"),

@@ -34,7 +34,8 @@ from pathlib import Path
 import yaml
 
 from eagle3_pipeline.config import check_config
-from eagle3_pipeline.hidden_states import cost, engine, extract, final_norm, sequences, vllm_backend
+from eagle3_pipeline.hidden_states import cost, engine, final_norm, plan, sequences, vllm_backend
+from eagle3_pipeline.settings import VllmEngineSettings, build_settings
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -48,7 +49,7 @@ def emit(**record) -> None:
 
 def shard_requests(target: Path, work: Path, shards: int, tokens: int, batch_tokens: int) -> list[dict]:
     """One request per shard (its batches and part files), from synthetic server-style traces."""
-    info = extract.target_info(target)
+    info = plan.target_info(target)
     work.mkdir(parents=True, exist_ok=True)
     requests = []
     for k in range(shards):
@@ -77,8 +78,8 @@ def shard_requests(target: Path, work: Path, shards: int, tokens: int, batch_tok
 
 def run(mode: str, target: Path, work: Path, requests: list[dict], args: argparse.Namespace) -> dict:
     """Start one engine in `mode`, feed it the shards (one after another, or all at once), stop it."""
-    info = extract.target_info(target)
-    options = vllm_backend.vllm_options({"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 2048})
+    info = plan.target_info(target)
+    options = VllmEngineSettings(dtype="bfloat16", enforce_eager=True, max_model_len=2048)
     settings = vllm_backend.engine_settings(options, None, 2047, args.batch_tokens)
     layers = sequences.resolve_layers(["auto"], info.num_layers)
     layer_ids = sequences.vllm_layer_ids(layers) + [info.num_layers]
@@ -139,9 +140,9 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     schema = REPO / "config" / "schema.yaml"
     for name in ("config/config.yaml", "config/examples/kimi-k2.5-8gpu.yaml"):
-        config = check_config(yaml.safe_load((REPO / name).read_text()), schema)
+        settings = build_settings(check_config(yaml.safe_load((REPO / name).read_text()), schema))
         hidden = 7168 if "kimi" in name else 128
-        out = cost.estimate(config, hidden)
+        out = cost.estimate(settings, hidden)
         today = out["plan"]["extraction_jobs"]  # one engine per extraction job before
         emit(measure="engine_starts", config=name, before=today, after=out["engine_starts"])
     with tempfile.TemporaryDirectory(prefix="bench_engine_") as tmp:

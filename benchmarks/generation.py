@@ -49,6 +49,7 @@ from eagle3_pipeline.generate.payload import Sampling, chat_body
 from eagle3_pipeline.generate.shard import run_generation
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
+from eagle3_pipeline.settings import GenerationSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -154,12 +155,9 @@ def cpu_seconds() -> float:
 
 def bench_pipeline(base_url: str, sampling: Sampling, frame: pl.DataFrame, concurrency: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        generation = {
-            "concurrency": concurrency,
-            "global_concurrency": concurrency,
-            "retries": 2,
-            "request_timeout_s": 600,
-        }
+        generation = GenerationSettings(
+            concurrency=concurrency, global_concurrency=concurrency, retries=2, request_timeout_s=600
+        )
         cpu, start = cpu_seconds(), time.perf_counter()
         out = run_generation(frame, base_url, sampling, generation, Path(tmp) / "j.jsonl", identity="bench")
         wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
@@ -237,6 +235,11 @@ except ImportError:  # a checkout from before payload.py (--compare-pythonpath)
     from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.generate.shard import run_generation
 a = json.loads(sys.argv[1])
+try:  # typed sections (a checkout from before them takes the dict: --compare-pythonpath)
+    from eagle3_pipeline.settings import GenerationSettings, section
+    a["gen"] = section(GenerationSettings, a["gen"])
+except ImportError:
+    pass
 frame = pl.read_parquet(a["prompts"])
 start = time.time()
 out = run_generation(frame, a["url"], Sampling(**a["sampling"]), a["gen"], a["journal"], "bench",

@@ -34,6 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, extract
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.settings import HiddenStatesSettings, section
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -90,14 +92,17 @@ def kimi_wrapper(source: Path, directory: Path) -> Path:
 
 def extract_once(target: Path, traces: Path, out: Path, backend: str, vllm: dict, args) -> dict:
     out.mkdir(parents=True)
-    settings = extract.ExtractSettings(
+    job = ShardJob(
         traces=traces, shard=0, target=target, output=out / "shard.safetensors", metadata=out / "shard.json",
-        work=out / "work", batch_tokens=args.batch_tokens, max_seq_len=2047, backend=backend, vllm=vllm,
-        compute_dtype="bfloat16",
+        work=out / "work",
     )  # fmt: skip
+    hidden_states = section(HiddenStatesSettings, {
+        "batch_tokens": args.batch_tokens, "max_seq_len": 2047, "backend": backend, "vllm": vllm,
+        "compute_dtype": "bfloat16",
+    })  # fmt: skip
     start = time.perf_counter()
-    meta = extract.extract_shards([settings])[0]
-    return {"meta": meta, "path": settings.output, "job_s": time.perf_counter() - start}
+    meta = extract.extract_shard(hidden_states, job)
+    return {"meta": meta, "path": job.output, "job_s": time.perf_counter() - start}
 
 
 def compare(path: Path, reference: Path) -> dict:

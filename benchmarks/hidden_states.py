@@ -34,7 +34,9 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from eagle3_pipeline.hidden_states import capture, extract, sequences
+from eagle3_pipeline.hidden_states import capture, extract, plan, sequences
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.settings import HiddenStatesSettings, section
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TARGET = REPO / "resources" / "demo" / "target"
@@ -168,13 +170,16 @@ def bench_forwards(target: Path, seqs: list[list[int]], args: argparse.Namespace
 
 def bench_extract(target: Path, traces: Path, work: Path, args: argparse.Namespace) -> None:
     for compute_dtype in ("float32", "bfloat16"):
-        settings = extract.ExtractSettings(
+        job = ShardJob(
             traces=traces,
             shard=0,
             target=target,
             output=work / f"shard-{compute_dtype}.safetensors",
             metadata=work / f"shard-{compute_dtype}.json",
             work=work / f"work-{compute_dtype}",
+        )
+        hidden_states = HiddenStatesSettings(
+            backend="transformers",
             batch_tokens=args.batch_tokens,
             compute_dtype=compute_dtype,
             max_seq_len=4096,
@@ -183,7 +188,7 @@ def bench_extract(target: Path, traces: Path, work: Path, args: argparse.Namespa
         capture.load_target(target, capture.DTYPES[compute_dtype], torch.device("cpu"), device_map=False)
         load_s = time.perf_counter() - start
         start, start_cpu = time.perf_counter(), time.process_time()
-        meta = extract.extract_shard(settings)
+        meta = extract.extract_shard(hidden_states, job)
         seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         emit(
             measure="extract_shard",
@@ -201,7 +206,7 @@ def bench_extract(target: Path, traces: Path, work: Path, args: argparse.Namespa
             value=round(meta["bytes_per_token"], 2),
             floor=meta["floor_bytes_per_token"],
             ratio=round(meta["bytes_per_token"] / meta["floor_bytes_per_token"], 4),
-            file_bytes=settings.output.stat().st_size,
+            file_bytes=job.output.stat().st_size,
         )
 
 
@@ -232,22 +237,27 @@ def bench_backends(target: Path, traces: Path, work: Path, args: argparse.Namesp
     vllm = {"python": str(args.vllm_python), "dtype": "bfloat16", "enforce_eager": True}
     results = {}
     for backend in ("transformers", "vllm"):
-        settings = extract.ExtractSettings(
+        job = ShardJob(
             traces=traces,
             shard=0,
             target=target,
             output=work / f"shard-{backend}.safetensors",
             metadata=work / f"shard-{backend}.json",
             work=work / f"work-{backend}",
-            batch_tokens=args.batch_tokens,
-            compute_dtype="bfloat16",
-            max_seq_len=2047,  # the engine's max_model_len 2048 fits the random target's 4096 positions
-            backend=backend,
-            vllm=vllm,
+        )
+        hidden_states = section(
+            HiddenStatesSettings,
+            {
+                "batch_tokens": args.batch_tokens,
+                "compute_dtype": "bfloat16",
+                "max_seq_len": 2047,  # engine max_model_len 2048 fits the random target's 4096 positions
+                "backend": backend,
+                "vllm": vllm,
+            },
         )
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         start, start_cpu = time.perf_counter(), time.process_time()
-        meta = extract.extract_shards([settings])[0]
+        meta = extract.extract_shard(hidden_states, job)
         seconds = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = time.process_time() - start_cpu + (after.ru_utime + after.ru_stime)
@@ -316,7 +326,7 @@ def main() -> None:
         built = DEMO_TARGET if (DEMO_TARGET / "config.json").exists() and not args.random_target else None
         target = args.target or built
         target = target or random_target(work / "target", args.hidden, args.layers, args.vocab)
-        info = extract.target_info(target)
+        info = plan.target_info(target)
         emit(
             measure="setup",
             target=str(target),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from eagle3_pipeline.server.remote import LocalHost, open_host
 from eagle3_pipeline.server.snapshot import parse_service, take_snapshot
+from eagle3_pipeline.settings import ServerSettings
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "units"
 
@@ -49,13 +50,13 @@ def bench_parse(repeats: int) -> dict:
     }
 
 
-def bench_snapshot(cfg: dict, repeats: int, label: str) -> dict:
-    host = open_host(cfg)
+def bench_snapshot(server: ServerSettings, repeats: int, label: str) -> dict:
+    host = open_host(server)
     times = []
     try:
         for _ in range(repeats):
             start = time.perf_counter()
-            take_snapshot(cfg, host)
+            take_snapshot(server, host)
             times.append(time.perf_counter() - start)
     finally:
         host.close()
@@ -78,12 +79,12 @@ def main() -> None:
     sys.stdout.write(json.dumps(parse) + "\n")
     unit_file = Path(args.unit_file)
     local = bench_snapshot(
-        {"host": "local", "unit": unit_file.name, "unit_file": str(unit_file)}, args.repeats, "local"
+        ServerSettings(host="local", unit=unit_file.name, unit_file=str(unit_file)), args.repeats, "local"
     )
     local["ratio_to_parse"] = local["ms_median"] / parse["ms_per_unit"]
     sys.stdout.write(json.dumps(local) + "\n")
     if args.ssh:
-        ssh = bench_snapshot({"host": args.ssh, "unit": args.unit, "ssh": {}}, args.repeats, "ssh")
+        ssh = bench_snapshot(ServerSettings(host=args.ssh, unit=args.unit), args.repeats, "ssh")
         ssh["ratio_to_local"] = ssh["ms_median"] / local["ms_median"]
         sys.stdout.write(json.dumps(ssh) + "\n")
     sys.stdout.flush()

@@ -23,7 +23,8 @@ import requests
 
 from eagle3_pipeline.demo.target import SERVED_MODEL_NAME, render_unit
 from eagle3_pipeline.ports import free_port
-from eagle3_pipeline.server import lifecycle
+from eagle3_pipeline.server.health import wait_healthy
+from eagle3_pipeline.server.local_process import launch_local
 from eagle3_pipeline.server.unit import command_argv, merge_unit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def unit_command(target: Path, port: int) -> tuple[list[str], dict[str, str]]:
 
 
 def one_start(target: Path, case: str, state_dir: Path) -> dict:
-    """Started and waited for as the serve check does (lifecycle.launch_local: the unit's environment
+    """Started and waited for as the serve check does (local_process.launch_local: the unit's environment
     on a minimal systemd-like one; /health polled every second)."""
     port = free_port()
     argv, env = unit_command(target, port)
@@ -47,9 +48,9 @@ def one_start(target: Path, case: str, state_dir: Path) -> dict:
         env = {k: v for k, v in env.items() if k not in UNIT_ONLY}
     url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    handle = lifecycle.launch_local(argv, env, None, state_dir, case.replace(" ", "-"))
+    handle = launch_local(argv, env, None, state_dir, case.replace(" ", "-"))
     try:
-        lifecycle.wait_healthy(url, 600, handle.log_tail, handle.alive)
+        wait_healthy(url, 600, handle.log_tail, handle.alive)
         healthy = time.perf_counter() - start
         start = time.perf_counter()
         for question in QUESTIONS:
