@@ -108,7 +108,7 @@ def _budget(source: str, samples: int, tokens: int, hidden_size: int, dtype: str
     return Budget(source, samples, tokens, hidden_size, dtype, per_token, tokens * per_token)
 
 
-def estimate_from_config(
+def estimate_from_settings(
     settings: Settings, hidden_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
 ) -> Budget:
     """Upper bound before the run: num_samples x min(prompt + max_tokens, max_seq_len) tokens."""
@@ -399,7 +399,7 @@ def on_disk_at_once(settings: Settings, budget: Budget) -> tuple[int, str]:
 
 
 def capped_window_shards(settings: Settings, hidden_size: int) -> int | None:
-    """`window_shards` with the training state files counted (what rules/common.smk plans with)."""
+    """`window_shards` with the training state files counted (what rules/common/windows.smk plans with)."""
     if settings.hidden_states.max_disk_gb is None:
         return None
     return window_shards(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
@@ -432,7 +432,7 @@ def budget_at_start(settings: Settings, run_dir: str | Path) -> str:
             f"hidden-state disk budget: not estimated yet ({target_json}: {error}); "
             "check_disk_budget checks it before extraction"
         )
-    budget = estimate_from_config(settings, hidden_size)
+    budget = estimate_from_settings(settings, hidden_size)
     held, why = held_at_once(settings, budget)
     peak = held.total_bytes
     try:
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
     hidden_size = _target_hidden_size(settings.target.model, args.hidden_size)
     run_dir = Path(args.results) / settings.run
-    budget = estimate_from_config(settings, hidden_size, args.prompt_tokens)
+    budget = estimate_from_settings(settings, hidden_size, args.prompt_tokens)
     hs, dataset = settings.hidden_states, settings.dataset
     traces = sorted((run_dir / "traces" / "shards").glob("*/shard-*.parquet"))
     if len(traces) == len(SPLITS) * len(shard_ids(dataset.num_samples, dataset.shard_size)):

@@ -20,7 +20,7 @@ from eagle3_pipeline.budget import (
     capped_window_shards,
     check_disk_budget,
     check_free_space,
-    estimate_from_config,
+    estimate_from_settings,
     estimate_from_traces,
     existing_bytes,
     format_bytes,
@@ -74,13 +74,13 @@ def test_config_estimate_caps_each_sample_at_max_seq_len():
             "hidden_states": {"max_seq_len": 8000, "dtype": "bfloat16"},
         },
     )
-    budget = estimate_from_config(settings, hidden_size=100, prompt_tokens=512)
+    budget = estimate_from_settings(settings, hidden_size=100, prompt_tokens=512)
     assert (budget.source, budget.samples, budget.tokens) == ("config", 10, 80_000)
     assert budget.total_bytes == 80_000 * (800 + 9)
 
 
 def test_kimi_example_budget_is_the_documented_figure():
-    budget = estimate_from_config(_kimi(), hidden_size=7168)
+    budget = estimate_from_settings(_kimi(), hidden_size=7168)
     # 20,000 samples x min(512 + 8192, 10240) tokens x 57,353 B (docs/cluster.md quotes it)
     assert budget.tokens == 20_000 * 8704
     assert format_bytes(budget.total_bytes) == "9.98 TB"
@@ -212,7 +212,7 @@ def test_windows_are_sized_from_the_config_counting_each_shard_twice():
     assert window_shards(_capped(None), 128) is None  # no cap: no windows
     assert window_shards(_capped(2 * bound / GB), 128) == 1
     assert window_shards(_capped(5 * bound / GB), 128) == 2  # floor(5B / 2B)
-    peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_config(_capped(None), 128))
+    peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_settings(_capped(None), 128))
     state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
     assert peak == 4 * bound + 2 * state <= 5 * bound and "windows of 2 shards" in why
     assert "3 extraction passes" in why
@@ -238,7 +238,7 @@ def test_the_kimi_example_cap_holds_windows_of_17_shards():
         {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4000}}, SCHEMA
     )
     assert capped_window_shards(build_settings(with_4000), 7168) == 16  # the state files cost a shard
-    peak, _ = on_disk_at_once(settings, estimate_from_config(settings, 7168))
+    peak, _ = on_disk_at_once(settings, estimate_from_settings(settings, 7168))
     assert peak == 2 * 17 * 200 * 10240 * 57353 + 2 * state <= 4100 * GB
 
 
@@ -273,7 +273,7 @@ def test_the_cap_counts_two_training_state_files():
         window_shards(_capped((2 * bound + state) / GB), 128, state)
     config = _capped((4 * bound + 2 * state) / GB)
     assert capped_window_shards(config, 128) == 2
-    peak, why = on_disk_at_once(config, estimate_from_config(_capped(None), 128))
+    peak, why = on_disk_at_once(config, estimate_from_settings(_capped(None), 128))
     assert peak == 4 * bound + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
     assert "2 training state files" in why
 

@@ -75,7 +75,7 @@ def estimate(
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
     counts = plan_counts(settings, hidden_size)
     hs, samples = settings.hidden_states, settings.dataset.num_samples
-    upper = budget.estimate_from_config(settings, hidden_size, int(stated["prompt_tokens"]))
+    upper = budget.estimate_from_settings(settings, hidden_size, int(stated["prompt_tokens"]))
     per_sample_low = min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len)
     passes = counts["extraction_passes"]
     baseline_share = (1 - settings.traces.validation_fraction) if counts["baseline"] else 0.0

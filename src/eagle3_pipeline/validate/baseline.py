@@ -4,7 +4,7 @@ The baseline's traces are the training split's rows with the assistant turn repl
 `original_answer` (no thinking) and the token ids dropped, so that hidden-state extraction renders
 them through the target's chat template exactly as it would any trace without ids. Everything else
 (extraction, vocab map, training, export, validation on the target's own validation outputs) is the
-main path's rules on these traces: the draft rules' {variant} baseline/ (rules/common.smk).
+main path's rules on these traces: the draft rules' {variant} baseline/ (rules/common/variants.smk).
 """
 
 from __future__ import annotations

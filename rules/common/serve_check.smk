@@ -1,0 +1,43 @@
+# The served check's scheduling (what it holds while it runs) and the validate.* keys each variant's
+# check records.
+from eagle3_pipeline.settings import as_params
+
+
+def get_serve_check_resources():
+    """draft_server, and what keeps the check's timing its own: the served check must not share the
+    box with an extraction engine at work or a GPU job. With validate.baseline, the baseline's
+    extraction becomes ready with the main check (both wait for the main offline validation,
+    get_baseline_extraction_gate); the check goes first (its priority) and holds every extraction-client
+    slot, so no extraction job (each keeps its engine busy) starts beside it. The baseline's engine is
+    started by its first client, after the check, and stopped before the baseline trains; the check
+    cannot become ready later (every input of it is done before the gate). Locally the check's vLLM runs on
+    this box's accelerators: it holds all of them (resource gpu). Resources, not a DAG edge: the main
+    draft never waits on the baseline, so toggling validate.baseline replans none of its jobs.
+    """
+    resources = {"draft_server": 1}
+    if VLLM_ENGINE:
+        resources["extraction_clients"] = resource_limit("extraction_clients")
+    gpus = resource_limit("gpu")
+    if SETTINGS.server.host == "local" and isinstance(gpus, int):
+        resources["gpu"] = gpus
+    return resources
+
+
+def get_serve_check_settings(wildcards):
+    """The check's own validate.* keys. validate.speedup for the main draft only: the target alone,
+    timed on the same questions, is the same run for every variant, and the report shows the main
+    draft's speedup; the baseline is compared by acceptance (a vLLM start and a timed run saved).
+    """
+    keys = as_params(
+        SETTINGS.validate,
+        "num_speculative_tokens",
+        "max_questions",
+        "max_tokens",
+        "temperature",
+        "enforce_eager",
+        "served_offline_tolerance",
+        "speedup",
+    )
+    if wildcards.variant == BASELINE:
+        keys["speedup"] = False
+    return keys

@@ -1,0 +1,94 @@
+# The draft variants ({variant}): the main draft, the baseline, the learning-curve points; whose
+# states each trains on and which epochs training keeps.
+from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.validate.learning_curve import curve_points, variant_name
+from eagle3_pipeline.validate.selection import kept_epochs
+
+# The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
+# is the main draft, trained on the target's own traces, at results/{run}/draft/ etc.; "baseline/"
+# (validate.baseline) the same rules on the dataset's original answers at results/{run}/baseline/.
+BASELINE = "baseline/"
+# the baseline's extraction engine (its own scope: nothing of the main draft waits on it)
+BASELINE_ENGINE_DIR = f"{WORK}/{BASELINE}hidden_states/engine"
+VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
+# validate.learning_curve: the main draft's rules again on its first k training shards (nested subsets
+# of the stable order, on the main draft's hidden states), as the variants learning_curve/shards-{k}/;
+# k = every shard is the main draft itself. CURVE: {variant: k} of the points trained apart.
+CURVE_POINTS = curve_points(SETTINGS.validate.learning_curve, len(SHARDS))
+CURVE = {variant_name(k, len(SHARDS)): k for k in CURVE_POINTS if k < len(SHARDS)}
+VARIANTS += list(CURVE)
+if WINDOW and CURVE_POINTS:
+    raise ConfigError(
+        "hidden_states.max_disk_gb with validate.learning_curve: no hidden states are kept to train the "
+        "subsets on; set validate.learning_curve: [] (or hidden_states.max_disk_gb: null)"
+    )
+
+
+def variant_shards(variant):
+    """The training shards of a variant: the first k for a learning-curve point, else all."""
+    return SHARDS[: CURVE[variant]] if variant in CURVE else SHARDS
+
+
+def states_of(variant):
+    """Whose hidden states a variant trains on: a learning-curve point on the main draft's."""
+    return "" if variant in CURVE else variant
+
+
+# validate.select_every_epochs: the epochs whose weights training keeps, the candidates of
+# select_checkpoint (rules/validate.smk); none: the last epoch's weights are exported as trained.
+KEPT_EPOCHS = kept_epochs(EPOCHS, SETTINGS.validate.select_every_epochs)
+
+
+def get_export_weights(wildcards):
+    """What export_draft ships: the epoch select_checkpoint chose, else the last epoch's weights."""
+    folder = "selected" if KEPT_EPOCHS else "trained"
+    return f"{RESULTS}/{wildcards.variant}draft/{folder}/model.safetensors"
+
+
+def get_export_metadata(wildcards):
+    """The first training shard's metadata of the states the variant trained on (its layer numbering
+    and final-state kind)."""
+    states = f"{RESULTS}/{states_of(wildcards.variant)}hidden_states"
+    return f"{states}/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json"
+
+
+def variant_files(*patterns):
+    """An input function giving, for the job's {variant}, each pattern's file for every shard (a
+    pattern's {variant} is the job's); lists made once per variant, as in shard_files.
+    """
+    files = {
+        variant: [
+            path
+            for pattern in patterns
+            for path in expand(
+                pattern, shard=variant_shards(variant), variant=states_of(variant)
+            )
+        ]
+        for variant in VARIANTS
+    }
+
+    def get_variant_files(wildcards):
+        return files[wildcards.variant]
+
+    return get_variant_files
+
+
+def variant_output(output, variant=BASELINE):
+    """A draft rule's output pattern (with {variant}) for one variant."""
+    return expand(output, variant=variant)[0]
+
+
+# A variant's training states: its own train split; validation is always the main draft's (the
+# target's own validation traces, every shard), so every draft is measured on the same held-out data.
+# A learning-curve point trains on its k shards alone (no validation figures in its history): a shard
+# added later retrains no point whose k it leaves as it was, only remeasures it.
+get_variant_train_states = variant_files(
+    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors"
+)
+get_main_validation_states = shard_files(
+    f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"
+)
+
+
+def get_draft_validation_states(wildcards):
+    return [] if wildcards.variant in CURVE else get_main_validation_states(wildcards)
