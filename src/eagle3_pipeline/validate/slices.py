@@ -38,8 +38,6 @@ import torch
 from eagle3_pipeline.validate.acceptance import prefix_counts
 
 THINK_START, THINK_END = "<think>", "</think>"
-PARTS = ("thinking", "answer")
-REFERENCES = ("greedy", "sampled")  # the target's argmax; the trace's own (sampled) token
 
 
 def bucket_names(boundaries: Sequence[int]) -> list[str]:
