@@ -1,12 +1,15 @@
 """The report's pictures from a tiny finished results tree, and the baseline traces."""
 
+import json
+from pathlib import Path
+
 import polars as pl
 import pytest
 from PIL import Image
 from support.validate_results import write_finished_results
 
 from eagle3_pipeline.validate.baseline import BaselineError, baseline_frame, write_baseline_traces
-from eagle3_pipeline.validate.report import draw_report
+from eagle3_pipeline.validate.report import draw_report, read_figure_text
 
 NAMES = {
     "server": "server.html",
@@ -30,6 +33,36 @@ def test_every_picture_is_drawn(tmp_path, baseline):
     page = (tmp_path / "report" / "server.html").read_text()
     assert "kimi_k2" in page and "&lt;redacted&gt;" in page and "ExecStart=" in page
     assert "dropped.empty" in (tmp_path / "report" / "trace_stats.html").read_text()
+
+
+def _panel(path: str, title_start: str) -> dict:
+    return next(p for p in read_figure_text(path) if p["title"].startswith(title_start))
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_the_pictures_say_the_checks_verdict_and_the_served_figures(tmp_path, agree):
+    """What the report's figures claim is read back from them (the words each PNG carries): the served
+    check's verdict as serve_check.json states it, both drafts' served acceptance lengths, every
+    dataset source's value, and labelled axes."""
+    inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", True).items()}
+    serve_path = Path(inputs["serve_check"])
+    serve = json.loads(serve_path.read_text())
+    serve["offline_comparison"]["agree"] = agree
+    serve_path.write_text(json.dumps(serve))
+    outputs = {k: str(tmp_path / "report" / v) for k, v in NAMES.items()}
+    draw_report(inputs, outputs)
+    checked = _panel(outputs["acceptance"], "First i+1 draft tokens accepted")
+    assert ("checked pair agree" in checked["title"]) is agree
+    assert ("checked pair DISAGREE" in checked["title"]) is not agree
+    assert checked["ylabel"] == "acceptance rate" and "served, greedy" in checked["legend"]
+    length = _panel(outputs["acceptance"], "Acceptance length")
+    assert f"served by vLLM, greedy: {serve['acceptance_length']:.2f}" in length["legend"]
+    sources = _panel(outputs["acceptance"], "Served acceptance length by source")
+    assert sources["texts"] == [f"{v['acceptance_length']:.2f}" for v in serve["by_source"].values()]
+    baseline = json.loads(Path(inputs["baseline_serve_check"]).read_text())
+    versus = _panel(outputs["comparison"], "Acceptance length on the target's own outputs")
+    assert f"target's own traces, served: {serve['acceptance_length']:.2f}" in versus["legend"]
+    assert f"dataset answers (baseline), served: {baseline['acceptance_length']:.2f}" in versus["legend"]
 
 
 def test_baseline_rows_answer_with_the_original_and_rebuild_ids():

@@ -88,6 +88,21 @@ def test_matched_allowance_is_under_a_tenth_at_demo_size_and_catches_a_collapse(
     assert not broken["agree"] and not any(p["agree"] for p in broken["positions"])
 
 
+def test_matched_check_is_two_sided_served_far_above_the_replay_disagrees():
+    """A served figure far above its own replay is as wrong as one far below (a replay of another draft,
+    a served run that drafted nothing where the replay did): the check refuses both directions."""
+    replayed = [{"drafts": 40, "accepted_per_position": [10, 4, 2]} for _ in range(25)]  # 0.25/0.1/0.05
+    above = compare_matched({"drafts": 1000, "per_position_rate": [0.6, 0.4, 0.3]}, replayed, 0.02)
+    assert not above["agree"]
+    assert all(not p["agree"] and p["difference"] > p["allowed"] for p in above["positions"])
+    # just inside the allowance above the replay still agrees: the bound is symmetric, not shifted
+    first = above["positions"][0]
+    near = compare_matched(
+        {"drafts": 1000, "per_position_rate": [0.25 + 0.9 * first["allowed"], None, None]}, replayed, 0.02
+    )
+    assert near["agree"] and near["positions"][0]["difference"] > 0
+
+
 def test_special_token_ids_from_either_tokenizer_file(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 9, "content": "</think>"}]}))
     decoder = {"8": {"content": "<think>"}}

@@ -43,12 +43,41 @@ def _read_json(path: str | Path | None) -> Any:
     return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
 
 
+def figure_text(fig: plt.Figure) -> list[dict[str, Any]]:
+    """What each panel of a figure says in words: title, axis labels, legend entries, text drawn on it.
+    Written into the PNG (`read_figure_text`), so that a test or a reader checks what a picture claims,
+    not only that it exists."""
+    panels = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        panels.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                "texts": [t.get_text() for t in ax.texts],
+            }
+        )
+    return panels
+
+
+def read_figure_text(path: str | Path) -> list[dict[str, Any]]:
+    """The panels' words a PNG of this module carries (its `Description` text chunk)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text["Description"])
+
+
 def _save(fig: plt.Figure, path: str | Path) -> None:
     for ax in fig.axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, positions, k, tokens
     fig.tight_layout()
+    kind = Path(path).suffix.lstrip(".") or "png"
+    metadata = {"Description": json.dumps(figure_text(fig))} if kind == "png" else None
     with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
+        fig.savefig(tmp, dpi=110, format=kind, metadata=metadata)
     plt.close(fig)
 
 
