@@ -23,6 +23,7 @@ from eagle3_pipeline.server.secrets import (
     learn,
     redact_data,
     redact_unit_text,
+    scrub_patterns,
     secret_file_command,
     write_secret_file,
 )
@@ -247,3 +248,31 @@ def test_secret_file_goes_through_stdin(tmp_path: Path) -> None:
     assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert write_secret_file(LocalHost(), str(path), "short\n", sudo=False).ok
     assert path.read_text() == "short\n"  # replaced, not appended
+
+
+@pytest.mark.parametrize(
+    "dump",
+    [
+        "non-default args: {'model': '/m', 'api_key': ['first-secret-1234', 'second-secret-5678']}",
+        "non-default args: {'model': '/m', 'my_gateway_token': 'first-secret-1234', 'port': 8000}",
+        "{'extra': {'upstream_password': ['first-secret-1234', \"second-secret-5678\"]}, 'model': '/m'}",
+        '{"model": "/m", "OPENAI_API_KEYS": ["first-secret-1234", "second-secret-5678"]}',
+        "Namespace(model='/m', api_key=['first-secret-1234', 'second-secret-5678'], port=8000)",
+        "Namespace(model='/m', hf_token2='first-secret-1234', port=8000)",
+    ],
+    ids=["vllm-list", "unknown-key-scalar", "nested-unknown-list", "json-list", "namespace", "suffix"],
+)
+def test_argument_dumps_with_unknown_keys_and_list_values_are_redacted(dump: str) -> None:
+    """vLLM's start-up line prints its arguments as a Python dict (or a Namespace); a key named like a
+    secret hides its value, and every item of a list, whatever the key and wherever it stands, with
+    no redactor having seen the value before and without mangling what surrounds it."""
+    redactor = Redactor()
+    text = redactor.scrub(dump)
+    assert "first-secret-1234" not in text and "second-secret-5678" not in text, text
+    assert "/m" in text and REDACTED in text
+    assert text.count("[") == dump.count("[") and text.count("]") == dump.count("]"), text
+    collected = Redactor()
+    scrub_patterns(dump, collected)  # the snapshot's collecting pass remembers every item on its own
+    assert collected.matches("first-secret-1234")
+    if "second-secret-5678" in dump:
+        assert collected.matches("second-secret-5678")

@@ -3,7 +3,8 @@
 Four rules find a secret:
 - by name: variables and flags named like secrets (HF_TOKEN, *_KEY(S), *_TOKEN(S), *SECRET*, *PASSWORD*,
   credentials, `--api-key`, `--hf-token`), in `NAME=value`, `--flag value`, `--flag=value` and
-  `"name": "value"` / `'name': ['value']` (vLLM's own args dump) forms;
+  `"name": "value"` forms, and every item of a list under such a name: `'name': ['v1', 'v2']` (vLLM's
+  own args dump, whatever the key), `name=['v1']` (an argparse Namespace repr);
 - by shape: Hugging Face (`hf_`), OpenAI-style (`sk-`), GitHub (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`,
   `github_pat_`) and AWS (`AKIA`, `ASIA`) tokens, `Bearer TOKEN`, `user:password@` and `:password@` in
   URLs, JWTs;
@@ -30,7 +31,7 @@ from typing import Any
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(
-    r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|$)"
+    r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|\d|$)"  # HF_TOKEN2
     r"|_(API_?)?KEYS(_|$)|SECRET|PASSWORD|^HF_TOKEN$"  # OPENAI_API_KEYS; not _TOKENS (batched tokens)
 )
 # Values shorter than this are hidden where they sit under a secret name, but not looked for in free
@@ -65,7 +66,7 @@ _SHAPES = (
 )
 _NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
 _ASSIGNMENT = re.compile(
-    rf"""(?P<name>\b{_NAME})=(?P<value>"[^"]*"|'[^']*'|[^\s"']+)""",
+    rf"""(?P<name>\b{_NAME})=(?P<value>"[^"]*"|'[^']*'|[^\s"'\[][^\s"']*)""",  # a list: _LIST_VALUE
     re.IGNORECASE,
 )
 _FLAG_VALUE = re.compile(
@@ -75,6 +76,13 @@ _KEY_VALUE = re.compile(
     rf"""(?P<q>["'])(?P<name>-*{_NAME})(?P=q)(?P<sep>\s*:\s*\[?\s*)(?P<value>"[^"]*"|'[^']*')""",
     re.IGNORECASE,
 )
+# a secret-named key or attribute holding a list, in any dump: `'api_key': ['k1', 'k2']` (vLLM's
+# non-default args), `"API_KEYS": [...]` (JSON), `api_key=['k1']` (an argparse Namespace repr): every item
+_LIST_VALUE = re.compile(
+    rf"""(?P<head>(?P<q>["']?)(?P<name>-*{_NAME})(?P=q)\s*[:=]\s*\[)(?P<items>[^\]\n]*)\]""",
+    re.IGNORECASE,
+)
+_LIST_ITEM = re.compile(r""""[^"]*"|'[^']*'|[^\s,"'\[\]]+""")
 
 
 def is_secret_name(name: str) -> bool:
@@ -220,8 +228,26 @@ def scrub_patterns(text: str, redactor: Redactor | None = None) -> str:
         head = match.group(0)[: match.start("value") - match.start(0)]
         return f"{head}{quote}{REDACTED}{quote}"
 
+    def listed(match: re.Match[str]) -> str:
+        if not is_secret_name(match.group("name")):
+            return match.group(0)
+
+        def item(found: re.Match[str]) -> str:
+            value, quote = (
+                found.group(0).strip("\"'"),
+                found.group(0)[0] if found.group(0)[0] in "\"'" else "",
+            )
+            if not value or value == REDACTED or value.startswith("$") or value in {"None", "null"}:
+                return found.group(0)
+            if redactor is not None:
+                redactor.add(value)
+            return f"{quote}{REDACTED}{quote}"
+
+        return f"{match.group('head')}{_LIST_ITEM.sub(item, match.group('items'))}]"
+
     for pattern in _SHAPES:
         text = pattern.sub(shape, text)
+    text = _LIST_VALUE.sub(listed, text)  # before the scalar forms, which would take `[` for the value
     for pattern in (_ASSIGNMENT, _KEY_VALUE, _FLAG_VALUE):
         text = pattern.sub(named, text)
     return text
