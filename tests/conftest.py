@@ -14,7 +14,7 @@ out first.
 
 import pytest
 from support.costs import COUNTER
-from support.requirements import CHECKS, missing
+from support.requirements import CHECKS, FIXTURE_NEEDS, missing, unavailable
 
 pytest_plugins = [
     "support.vllm_server",  # first: the other plugins import its launcher
@@ -94,13 +94,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{module} uses the session fixture {fixture}: add it to SHARED_MODULES in "
                     f"tests/conftest.py as {group!r}, so that one xdist worker builds it once"
                 )
+        for fixture, need in FIXTURE_NEEDS.items():
+            if fixture in item.fixturenames and not item.get_closest_marker(need):
+                raise pytest.UsageError(
+                    f"{item.nodeid} takes {fixture}, which starts a service: mark it "
+                    f"@pytest.mark.{need} (support.requirements.FIXTURE_NEEDS)"
+                )
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: the files' order within a rank
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for need in CHECKS:
         if item.get_closest_marker(need) and (reason := missing(need)):
-            pytest.skip(reason)
+            unavailable(need, reason)  # a skip here, a failure under CI=true
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.hidden_states import trace_rows, write_traces
+from support.requirements import require
 from support.vllm_server import cpu_vllm_env
 
 from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
@@ -62,8 +63,7 @@ def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path) ->
 def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_rerun_resumes(
     hs_target, hs_tokenizer, tmp_path, cpu_env
 ):
-    if not VLLM_PYTHON.exists():
-        pytest.skip("needs vLLM CPU in .venv-vllm (make install-vllm)")
+    require("vllm")  # also under the module's marker: fails, not skips, under CI=true
     engine_dir = tmp_path / "engine"
     rows = trace_rows(hs_tokenizer, 24, shard=0)
     first = _job(tmp_path, write_traces(tmp_path / "a.parquet", rows[:4]), hs_target, "a", engine_dir)

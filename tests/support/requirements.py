@@ -2,7 +2,12 @@
 
 tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh` or `gpu` with the reason below when
 the machine lacks it; a session fixture that starts one of these services calls `require` first, so a
-test that takes the fixture skips with the same reason even without the marker.
+test that takes the fixture skips with the same reason (and conftest refuses, at collection, a test
+that takes such a fixture without the marker: FIXTURE_NEEDS).
+
+Under `CI=true` (how .ci/run is run) a missing requirement FAILS the test instead: CI installs and
+starts everything the tiers need, so a skip there would hide a broken install step (a runner with
+sshd but not root once skipped every SSH test and stayed green). Only `gpu` still skips: CI has none.
 """
 
 from __future__ import annotations
@@ -59,13 +64,39 @@ CHECKS: dict[str, Callable[[], str | None]] = {
 }
 
 
+# what CI never has, so a test needing it skips there too
+OPTIONAL_ON_CI = frozenset({"gpu"})
+
+# session and module fixtures that start a service -> the marker a test taking them must carry
+FIXTURE_NEEDS: dict[str, str] = {
+    "demo_vllm_server": "vllm",  # support.vllm_server
+    "vllm_server": "vllm",  # support.generation_server
+    "served_trained_draft": "vllm",  # support.served_drafts
+    "demo_e2e_workdir": "vllm",  # support.workflow
+    "sshd_server": "ssh",  # support.sshd
+}
+
+
+def on_ci() -> bool:
+    """True under .ci/run (CI=true), where a missing requirement is a failure, not a skip."""
+    return os.environ.get("CI", "").lower() in {"true", "1", "yes"}
+
+
 def missing(need: str) -> str | None:
     """Why `need` (a key of CHECKS) cannot run on this machine; None when it can."""
     return CHECKS[need]()
 
 
 def require(need: str) -> None:
-    """Skip the calling test (or fixture) with the reason when `need` is missing here."""
+    """Skip the calling test (or fixture) with the reason when `need` is missing here; under CI=true
+    fail it instead (but for OPTIONAL_ON_CI)."""
     reason = missing(need)
     if reason:
-        pytest.skip(reason)
+        unavailable(need, reason)
+
+
+def unavailable(need: str, reason: str) -> None:
+    """Skip (a developer's machine) or fail (CI, see the module docstring) for a missing `need`."""
+    if on_ci() and need not in OPTIONAL_ON_CI:
+        pytest.fail(f"CI=true and the machine lacks what `{need}` tests need: {reason}", pytrace=False)
+    pytest.skip(reason)

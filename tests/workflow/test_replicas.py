@@ -101,6 +101,8 @@ def shared_run(tmp_path_factory):
     return workdir, target, result
 
 
+@pytest.mark.slow
+@pytest.mark.vllm  # shared_run starts two real vLLM servers
 def test_two_servers_share_the_shards_under_their_caps(shared_run):
     workdir, _, result = shared_run
     results = workdir / "results" / RUN
@@ -134,6 +136,8 @@ def test_two_servers_share_the_shards_under_their_caps(shared_run):
 REPLICA_JOBS = {"snapshot_replica", "check_replica", "check_replicas", "preflight_replicas"}
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
 @pytest.mark.parametrize("change", ["removed", "another_added", "caps_changed"])
 def test_a_changed_list_of_replicas_reruns_no_finished_shard(shared_run, change):
     workdir, target, _ = shared_run
