@@ -109,8 +109,11 @@ def test_a_capped_run_never_holds_more_than_the_cap(demo_e2e_workdir, tmp_path):
     assert not list((results / "hidden_states").rglob("*.safetensors"))  # every window deleted
     history = json.loads((results / "draft" / "trained" / "history.json").read_text())
     assert [record["epoch"] for record in history] == list(range(EPOCHS))
-    assert (results / "draft" / "checkpoint" / "config.json").exists()
-    assert json.loads((results / "validation" / "offline.json").read_text())
+    exported = json.loads((results / "draft" / "checkpoint" / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
+    offline = json.loads((results / "validation" / "offline.json").read_text())
+    assert offline["anchors"] > 0 and len(offline["acceptance_length"]) == 3
+    assert all(1.0 <= a <= i + 2 for i, a in enumerate(offline["acceptance_length"])), offline
     jobs = set(re.findall(r"^(?:local)?rule (\w+):$", run.stderr, re.MULTILINE))
     assert {"extract_hidden_states", "train_draft_window", "validate_offline"} <= jobs, jobs
     assert not jobs & {"snapshot_server", "generate_shard", "stop_server"}  # no server, no generation
