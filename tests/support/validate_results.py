@@ -123,11 +123,17 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
         }
         if not key:  # the trained run's check as serve_check.py writes it now; the baseline's as before
             replayed = [{"drafts": 100, "accepted_per_position": [60, 40, 25]}]
-            figures["offline_comparison"] = compare_matched(figures, replayed, 0.02) | {"reference": "greedy"}
+            # as serve_check.py writes it now: the sampled pair decides, the greedy one is a diagnostic
+            figures["offline_comparison"] = compare_matched(figures, replayed, 0.02) | {
+                "reference": "greedy",
+                "enforced": False,
+            }
+            figures["ci95"] = [figures["acceptance_length"] - 0.1, figures["acceptance_length"] + 0.1]
             sampled = {"acceptance_length": 2.2, "per_position_rate": [0.62, 0.38, 0.27], "drafts": 90}
-            figures["sampled"] = sampled
+            figures["sampled"] = sampled | {"ci95": [2.05, 2.35]}
             figures["sampled_comparison"] = compare_matched(sampled, replayed, 0.02) | {
-                "reference": "sampled"
+                "reference": "sampled",
+                "enforced": True,
             }
             figures["by_source"] = {
                 source: {"acceptance_length": length, "drafts": 30} for source, length in SOURCES.items()

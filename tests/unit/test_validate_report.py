@@ -47,16 +47,20 @@ def test_the_pictures_say_the_checks_verdict_and_the_served_figures(tmp_path, ag
     inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", True).items()}
     serve_path = Path(inputs["serve_check"])
     serve = json.loads(serve_path.read_text())
-    serve["offline_comparison"]["agree"] = agree
+    serve["sampled_comparison"]["agree"] = agree  # the enforced pair
+    serve["offline_comparison"]["agree"] = not agree  # the greedy diagnostic says the opposite
     serve_path.write_text(json.dumps(serve))
     outputs = {k: str(tmp_path / "report" / v) for k, v in NAMES.items()}
     draw_report(inputs, outputs)
     checked = _panel(outputs["acceptance"], "First i+1 draft tokens accepted")
-    assert ("checked pair agree" in checked["title"]) is agree
-    assert ("checked pair DISAGREE" in checked["title"]) is not agree
+    assert ("checked pair (sampled) agree" in checked["title"]) is agree
+    assert ("checked pair (sampled) DISAGREE" in checked["title"]) is not agree
     assert checked["ylabel"] == "acceptance rate" and "served, greedy" in checked["legend"]
     length = _panel(outputs["acceptance"], "Acceptance length")
-    assert f"served by vLLM, greedy: {serve['acceptance_length']:.2f}" in length["legend"]
+    low, high = serve["ci95"]
+    greedy = f"served by vLLM, greedy: {serve['acceptance_length']:.2f} [{low:.2f}, {high:.2f}]"
+    assert greedy in length["legend"], length["legend"]
+    assert "served by vLLM, generation's sampling: 2.20 [2.05, 2.35]" in length["legend"]
     sources = _panel(outputs["acceptance"], "Served acceptance length by source")
     assert sources["texts"] == [f"{v['acceptance_length']:.2f}" for v in serve["by_source"].values()]
     baseline = json.loads(Path(inputs["baseline_serve_check"]).read_text())

@@ -136,18 +136,19 @@ def test_the_target_alone_runs_without_any_speculative_config():
 
 @pytest.mark.parametrize(("tolerance", "raises"), [(0.02, True), (None, False)])
 def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(tmp_path, tolerance, raises):
-    """The greedy run against its greedy replay decides; the sampled run is compared and reported."""
+    """The run at the generation's own sampling against its sampled replay decides (what production
+    serves); the greedy run is compared and reported, a diagnostic."""
     import json
 
     from eagle3_pipeline.validate.serve_check import check_against_offline
 
     ids = {"question_ids": ["a", "b"], "failed": {}}
-    greedy = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
-    sampled = served("vllm-0.32.0-metrics-trained-draft.txt") | ids | {"sampling": {"temperature": 0.6}}
+    greedy = served("vllm-0.32.0-metrics-trained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
+    sampled = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.6}}
     result = greedy | {"sampled": sampled}
     trained = {"drafts": 50, "accepted_per_position": [40, 30, 20]}
-    like_sampled = {"drafts": 35, "accepted_per_position": [32, 28, 26]}  # the sampled run's own rates
-    replay = {q: {"greedy": trained, "sampled": like_sampled} for q in ("a", "b", "c")}
+    like_greedy = {"drafts": 35, "accepted_per_position": [32, 28, 26]}  # the greedy run's own rates
+    replay = {q: {"greedy": like_greedy, "sampled": trained} for q in ("a", "b", "c")}
     offline = offline_with([0.85, 0.72, 0.62]) | {
         "served_replay": {"num_speculative_tokens": 3, "samples": replay}
     }
@@ -157,15 +158,30 @@ def test_the_check_fails_on_a_matched_disagreement_unless_the_tolerance_is_null(
         with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.800"):
             check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
         kept = json.loads((tmp_path / "work" / "serve_check.rejected.json").read_text())
-        assert kept["offline_comparison"]["agree"] is False and kept["offline_comparison"]["questions"] == 2
+        assert kept["sampled_comparison"]["agree"] is False and kept["sampled_comparison"]["questions"] == 2
     else:
         check_against_offline(result, tmp_path / "offline.json", validate, tmp_path / "work")
-        assert result["offline_comparison"]["agree"] is False and not result["offline_comparison"]["enforced"]
-    assert result["offline_comparison"]["reference"] == "greedy"
-    sampled_check = result["sampled_comparison"]
-    assert (
-        sampled_check["reference"] == "sampled" and sampled_check["agree"] and not sampled_check["enforced"]
-    )
+        assert result["sampled_comparison"]["agree"] is False and not result["sampled_comparison"]["enforced"]
+    assert result["sampled_comparison"]["reference"] == "sampled"
+    greedy_check = result["offline_comparison"]
+    assert greedy_check["reference"] == "greedy" and greedy_check["agree"] and not greedy_check["enforced"]
+
+
+def test_without_a_sampled_run_the_first_run_decides(tmp_path):
+    import json
+
+    from eagle3_pipeline.validate.serve_check import check_against_offline
+
+    ids = {"question_ids": ["a", "b"], "failed": {}}
+    result = served("vllm-0.32.0-metrics-untrained-draft.txt") | ids | {"sampling": {"temperature": 0.0}}
+    trained = {"drafts": 50, "accepted_per_position": [40, 30, 20]}
+    offline = offline_with([0.85, 0.72, 0.62]) | {
+        "served_replay": {"num_speculative_tokens": 3, "samples": {q: {"greedy": trained} for q in "ab"}}
+    }
+    (tmp_path / "offline.json").write_text(json.dumps(offline))
+    with pytest.raises(ServeCheckError, match="position 0: served 0.000 vs offline 0.800"):
+        check_against_offline(result, tmp_path / "offline.json", ValidateSettings(), tmp_path / "work")
+    assert result["offline_comparison"]["enforced"] and "sampled_comparison" not in result
 
 
 def test_a_source_that_fails_is_reported_and_the_others_measured():
@@ -225,3 +241,22 @@ def test_no_speedup_when_production_was_not_running_before_the_check(scripted_en
     figures = production_speedup(server, {}, {}, _common(tmp_path, []), ValidateSettings(speedup=True))
     assert figures["speedup"] is None and "not serving after the restore" in figures["reason"]
     assert not scripted_endpoint.requests
+
+
+def test_the_layers_vllm_logs_must_be_the_trained_ones(tmp_path):
+    import json
+
+    from eagle3_pipeline.validate.spec_decode import served_layers
+
+    (tmp_path / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}))
+    v1 = "INFO gpu_model_runner.py:5244] Using auxiliary layers from speculative config: (2, 4, 5)\n"
+    assert served_layers(v1, tmp_path)["served"] == [2, 4, 5]
+    v2 = "INFO eagle3_utils.py:30] Using Eagle3 auxiliary layers from model: (2, 4, 6)\n"
+    with pytest.raises(
+        ServeCheckError, match=r"auxiliary layers \[2, 4, 6\] \(from the model\).*\[2, 4, 5\]"
+    ):
+        served_layers(v2, tmp_path)
+    off_by_one = v1.replace("(2, 4, 5)", "(1, 3, 4)")
+    with pytest.raises(ServeCheckError, match="hidden_states.layers"):
+        served_layers(off_by_one, tmp_path)
+    assert served_layers("no such line\n", tmp_path)["served"] is None

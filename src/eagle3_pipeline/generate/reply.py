@@ -56,7 +56,9 @@ def parse_completion(data: Any) -> dict[str, Any]:
     prompt_ids = data.get("prompt_token_ids")
     completion_ids = choice.get("token_ids")
     usage = data.get("usage") or {}
-    return {
+    # vLLM >= 0.32 with --per-request-spec-decode-metrics: this reply's own draft counts (the serve check)
+    spec_decode = (data.get("metrics") or {}).get("speculative_decoding")
+    return ({"spec_decode": spec_decode} if isinstance(spec_decode, dict) else {}) | {
         "reasoning": reasoning,
         "content": content,
         "finish_reason": choice.get("finish_reason"),

@@ -428,19 +428,29 @@ def eagle3_draft(checkpoint_dir: str, num_speculative_tokens: int) -> dict[str, 
     return {"method": "eagle3", "model": model, "num_speculative_tokens": num_speculative_tokens}
 
 
+def supports_per_request_metrics(vllm_version: str | None) -> bool:
+    """Whether a vLLM takes `--per-request-spec-decode-metrics` (0.32 and later; an unknown version is
+    not trusted with a flag it may refuse at start)."""
+    match = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (0, 32)
+
+
 def serving_argv(
     vllm_words: list[str],
     speculative_config: dict[str, Any] | None = None,
     host: str | None = None,
     port: int | None = None,
     enforce_eager: bool = False,
+    per_request_metrics: bool = False,
 ) -> list[str]:
     """A vLLM command line re-pointed for the serve check: its own --speculative-config dropped (and
     `speculative_config` set instead, see `eagle3_draft`), --host/--port replaced when given,
     --enforce-eager added when asked (vLLM 0.32's CPU build feeds an EAGLE-3 draft's fc 1x hidden
-    instead of 3x without it).
+    instead of 3x without it), and with `per_request_metrics` each reply's own draft counts
+    (`--per-request-spec-decode-metrics summary`: the matched check's paired questions).
     Flags match in both spellings (`--port 1`, `--port=1`, underscores for dashes)."""
     drop = {"--speculative-config"} | ({"--host"} if host else set()) | ({"--port"} if port else set())
+    drop |= {"--per-request-spec-decode-metrics"} if per_request_metrics and speculative_config else set()
     words, skip = [], False
     for word in vllm_words:
         if skip:
@@ -459,6 +469,8 @@ def serving_argv(
     words += ["--port", str(port)] if port else []
     if enforce_eager and "--enforce-eager" not in {_flag_name(w) for w in words}:
         words.append("--enforce-eager")
+    if per_request_metrics and speculative_config:
+        words += ["--per-request-spec-decode-metrics", "summary"]
     return words
 
 

@@ -90,6 +90,7 @@ def point(
         "conditional": offline["conditional"],
         "acceptance_length": offline["acceptance_length"],
         "mean_accepted_length": offline["acceptance_length"][steps - 1],
+        "ci95": (offline.get("ci95") or [None] * steps)[steps - 1],  # at k, question-level
     }
 
 

@@ -34,6 +34,7 @@ def run_local_serve_check(
     request_timeout_s: float = 600.0,
     matched: tuple[list[dict], Sampling] | None = None,
     port_range: tuple[int, int] = LOCAL_PORTS,
+    per_request_metrics: bool = False,
 ) -> dict[str, Any]:
     """Serve the local unit file's target with the draft on a free port, measure, stop it (always).
 
@@ -49,16 +50,17 @@ def run_local_serve_check(
         matched: questions and sampling of a second run on the same server, its figures under "sampled"
             (the generation's sampling: `serve_check.matched_sampling`).
         port_range: the ports tried, first free wins.
+        per_request_metrics: ask vLLM for each reply's draft counts (vllm_args.supports_per_request_metrics).
     """
     from eagle3_pipeline.server import api_key
     from eagle3_pipeline.validate.served_figures import measure_by_source
-    from eagle3_pipeline.validate.spec_decode import measure
+    from eagle3_pipeline.validate.spec_decode import measure, served_layers
 
     argv, env, cwd = local_command(server)
     draft = eagle3_draft(str(checkpoint_dir), validate.num_speculative_tokens)
 
     def served(port: int) -> list[str]:
-        words = serving_argv(argv, draft, "127.0.0.1", port, validate.enforce_eager)
+        words = serving_argv(argv, draft, "127.0.0.1", port, validate.enforce_eager, per_request_metrics)
         log.info("serving the draft: %s", " ".join(words))
         return words
 
@@ -66,6 +68,7 @@ def run_local_serve_check(
     handle, base_url = serve_local(served, env, cwd, Path(state_dir), server.start_timeout_s, port_range)
     key = api_key(server)
     try:
+        layers = served_layers(handle.log_path.read_text(errors="replace"), checkpoint_dir)
         result = measure_by_source(
             lambda group: measure(base_url, group, sampling, key, concurrency, request_timeout_s), questions
         )
@@ -73,7 +76,7 @@ def run_local_serve_check(
             result["sampled"] = measure(base_url, *matched, key, concurrency, request_timeout_s)
     finally:
         handle.stop()
-    return result | {"mode": "local", "base_url": base_url}
+    return result | {"mode": "local", "base_url": base_url, "auxiliary_layers": layers}
 
 
 def run_local_without_draft(

@@ -4,18 +4,22 @@ questions against the same run replayed offline along those questions' validatio
 verification step), the same max_tokens and the same acceptance rule (greedy: the target's argmax;
 sampled: the trace's token, accepted with the same probability).
 
-Per position i, with r the replayed rate (drafts whose first i+1 tokens were accepted / drafts) over D
-replayed drafts and d served drafts:
+Per position i, the served share of drafts whose first i+1 tokens were accepted is compared with the
+replayed share over the same questions:
 
-    |served_i - r| <= tolerance + Z * sqrt(r(1-r)/D + r(1-r)/d)
+    |served_i - replayed_i| <= tolerance + Z * SE_i
 
-Both sides ask the same questions, so how hard each question is cancels out; what remains is taken here
-as binomial over drafts. Drafts within one reply are correlated (a repetitive stretch is accepted
-throughout), so this understates the noise somewhat: the systematic allowance
-(validate.served_offline_tolerance; bf16 kernels against the fp32 replay, a greedy reply leaving the
-sampled trace's context, the last draft of each reply, which the replay leaves out) absorbs that too
-and is set from matched runs (docs/validation.md). A draft served with another vocabulary map, norm or
-layer than it was trained with falls below it wherever that costs acceptance.
+where SE_i is the paired question-level bootstrap standard error of served minus replayed
+(validate/intervals.py): both sides are resampled by question together, so how hard each question is
+cancels, and drafts within one reply are not taken as independent (they are not: a repetitive stretch
+is accepted throughout; the binomial error over drafts understated the noise about 2.4-fold). The
+served side comes from vLLM's per-request counts (`--per-request-spec-decode-metrics`, vLLM >= 0.32);
+a server without them falls back to the binomial error over drafts, sqrt(r(1-r)/D + r(1-r)/d), and
+says so ("allowance"). The systematic allowance (validate.served_offline_tolerance: bf16 kernels
+against the fp32 replay, a greedy reply leaving the sampled trace's context, the last draft of each
+reply, which the replay leaves out) is set from matched runs (docs/validation.md). A draft served
+with another vocabulary map, norm, layer or epoch than the replay's falls below it wherever that costs
+acceptance; one served far above its replay is refused as well (the check is two-sided).
 """
 
 from __future__ import annotations
@@ -47,32 +51,50 @@ def replayed_rate(replayed: Sequence[Mapping[str, Any]], position: int) -> tuple
 
 
 def compare_matched(
-    served: Mapping[str, Any], replayed: Sequence[Mapping[str, Any]], tolerance: float, z: float = Z
+    served: Mapping[str, Any],
+    replayed: Sequence[Mapping[str, Any]],
+    tolerance: float,
+    z: float = Z,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Served (serve_check's "sampled" figures: per_position_rate, drafts) against the replay of the same
-    questions, position by position (module docstring)."""
+    """Served (a serve_check run's figures: per_position_rate, drafts, and per_question when the server
+    gave per-request counts) against the replay of the same questions (`replayed`, in `ids` order),
+    position by position (module docstring)."""
+    paired = _paired(served, replayed, ids)
     served_drafts, positions = int(served.get("drafts") or 0), []
     for i, served_rate in enumerate(served.get("per_position_rate") or []):
         rate, drafts = replayed_rate(replayed, i)
         if served_rate is None or rate is None:
             continue
-        variance = rate * (1 - rate)
-        error = math.sqrt(variance / drafts + variance / max(served_drafts, 1))
+        if paired is not None:
+            difference, error = paired["difference"][i], paired["standard_error"][i]
+            served_rate = rate + difference  # over the paired questions' own counts
+        else:
+            variance = rate * (1 - rate)
+            difference = served_rate - rate
+            error = math.sqrt(variance / drafts + variance / max(served_drafts, 1))
         allowed = tolerance + z * error
         positions.append(
             {
                 "position": i,
                 "served": served_rate,
                 "offline": rate,
-                "difference": served_rate - rate,
+                "difference": difference,
                 "standard_error": error,
                 "allowed": allowed,
-                "agree": abs(served_rate - rate) <= allowed,
+                "agree": abs(difference) <= allowed,
             }
+            | ({"ci95": paired["ci95"][i]} if paired is not None else {})
         )
+    allowance = (
+        f"paired question bootstrap ({paired['draws']} draws, seed {paired['seed']})"
+        if paired is not None
+        else "binomial over drafts (the server gave no per-request counts)"
+    )
     return {
         "agree": bool(positions) and all(p["agree"] for p in positions),
         "matched": "served against the same run replayed along the questions' traces",
+        "allowance": allowance,
         "tolerance": tolerance,
         "z": z,
         "drafts": served_drafts,
@@ -80,3 +102,22 @@ def compare_matched(
         "questions": len(replayed),
         "positions": positions,
     }
+
+
+def _paired(
+    served: Mapping[str, Any], replayed: Sequence[Mapping[str, Any]], ids: Sequence[str] | None
+) -> dict[str, Any] | None:
+    """The paired bootstrap of served minus replayed over the questions both sides counted, or None
+    when the served run has no per-question counts for them (or too few questions to resample)."""
+    from eagle3_pipeline.validate.intervals import paired_differences
+
+    per_question = served.get("per_question") or {}
+    if ids is None or not per_question:
+        return None
+    pairs = [(per_question[i], r) for i, r in zip(ids, replayed, strict=True) if i in per_question]
+    if len(pairs) < 2:
+        return None
+    return paired_differences(
+        [(s["drafts"], s["accepted_per_position"]) for s, _ in pairs],
+        [(r["drafts"], r["accepted_per_position"][: len(s["accepted_per_position"])]) for s, r in pairs],
+    )

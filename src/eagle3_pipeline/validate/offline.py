@@ -38,6 +38,7 @@ from eagle3_pipeline.draft.model import Eagle3Draft, KVCache, shift_left
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.hidden_states.storage import HiddenStateShard
 from eagle3_pipeline.validate.acceptance import merge_counts, offline_acceptance, prefix_counts
+from eagle3_pipeline.validate.intervals import acceptance_interval
 from eagle3_pipeline.validate.slices import (
     answer_start,
     merge_slices,
@@ -243,11 +244,15 @@ def evaluate(
     merged = merge_counts([p for p in parts if p["anchors"]])
     result = offline_acceptance(merged["prefix"], merged["step_right"], int(merged["anchors"]))
     loss_tokens = sum(p["loss"] for p in parts)
+    every_anchor = acceptance_interval([(p["anchors"], p["prefix"]) for p in parts if p["anchors"]])
     return {
         "reference": "target_argmax",
         "steps": steps,
         "samples": len(parts),
         **result.to_dict(),
+        "ci95": every_anchor["ci95"],  # per k, question-level (validate/intervals.py)
+        "interval": {key: every_anchor[key] for key in ("questions", "draws", "seed", "unit")},
+        "replayed": replayed_figures(parts),
         "prefix_counts": merged["prefix"],
         "trace_greedy_agreement": sum(p["greedy_agree"] for p in parts) / loss_tokens
         if loss_tokens
@@ -265,6 +270,21 @@ def evaluate(
         },
         "checkpoint": str(checkpoint_dir),
         "shards": [str(p) for p in shard_paths],
+    }
+
+
+def replayed_figures(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The served run replayed along every validation trace (drafts only where vLLM drafts: after each
+    verification step), per reference, as an acceptance length per k with its question-level interval:
+    the offline figure a served one is compared with (offline.json's "acceptance_length" counts every
+    completion position instead, and reads higher)."""
+    replays = [p["replay"] for p in parts if p.get("replay")]
+    return {
+        reference: acceptance_interval(
+            [(r[reference]["drafts"], r[reference]["accepted_per_position"]) for r in replays]
+        )
+        for reference in ("greedy", "sampled")
+        if replays
     }
 
 

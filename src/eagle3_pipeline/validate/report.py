@@ -207,17 +207,24 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
     ]
     for run, marker, size, name in runs:
         if run.get("acceptance_length") is not None:
-            axes[1].plot(
+            value, interval = run["acceptance_length"], run.get("ci95")
+            axes[1].errorbar(
                 [served["num_speculative_tokens"]],
-                [run["acceptance_length"]],
-                marker,
+                [value],
+                yerr=[[value - interval[0]], [interval[1] - value]] if interval else None,
+                fmt=marker,
                 markersize=size,
-                label=f"served by vLLM, {name}: {run['acceptance_length']:.2f}",
+                capsize=4,
+                label=f"served by vLLM, {name}: {value:.2f}" + (_ci_text(interval) if interval else ""),
             )
     axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
     axes[1].legend(fontsize=8)
     _by_source(axes[2], served)
     _save(fig, output)
+
+
+def _ci_text(interval: list[float]) -> str:
+    return f" [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, Any] | None) -> None:
@@ -229,8 +236,9 @@ def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, 
         "offline, every anchor": [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
     }
     served = served or {}
-    comparison = served.get("offline_comparison")
-    for figures in (comparison, served.get("sampled_comparison")):
+    pairs = [served.get("offline_comparison"), served.get("sampled_comparison")]
+    comparison = enforced_comparison(served)
+    for figures in pairs:
         if figures and figures.get("reference"):
             series[f"replayed, {figures['reference']}"] = [p["offline"] for p in figures["positions"]]
             series[f"served, {figures['reference']}"] = [p["served"] for p in figures["positions"]]
@@ -248,7 +256,15 @@ def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, 
                 p["position"] + 1 + offset, p["offline"], yerr=p["allowed"], fmt="none", ecolor="k", capsize=4
             )
         verdict = "agree" if comparison["agree"] else "DISAGREE"
-        ax.set_title(f"First i+1 draft tokens accepted\nchecked pair {verdict} (whiskers: allowed)")
+        which = comparison.get("reference") or "served"
+        ax.set_title(f"First i+1 draft tokens accepted\nchecked pair ({which}) {verdict} (whiskers: allowed)")
+
+
+def enforced_comparison(served: dict[str, Any]) -> dict[str, Any] | None:
+    """The matched comparison that decided the serve check (its "enforced" flag), else the first one."""
+    pairs = [served.get("sampled_comparison"), served.get("offline_comparison")]
+    pairs = [p for p in pairs if p]
+    return next((p for p in pairs if p.get("enforced")), pairs[-1] if pairs else None)
 
 
 def _by_source(ax: plt.Axes, served: dict[str, Any] | None) -> None:

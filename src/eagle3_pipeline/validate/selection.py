@@ -84,6 +84,7 @@ def candidate(epoch: int, history: Sequence[Mapping[str, Any]], offline: Mapping
         "validation_loss": validation.get("loss"),
         "conditional": offline["conditional"],
         "acceptance_length": offline["acceptance_length"],
+        "ci95": offline.get("ci95"),  # per k, question-level
         "anchors": offline["anchors"],
     }
 

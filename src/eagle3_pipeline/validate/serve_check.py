@@ -130,9 +130,11 @@ def serve_check(
     }
     local = not backend_for(server, Path(work_dir)).can_install_dropin  # a process the pipeline runs
     if local:
+        from eagle3_pipeline.server.vllm_args import supports_per_request_metrics
         from eagle3_pipeline.validate.local_vllm import run_local_serve_check
 
-        result = run_local_serve_check(server, validate, **common)
+        per_request = supports_per_request_metrics(server_json.get("vllm_version"))
+        result = run_local_serve_check(server, validate, per_request_metrics=per_request, **common)
     else:
         from eagle3_pipeline.validate.production_check import run_remote_serve_check
 
@@ -169,7 +171,7 @@ def serve_check(
 SAMPLED_KEYS = (
     "acceptance_length", "accepted_per_position", "accepted_tokens", "answered", "completion_tokens",
     "conditional", "draft_acceptance_rate", "draft_tokens", "drafts", "failed", "per_position_rate",
-    "questions", "seconds", "tokens_per_s",
+    "questions", "seconds", "tokens_per_s", "per_question", "ci95", "interval",
 )  # fmt: skip
 
 
@@ -253,10 +255,11 @@ def _group_asker(
 def check_against_offline(
     result: dict[str, Any], offline_path: str | Path | None, validate: ValidateSettings, work_dir: str | Path
 ) -> None:
-    """Add the matched comparisons (validate/matched.py) to `result`: "offline_comparison", the first run
-    (greedy by default) against its offline replay, enforced unless validate.served_offline_tolerance is
-    null, and "sampled_comparison", the run at the generation's sampling against its replay, reported.
-    Raise ServeCheckError when the enforced one disagrees (the figures kept in
+    """Add the matched comparisons (validate/matched.py) to `result`: "sampled_comparison", the run at
+    the generation's own sampling (what production serves) against its replay, enforced unless
+    validate.served_offline_tolerance is null, and "offline_comparison", the first run (greedy by
+    default) against its replay, a diagnostic (enforced only when there is no sampled run). Raise
+    ServeCheckError when the enforced one disagrees (the figures kept in
     work_dir/serve_check.rejected.json)."""
     from eagle3_pipeline.validate.matched import compare_matched, reference_of, replayed_counts
     from eagle3_pipeline.validate.served_figures import REPORTED_TOLERANCE, disagreement_message
@@ -271,16 +274,17 @@ def check_against_offline(
         answered = [i for i in run["question_ids"] if i not in run.get("failed", {})]
         reference = reference_of(run["sampling"])
         replayed = replayed_counts(offline, answered, reference)
-        return compare_matched(run, replayed, allowance) | {"reference": reference}
+        return compare_matched(run, replayed, allowance, ids=answered) | {"reference": reference}
 
-    comparison = matched(result)
-    result["offline_comparison"] = comparison | {"enforced": tolerance is not None}
-    if result.get("sampled"):
-        result["sampled_comparison"] = matched(result["sampled"]) | {"enforced": False}
-    if tolerance is not None and not comparison["agree"]:
+    sampled = matched(result["sampled"]) if result.get("sampled") else None
+    result["offline_comparison"] = matched(result) | {"enforced": tolerance is not None and sampled is None}
+    if sampled is not None:
+        result["sampled_comparison"] = sampled | {"enforced": tolerance is not None}
+    decisive = result["sampled_comparison" if sampled is not None else "offline_comparison"]
+    if tolerance is not None and not decisive["agree"]:
         kept = Path(work_dir) / "serve_check.rejected.json"
         write_json(result, kept)
-        raise ServeCheckError(f"{disagreement_message(comparison)} (figures: {kept})")
+        raise ServeCheckError(f"{disagreement_message(decisive)} (figures: {kept})")
 
 
 def write_json(data: dict[str, Any], path: str | Path) -> None:

@@ -29,6 +29,7 @@ from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.settings import ValidateSettings, field_default
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters
+from eagle3_pipeline.validate.spec_decode import with_interval
 
 Z = 3.0  # standard errors allowed on top of the systematic tolerance (about 1 in 370 per position)
 # The allowance a comparison is reported with when validate.served_offline_tolerance is null (not
@@ -143,9 +144,11 @@ def measure_by_source(
     )
     tokens, seconds = sum(p["completion_tokens"] for p in parts), sum(p["seconds"] for p in parts)
     keys = ("questions", "answered", "drafts", "acceptance_length", "per_position_rate")
-    keys += ("completion_tokens", "seconds", "tokens_per_s")
+    keys += ("completion_tokens", "seconds", "tokens_per_s", "ci95")
+    per_question = {k: v for p in parts for k, v in (p.get("per_question") or {}).items()}
     return {
         **overall.to_dict(),
+        **with_interval(per_question),
         "questions": len(questions),
         "answered": sum(p["answered"] for p in parts),
         "failed": {k: v for p in parts for k, v in p["failed"].items()},
@@ -154,7 +157,9 @@ def measure_by_source(
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "counters_before": parts[0]["counters_before"],
         "counters_after": parts[-1]["counters_after"],
-        "by_source": {source: {key: part[key] for key in keys} for source, part in by_source.items()}
+        "by_source": {
+            source: {key: part[key] for key in keys if key in part} for source, part in by_source.items()
+        }
         | errors,
     }
 

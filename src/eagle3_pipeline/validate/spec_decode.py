@@ -5,6 +5,8 @@ vLLM's spec-decode counters read before and after: the serve check's measurement
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +73,61 @@ def ask(
     return asyncio.run(run())
 
 
+# vLLM's V1 runner (the CPU build): "Using auxiliary layers from speculative config: (2, 4, 5)"; Model
+# Runner V2 (CUDA): "Using Eagle3 auxiliary layers from config: ..." or "... from model: ..." (its default)
+_AUX_LAYERS_LOGGED = re.compile(
+    r"Using (?:Eagle3 )?auxiliary layers from (speculative config|config|model): \(([\d,\s]*)\)"
+)
+
+
+def served_layers(server_log: str, checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The auxiliary layer ids vLLM says it feeds the draft (its start-up log) against the ids the draft
+    was trained on (its config.json's `eagle_aux_hidden_state_layer_ids`, vLLM's numbering).
+
+    Raises:
+        ServeCheckError: vLLM uses other layers than the trained ones (an off-by-one here cut acceptance
+            to ~1.04 in vLLM PR 50170); nothing is measured on such a server.
+    """
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    trained = config.get("eagle_aux_hidden_state_layer_ids")
+    found = _AUX_LAYERS_LOGGED.findall(server_log)
+    if not found:
+        return {"trained": trained, "served": None, "source": "vLLM logged no auxiliary layer ids"}
+    origin, ids = found[-1]
+    served = [int(i) for i in ids.replace(" ", "").split(",") if i]
+    if trained is not None and served != list(trained):
+        raise ServeCheckError(
+            f"vLLM feeds the draft auxiliary layers {served} (from the {origin}) but it was trained on "
+            f"{list(trained)}: check eagle_aux_hidden_state_layer_ids in {checkpoint_dir}/config.json and "
+            "hidden_states.layers"
+        )
+    return {"trained": trained, "served": served, "source": f"vLLM's log (from the {origin})"}
+
+
+def question_counts(spec: dict[str, Any]) -> dict[str, Any]:
+    """One reply's draft counts from vLLM's per-request metrics (`metrics.speculative_decoding`): its
+    verify steps (drafts) and how many accepted their first i+1 tokens, the counters' own shape.
+    `acceptance_histogram[j]` counts the steps that accepted exactly j draft tokens."""
+    histogram = [int(n) for n in spec["acceptance_histogram"]]
+    k = len(histogram) - 1
+    return {"drafts": sum(histogram), "accepted_per_position": [sum(histogram[i + 1 :]) for i in range(k)]}
+
+
+def with_interval(per_question: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A served run's per-question counts and the question-level 95% interval of its acceptance length
+    at the served k (validate/intervals.py); nothing when the server gave no per-request metrics."""
+    from eagle3_pipeline.validate.intervals import acceptance_interval
+
+    if not per_question:
+        return {}
+    interval = acceptance_interval([(c["drafts"], c["accepted_per_position"]) for c in per_question.values()])
+    return {
+        "per_question": per_question,
+        "ci95": interval["ci95"][-1] if interval["ci95"] else None,
+        "interval": {key: interval[key] for key in ("questions", "draws", "seed", "unit")},
+    }
+
+
 def settled_counters(
     read: Callable[[], SpecDecodeCounters], interval_s: float = 0.5, timeout_s: float = 15.0
 ) -> SpecDecodeCounters:
@@ -116,8 +173,14 @@ def measure(
     if acceptance.drafts == 0:
         raise ServeCheckError(f"{base_url} answered but drafted nothing: is --speculative-config applied?")
     completion_tokens = sum(o["completion_tokens"] or 0 for o in ok)
+    per_question = {
+        q["id"]: question_counts(o["spec_decode"])
+        for q, o in zip(questions, outcomes, strict=True)
+        if o["status"] == "ok" and o.get("spec_decode")
+    }
     return {
         **acceptance.to_dict(),
+        **with_interval(per_question),
         "questions": len(questions),
         "answered": len(ok),
         "failed": {
