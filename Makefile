@@ -26,8 +26,9 @@ conda-envs:
 demo: install
 	source .venv/bin/activate && snakemake --cores $(CORES)
 
+# the plan of a config, no weights, GPUs or network needed: make plan CONFIG=config/examples/kimi-k2.5-8gpu.yaml
 plan: install-pipeline
-	source .venv/bin/activate && snakemake -n
+	source .venv/bin/activate && snakemake -n --configfile $(CONFIG)
 
 # extraction's cost before a run, one JSON object: make cost CONFIG=config/examples/kimi-k2.5-8gpu.yaml
 CONFIG ?= config/config.yaml

@@ -121,6 +121,28 @@ if VLLM_ENGINE:
             f"{LOGS}/stop_extraction_engine/{BASELINE}hidden_states/engine.log",
 
 
+# Where the target's weights are not on this machine (TARGET_ABSENT, rules/common/inputs.smk), the jobs
+# that read them wait on this job instead of target.model's config.json: a dry run plans every job, and
+# a real run stops here at once, naming the folder (no job has the weights to read).
+if TARGET_ABSENT:
+    from snakemake.exceptions import WorkflowError
+
+    localrules:
+        require_target_weights,
+
+    rule require_target_weights:
+        output:
+            get_target_config(),
+        log:
+            f"{LOGS}/require_target_weights.log",
+        message:
+            f"the target's weights are not on this machine ({TARGET_CONFIG}: target.model): a real "
+            "run stops here; the plan is made from the config alone"
+        run:
+            Path(log[0]).write_text(target_absent_message() + "\n")
+            raise WorkflowError(target_absent_message())
+
+
 onsuccess:
     stop_engines()
 

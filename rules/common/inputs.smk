@@ -1,5 +1,7 @@
 # The inputs of the first stages: the unit file, the dataset, the selection blocks and prompt shards,
-# the target's config.
+# the target's config (rule require_target_weights, rules/hidden_states.smk, stands in where it is absent).
+from pathlib import Path
+
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
 from eagle3_pipeline.settings import as_params
 
@@ -54,8 +56,34 @@ def get_prompt_shard_rows(wildcards):
     }
 
 
+# The target's config.json: an input of every job that reads the target (the disk check, extraction,
+# the draft's rules). Where it is neither on this machine nor built by a rule (the demo's target, rules/
+# demo.smk), those jobs take instead the output of require_target_weights (rules/hidden_states.smk), a
+# job that only fails. So a dry run (snakemake -n, make plan, under profiles/slurm too) still plans every
+# job, from the config alone (target.hidden_size sizes the windows under a disk cap, in
+# budget.parse_time_hidden_size), and a real run stops at once, naming the folder, before any job that
+# needs the weights. With the weights here (or the demo's target built by its rule) the jobs' inputs
+# are the config.json as ever.
+TARGET_CONFIG = f"{SETTINGS.target.model}/config.json"
+TARGET_BUILT = SETTINGS.demo.enabled and Path(TARGET_CONFIG) == Path(
+    "resources/demo/target/config.json"  # build_demo_target's output
+)
+TARGET_ABSENT = not (TARGET_BUILT or Path(TARGET_CONFIG).exists())
+
+
 def get_target_config():
-    return f"{SETTINGS.target.model}/config.json"
+    return f"{WORK}/target/config.json.absent" if TARGET_ABSENT else TARGET_CONFIG
+
+
+def target_absent_message():
+    """What a real run without the target's weights says (rule require_target_weights)."""
+    return (
+        f"target.model: {TARGET_CONFIG} does not exist on this machine. The plan was made without the "
+        "target's weights (from the config alone: target.hidden_size sizes a disk cap's windows), but "
+        "check_disk_budget, extract_hidden_states and the draft's rules read them: put the weights "
+        "there (or point target.model at them) and run again; --keep-going runs meanwhile every job "
+        "that does not need them (the prompts, generation and traces)."
+    )
 
 
 get_prompt_shards = shard_files(f"{RESULTS}/prompts/shard-{{shard}}.parquet")

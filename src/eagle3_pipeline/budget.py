@@ -198,12 +198,16 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
     return shards
 
 
-def parse_time_hidden_size(settings: Settings) -> int:
-    """The target's hidden size when the workflow is parsed: from target.model's config.json, or, for
-    the embedded demo whose target a rule builds later, the demo's own size.
+def parse_time_hidden_size(
+    settings: Settings, needed_for: str = "hidden_states.max_disk_gb (its training windows)"
+) -> int:
+    """The target's hidden size for planning (a parsed workflow, the budget and cost commands): from
+    target.model's config.json when it is on this machine, else the config's target.hidden_size (where
+    the weights are not), else, for the embedded demo whose target a rule builds later, the demo's.
 
     Raises:
-        DiskBudgetError: neither is available (the windows under a cap cannot be sized).
+        DiskBudgetError: none of them is available; the message names `needed_for`, the config key and
+        the file looked for. Also when target.hidden_size and the config.json disagree.
     """
     from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE
 
@@ -221,9 +225,10 @@ def parse_time_hidden_size(settings: Settings) -> int:
     if settings.demo.enabled:
         return DEMO_HIDDEN_SIZE
     raise DiskBudgetError(
-        f"hidden_states.max_disk_gb needs the target's hidden size when the workflow is parsed, but "
-        f"{path} does not exist: point target.model at the target's weights folder, or set "
-        "target.hidden_size"
+        f"{needed_for} needs the target's hidden size, but target.hidden_size is not set and {path} "
+        "does not exist (the target's weights are not on this machine): set target.hidden_size in the "
+        "config (the hidden_size in the target's config.json, or in its text_config), "
+        "or point target.model at the target's weights folder"
     )
 
 
@@ -449,13 +454,15 @@ def budget_at_start(settings: Settings, run_dir: str | Path) -> str:
     )
 
 
-def _target_hidden_size(target_dir: str, override: int | None) -> int:
+def cli_hidden_size(settings: Settings, override: int | None, needed_for: str) -> int:
+    """The budget and cost commands' hidden size: --hidden-size, else parse_time_hidden_size's (the
+    target's config.json, target.hidden_size, the demo's); SystemExit naming the key and file if none."""
     if override:
         return override
-    config_json = Path(target_dir) / "config.json"
-    if not config_json.exists():
-        raise SystemExit(f"{config_json} not found: pass --hidden-size (Kimi-K2.5: 7168)")
-    return hidden_size_of(json.loads(config_json.read_text()))
+    try:
+        return parse_time_hidden_size(settings, needed_for)
+    except DiskBudgetError as error:
+        raise SystemExit(f"{error} (or pass --hidden-size)") from None
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -465,7 +472,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("config", help="the run's config file (e.g. config/examples/kimi-k2.5-8gpu.yaml)")
     parser.add_argument(
-        "--hidden-size", type=int, default=None, help="target hidden size, if its config.json is absent"
+        "--hidden-size",
+        type=int,
+        default=None,
+        help="the target's hidden size (default: its config.json's, else target.hidden_size)",
     )
     parser.add_argument(
         "--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS, help="expected prompt length"
@@ -484,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
-    hidden_size = _target_hidden_size(settings.target.model, args.hidden_size)
+    hidden_size = cli_hidden_size(settings, args.hidden_size, "the disk budget")
     run_dir = Path(args.results) / settings.run
     budget = estimate_from_settings(settings, hidden_size, args.prompt_tokens)
     hs, dataset = settings.hidden_states, settings.dataset

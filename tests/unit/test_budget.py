@@ -165,16 +165,26 @@ def test_cli_reads_hidden_size_from_the_target(tmp_path, capsys):
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 64}}))
     config = yaml.safe_load(Path(KIMI_CONFIG).read_text())
-    config["target"]["model"] = str(target)
+    config["target"] = {"model": str(target), "hidden_size": None}
     config["dataset"]["num_samples"] = 2
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main([str(path), "--results", str(tmp_path / "results")]) == 0
     assert "per token: 4 states x 64 x bfloat16" in capsys.readouterr().out
-    config["target"]["model"] = str(tmp_path / "absent")
+    config["target"] = {"model": str(tmp_path / "absent"), "hidden_size": 7168}  # no weights: the config's
     path.write_text(yaml.safe_dump(config))
-    with pytest.raises(SystemExit, match="pass --hidden-size"):
+    assert main([str(path), "--results", str(tmp_path / "results")]) == 0
+    assert "per token: 4 states x 7,168 x bfloat16" in capsys.readouterr().out
+    config["target"]["hidden_size"] = None  # neither: the key and the file looked for are named
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exit_:
         main([str(path)])
+    assert str(exit_.value) == (
+        f"the disk budget needs the target's hidden size, but target.hidden_size is not set and "
+        f"{tmp_path / 'absent' / 'config.json'} does not exist (the target's weights are not on this "
+        "machine): set target.hidden_size in the config (the hidden_size in the target's config.json, or "
+        "in its text_config), or point target.model at the target's weights folder (or pass --hidden-size)"
+    )
 
 
 def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
@@ -242,13 +252,34 @@ def test_the_kimi_example_cap_holds_windows_of_17_shards():
     assert peak == 2 * 17 * 200 * 10240 * 57353 + 2 * state <= 4100 * GB
 
 
+def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp_path):
+    # planned where the weights are not, a training state file is bounded from the hidden size (an MLP
+    # 4 x 7,168 wide: 16.93 GB); with Kimi-K2.5's own shape (text_config) it is 14.29 GB: 17 shards both
+    config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
+    settings = build_settings(config)
+    shape = {"hidden_size": 7168, "intermediate_size": 18432, "vocab_size": 163840, "num_attention_heads": 64}
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": shape}))
+    with_weights = replace(settings, target=replace(settings.target, model=str(tmp_path)))
+    assert parse_time_state_bytes(settings, 7168) == 16_934_797_888
+    assert parse_time_state_bytes(with_weights, 7168) == 14_292_386_368
+    assert capped_window_shards(settings, 7168) == capped_window_shards(with_weights, 7168) == 17
+
+
 def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
     config = _capped(1.0)
     assert parse_time_hidden_size(config) == 128  # the demo's target is built later by a rule
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 7168}))
     assert parse_time_hidden_size(replace(config, target=TargetSettings(model=str(tmp_path)))) == 7168
-    with pytest.raises(DiskBudgetError, match="point target.model at the target's weights folder"):
+    with pytest.raises(DiskBudgetError, match="point target.model at the target's weights folder") as error:
         parse_time_hidden_size(replace(config, demo=DemoSettings(enabled=False)))
+    assert str(error.value).startswith(
+        "hidden_states.max_disk_gb (its training windows) needs the target's hidden size, but "
+        "target.hidden_size is not set and /absent/config.json does not exist"
+    )
+    stated = replace(config, demo=DemoSettings(enabled=False), target=TargetSettings("/absent", 7168))
+    assert parse_time_hidden_size(stated) == 7168  # no weights here: the config's target.hidden_size
+    with pytest.raises(DiskBudgetError, match="target.hidden_size 64 differs from .*config.json's 7168"):
+        parse_time_hidden_size(replace(config, target=TargetSettings(str(tmp_path), 64)))
 
 
 def test_a_shard_beyond_the_cap_is_refused_by_its_check(tmp_path):

@@ -42,6 +42,7 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert counts["filter_traces"] == counts["check_disk_budget"] == shards  # per shard: no barrier
     assert counts["stop_extraction_engine"] == 1  # one engine for the main shards of the run
     assert counts["baseline_stop_extraction_engine"] == 1  # one for the baseline's, after the main's
+    assert "require_target_weights" not in counts  # the demo's target is built by its rule
 
 
 def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
@@ -52,6 +53,8 @@ def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
     counts = job_counts(result.stdout)
     assert set(counts) >= PIPELINE_RULES
     assert "build_demo_target" not in counts  # demo disabled
+    # the weights' config.json is here: the jobs read it (tests/workflow/test_planning_without_weights.py)
+    assert "require_target_weights" not in counts
     # hidden_states.max_disk_gb: 4100 -> windows of 17 shards (the cap also holds two training state
     # files, budget.py), every shard extracted once per epoch
     assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 100 * 10

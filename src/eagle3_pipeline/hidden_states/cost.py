@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
-    hidden_size = args.hidden_size or budget.parse_time_hidden_size(settings)
+    hidden_size = budget.cli_hidden_size(settings, args.hidden_size, "the extraction cost")
     assumptions = {name: getattr(args, name) for name in DEFAULT_ASSUMPTIONS}
     sys.stdout.write(json.dumps(estimate(settings, hidden_size, args.gpus, **assumptions)) + "\n")
     return 0
