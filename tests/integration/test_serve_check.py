@@ -59,6 +59,9 @@ def test_trained_draft_is_accepted_and_beats_an_untrained_one(served_target, ser
     assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served_trained_draft.log
 
 
+EARLY = 1  # 0-based: the second of the draft's 100 epochs, kept and exported beside the last
+
+
 def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greedy_training_traces, tmp_path):
     """The rule's entry (`serve_check`) on a draft trained on NON-default layers: vLLM's served acceptance
     per position matches the offline simulation on the same questions, acceptance by source and the
@@ -75,7 +78,9 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     torch.set_num_threads(1)
     layers = [0, 2, 6]  # the 8-layer target's default (auto) is [1, 3, 4]
     max_tokens = 64
-    trained = train_draft(served_target, greedy_training_traces, tmp_path / "draft", layers)
+    trained = train_draft(
+        served_target, greedy_training_traces, tmp_path / "draft", layers, early_epoch=EARLY
+    )
     config = json.loads((trained / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 7]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == layers
@@ -96,7 +101,9 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
         tmp_path / "validation.parquet"
     )
     (tmp_path / "server.json").write_text(
-        json.dumps({"model": str(served_target), "served_model_name": "eagle3-demo-target"})
+        json.dumps(
+            {"model": str(served_target), "served_model_name": "eagle3-demo-target", "vllm_version": "0.32.0"}
+        )
     )
     server = local_unit(served_target, tmp_path / "u")
     generation = GenerationSettings(max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0, concurrency=4)
@@ -125,6 +132,14 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     rejected = json.loads((tmp_path / "work-wrong" / "serve_check.rejected.json").read_text())
     assert not (tmp_path / "wrong.json").exists() and "speedup" not in rejected  # failed before timing
 
+    # an earlier, worse epoch of the same training served in its place: refused (the check is of the
+    # draft that was validated offline, not of any draft of the right shape)
+    early = tmp_path / "draft" / "checkpoint-early"
+    with pytest.raises(ServeCheckError, match="does not behave like the trained one"):
+        serve_check(early, *args, tmp_path / "work-early", tmp_path / "early.json", tmp_path / "offline.json")
+    earlier = json.loads((tmp_path / "work-early" / "serve_check.rejected.json").read_text())
+    assert earlier["acceptance_length"] < result["acceptance_length"], (earlier, result)
+
     # the trained draft served with a wrong vocabulary map (its d2t shifted by one): refused by the
     # matched comparison, below the replay by more than the allowance at the first position
     shifted = shutil.copytree(trained, tmp_path / "shifted-d2t")
@@ -140,12 +155,16 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
         "offline": offline,
         "served": result,
         "wrong_checkpoint": rejected,
+        "earlier_epoch": earlier,
         "refusal": str(refused.value),
     }
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=1))
 
-    comparison = result["offline_comparison"]
+    # greedy generation and check: one run, both pairs; the run at the generation's sampling decides
+    comparison = result["sampled_comparison"]
     assert comparison["enforced"] and comparison["agree"], comparison
+    assert comparison["allowance"].startswith("paired question bootstrap")  # vLLM's per-request counts
+    assert not result["offline_comparison"]["enforced"]
     assert result["acceptance_length"] > 1.5, result["acceptance_length"]
     assert set(result["by_source"]) == {q["source"] for q in asked}
     assert all(part["drafts"] > 0 for part in result["by_source"].values())

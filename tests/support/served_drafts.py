@@ -120,9 +120,11 @@ def train_draft(
     epochs: int = 100,
     cpu_threads: int = 0,
     speculators: bool = False,
+    early_epoch: int | None = None,
 ) -> Path:
     """Extraction, vocab map, training and export: the pipeline's stage code, small settings -> the
-    EAGLE checkpoint folder (with `speculators`, work/speculators too, the target as its verifier)."""
+    EAGLE checkpoint folder (with `speculators`, work/speculators too, the target as its verifier; with
+    `early_epoch`, that earlier epoch's weights exported too, to work/checkpoint-early)."""
     from eagle3_pipeline.draft.export import export_checkpoint
     from eagle3_pipeline.draft.train import TrainJob, main
     from eagle3_pipeline.draft.vocab import build_vocab_map
@@ -151,8 +153,19 @@ def train_draft(
         weights=str(work / "trained.safetensors"),
         history=str(work / "history.json"),
         cpu_threads=cpu_threads,
+        **(
+            {"checkpoint_epochs": [early_epoch], "checkpoints": [str(work / "early.safetensors")]}
+            if early_epoch is not None
+            else {}
+        ),
     )
     assert main(job)
+    if early_epoch is not None:
+        early = work / "checkpoint-early"
+        export_checkpoint(
+            work / "early.safetensors", job.vocab_map, target / "config.json", shard.with_suffix(".json"),
+            early / "config.json", early / "model.safetensors",
+        )  # fmt: skip
     checkpoint = work / "checkpoint"
     export_checkpoint(
         job.weights,

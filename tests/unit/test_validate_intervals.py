@@ -89,3 +89,24 @@ def test_a_replys_counts_come_from_vllms_per_request_histogram():
     }
     assert parse_completion(reply)["spec_decode"] == spec
     assert "spec_decode" not in parse_completion({k: v for k, v in reply.items() if k != "metrics"})
+
+
+def test_choosing_the_best_of_equal_epochs_is_optimistic_and_a_clear_winner_is_not():
+    import numpy as np
+
+    from eagle3_pipeline.validate.intervals import selection_optimism
+
+    rng = np.random.default_rng(1)
+
+    def epoch(rate: float) -> list[tuple[int, list[int]]]:  # 30 questions, 20 drafts each
+        rows = []
+        for _ in range(30):
+            first = int(rng.binomial(20, rate))
+            rows.append((20, [first, int(rng.binomial(first, rate)), 0]))
+        return rows
+
+    ties = selection_optimism([epoch(0.5) for _ in range(8)], k=2)
+    assert ties["optimism"] > 0.02 and ties["questions"] == 30  # the best of 8 equals looks better
+    clear = selection_optimism([epoch(0.2), epoch(0.8)], k=2)
+    assert abs(clear["optimism"]) < 0.01  # the same epoch wins every resample: no selection effect
+    assert selection_optimism([epoch(0.5)], k=2)["optimism"] == 0.0

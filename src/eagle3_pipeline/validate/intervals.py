@@ -109,3 +109,34 @@ def paired_differences(
         "draws": draws,
         "seed": seed,
     }
+
+
+def selection_optimism(
+    per_candidate: Sequence[Sequence[tuple[int, Sequence[int]]]], k: int, draws: int = 500, seed: int = SEED
+) -> dict[str, Any]:
+    """How much choosing the best of several candidates (epochs) on the same questions overstates the
+    chosen one's acceptance length at k (Efron's bootstrap optimism): on each resample of the questions
+    the best candidate is chosen, and its figure there is compared with its figure on all questions.
+
+    Args:
+        per_candidate: per candidate, the per-question rows (the same questions, in the same order).
+        k: the draft tokens of the criterion (1-based).
+
+    Returns:
+        {"optimism": mean over draws (acceptance length), "ci95", "draws", "seed", "questions"}.
+    """
+    matrices = [counts_matrix(rows) for rows in per_candidate]
+    if len(matrices) < 2 or len(matrices[0]) < 2:
+        return {"optimism": 0.0, "ci95": None, "draws": 0, "seed": seed, "questions": len(matrices[0])}
+    original = np.array([acceptance_lengths(m.sum(axis=0))[k - 1] for m in matrices])
+    drawn_idx = resamples(len(matrices[0]), draws, seed)
+    boot = np.stack([acceptance_lengths(m[drawn_idx].sum(axis=1))[:, k - 1] for m in matrices], axis=1)
+    chosen = np.nanargmax(boot, axis=1)
+    gaps = boot[np.arange(draws), chosen] - original[chosen]
+    return {
+        "optimism": round(float(np.mean(gaps)), 4),
+        "ci95": _interval(gaps),
+        "draws": draws,
+        "seed": seed,
+        "questions": len(matrices[0]),
+    }

@@ -253,6 +253,8 @@ def evaluate(
         "ci95": every_anchor["ci95"],  # per k, question-level (validate/intervals.py)
         "interval": {key: every_anchor[key] for key in ("questions", "draws", "seed", "unit")},
         "replayed": replayed_figures(parts),
+        # per question: [anchors, first 1..steps guesses right], the counts the intervals resample
+        "per_sample": {p["id"]: [p["anchors"], *p["prefix"]] for p in parts if "id" in p},
         "prefix_counts": merged["prefix"],
         "trace_greedy_agreement": sum(p["greedy_agree"] for p in parts) / loss_tokens
         if loss_tokens

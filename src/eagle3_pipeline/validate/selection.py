@@ -86,6 +86,7 @@ def candidate(epoch: int, history: Sequence[Mapping[str, Any]], offline: Mapping
         "acceptance_length": offline["acceptance_length"],
         "ci95": offline.get("ci95"),  # per k, question-level
         "anchors": offline["anchors"],
+        "per_sample": offline.get("per_sample"),  # for the optimism; not written to selection.json
     }
 
 
@@ -100,7 +101,26 @@ def selection_record(
         "k": k,
         "select_every_epochs": every,
         "chosen": choose(candidates, k),
-        "candidates": candidates,
+        "candidates": [{key: v for key, v in c.items() if key != "per_sample"} for c in candidates],
+        "optimism": optimism(candidates, k),
+    }
+
+
+def optimism(candidates: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any] | None:
+    """The measured optimism of choosing the epoch on the questions it is then reported on (no held-out
+    selection split: the validation questions are few, and the served check asks the same ones):
+    validate/intervals.py `selection_optimism` over the candidates' per-question counts."""
+    from eagle3_pipeline.validate.intervals import selection_optimism
+
+    samples = [c.get("per_sample") or {} for c in candidates]
+    ids = sorted(set.intersection(*(set(s) for s in samples))) if samples else []
+    if not ids:
+        return None
+    rows = [[(s[i][0], s[i][1:]) for i in ids] for s in samples]
+    return selection_optimism(rows, k) | {
+        "method": "bootstrap: the epoch chosen on each resample of the validation questions, its figure "
+        "there minus its figure on all of them (the chosen figure overstates by about this much)",
+        "selection_split": "none: the epoch is chosen on the validation questions it is reported on",
     }
 
 
