@@ -24,9 +24,10 @@ def get_serve_check_resources():
 
 
 def get_serve_check_settings(wildcards):
-    """The check's own validate.* keys. validate.speedup for the main draft only: the target alone,
-    timed on the same questions, is the same run for every variant, and the report shows the main
-    draft's speedup; the baseline is compared by acceptance (a vLLM start and a timed run saved).
+    """The check's own validate.* keys. validate.speedup and validate.by_k_max for the main draft only:
+    the target alone, timed on the same questions, is the same run for every variant, and the report
+    shows the main draft's speedup and curve; the baseline is compared by acceptance (vLLM starts and
+    timed runs saved).
     """
     keys = as_params(
         SETTINGS.validate,
@@ -40,4 +41,7 @@ def get_serve_check_settings(wildcards):
     )
     if wildcards.variant == BASELINE:
         keys["speedup"] = False
+    # served acceptance against k (one vLLM start per k): the main draft's, recorded only when on
+    if SETTINGS.validate.by_k_max and wildcards.variant != BASELINE:
+        keys["by_k_max"] = SETTINGS.validate.by_k_max
     return keys

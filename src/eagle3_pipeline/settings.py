@@ -213,6 +213,7 @@ class ValidateSettings:
     enforce_eager: bool = True
     remote_dir: str | None = None
     served_offline_tolerance: float | None = 0.02
+    by_k_max: int = 0
     speedup: bool = True
     select_every_epochs: int = 1
     learning_curve: tuple[float, ...] = ()

@@ -169,6 +169,7 @@ def e2e_overrides(port: int) -> dict[str, Any]:
             "max_questions": 8,
             "speedup": False,
             "learning_curve": [0.3, 1.0],
+            "by_k_max": 1,  # one more vLLM start: the draft served at k = 1 beside the check's k = 3
         },
     }
 

@@ -79,6 +79,57 @@ def run_local_serve_check(
     return result | {"mode": "local", "base_url": base_url, "auxiliary_layers": layers}
 
 
+def run_local_by_k(
+    server: ServerSettings,
+    validate: ValidateSettings,
+    checkpoint_dir: str | Path,
+    runs: dict[str, tuple[list[dict], Sampling]],
+    ks: list[int],
+    state_dir: str | Path,
+    concurrency: int = 8,
+    request_timeout_s: float = 600.0,
+    per_request_metrics: bool = False,
+    port_range: tuple[int, int] = LOCAL_PORTS,
+) -> dict[str, dict[str, Any]]:
+    """The draft served at each of `ks` draft tokens (one server each, started and stopped in turn), every
+    run of `runs` ({"greedy": (questions, sampling), "sampled": ...}) measured on it.
+
+    Returns:
+        {"k": {run: {acceptance_length, ci95, drafts, per_position_rate, answered}}}.
+    """
+    from eagle3_pipeline.server import api_key
+    from eagle3_pipeline.validate.spec_decode import measure
+
+    argv, env, cwd = local_command(server)
+    key, figures = api_key(server), {}
+    for k in ks:
+        draft = eagle3_draft(str(checkpoint_dir), k)
+        state = Path(state_dir) / f"k{k}"
+        state.mkdir(parents=True, exist_ok=True)
+        handle, base_url = serve_local(
+            lambda port, draft=draft: serving_argv(
+                argv, draft, "127.0.0.1", port, validate.enforce_eager, per_request_metrics
+            ),
+            env, cwd, state, server.start_timeout_s, port_range,
+        )  # fmt: skip
+        try:
+            figures[str(k)] = {
+                name: _curve_point(
+                    measure(base_url, questions, sampling, key, concurrency, request_timeout_s)
+                )
+                for name, (questions, sampling) in runs.items()
+            }
+        finally:
+            handle.stop()
+        log.info("served at k = %d: %s", k, {n: f["acceptance_length"] for n, f in figures[str(k)].items()})
+    return figures
+
+
+def _curve_point(run: dict[str, Any]) -> dict[str, Any]:
+    keys = ("acceptance_length", "ci95", "drafts", "per_position_rate", "answered", "interval")
+    return {key: run[key] for key in keys if key in run}
+
+
 def run_local_without_draft(
     server: ServerSettings,
     questions: list[dict[str, Any]],

@@ -22,6 +22,7 @@ from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
+from eagle3_pipeline.server.vllm_args import supports_per_request_metrics
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.spec_decode import ask, load_questions
 
@@ -129,11 +130,10 @@ def serve_check(
         "matched": None if same_run else matched,
     }
     local = not backend_for(server, Path(work_dir)).can_install_dropin  # a process the pipeline runs
+    per_request = supports_per_request_metrics(server_json.get("vllm_version"))
     if local:
-        from eagle3_pipeline.server.vllm_args import supports_per_request_metrics
         from eagle3_pipeline.validate.local_vllm import run_local_serve_check
 
-        per_request = supports_per_request_metrics(server_json.get("vllm_version"))
         result = run_local_serve_check(server, validate, per_request_metrics=per_request, **common)
     else:
         from eagle3_pipeline.validate.production_check import run_remote_serve_check
@@ -160,6 +160,8 @@ def serve_check(
         f"; at the generation's sampling {result['sampled']['acceptance_length']}" if matched else "",
     )
     check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
+    if validate.by_k_max:
+        result["by_k"] = served_by_k(result, validate, local, common, server, per_request)
     if local:
         result["speedup"] = local_speedup(server, result, common, validate)
     else:  # restored and verified: production serves the target alone again
@@ -173,6 +175,34 @@ SAMPLED_KEYS = (
     "conditional", "draft_acceptance_rate", "draft_tokens", "drafts", "failed", "per_position_rate",
     "questions", "seconds", "tokens_per_s", "per_question", "ci95", "interval",
 )  # fmt: skip
+
+
+def served_by_k(
+    result: dict[str, Any],
+    validate: ValidateSettings,
+    local: bool,
+    common: dict[str, Any],
+    server: ServerSettings,
+    per_request: bool,
+) -> dict[str, Any]:
+    """validate.by_k_max: served acceptance at k = 1 .. by_k_max, greedy and at the generation's sampling
+    on the same questions (the check's own k from its runs, every other k on a server of its own)."""
+    from eagle3_pipeline.validate.local_vllm import _curve_point, run_local_by_k
+
+    k_main = validate.num_speculative_tokens
+    if not local:
+        return {"reason": "not measured: a systemd unit would restart production once per k"}
+    matched = common["matched"] or (common["questions"], common["sampling"])
+    runs = {"greedy": (common["questions"], common["sampling"]), "sampled": matched}
+    others = [k for k in range(1, validate.by_k_max + 1) if k != k_main]
+    figures = run_local_by_k(
+        server, validate, common["checkpoint_dir"], runs, others, Path(common["state_dir"]) / "by-k",
+        common["concurrency"], common["request_timeout_s"], per_request,
+    )  # fmt: skip
+    if k_main <= validate.by_k_max:
+        sampled = result.get("sampled") or result
+        figures[str(k_main)] = {"greedy": _curve_point(result), "sampled": _curve_point(sampled)}
+    return {k: figures[k] for k in sorted(figures, key=int)}
 
 
 def _sampling_dict(sampling: Sampling) -> dict[str, Any]:
