@@ -200,7 +200,18 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4))
     _served_vs_offline(axes[0], offline, served)
     ks = range(1, len(offline["acceptance_length"]) + 1)
-    axes[1].plot(ks, offline["acceptance_length"], "o-", label="offline (simulated, greedy)")
+    intervals = offline.get("ci95") or [None] * len(ks)
+    axes[1].errorbar(
+        ks,
+        offline["acceptance_length"],
+        yerr=[
+            [a - (c or [a, a])[0] for a, c in zip(offline["acceptance_length"], intervals, strict=True)],
+            [(c or [a, a])[1] - a for a, c in zip(offline["acceptance_length"], intervals, strict=True)],
+        ],
+        fmt="o-",
+        capsize=3,
+        label="offline (simulated, greedy, every anchor)",
+    )
     runs = [
         (served or {}, "r*", 14, "greedy"),
         ((served or {}).get("sampled") or {}, "mP", 11, "generation's sampling"),
@@ -217,10 +228,33 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
                 capsize=4,
                 label=f"served by vLLM, {name}: {value:.2f}" + (_ci_text(interval) if interval else ""),
             )
-    axes[1].set(title="Acceptance length (tokens per target step)", xlabel="draft tokens k", ylim=(1, None))
+    _served_by_k(axes[1], (served or {}).get("by_k") or {})
+    axes[1].set(
+        title="Acceptance length (tokens per target step)",
+        xlabel="draft tokens k",
+        ylabel="tokens per target step",
+        ylim=(1, None),
+    )
     axes[1].legend(fontsize=8)
     _by_source(axes[2], served)
     _save(fig, output)
+
+
+def _served_by_k(ax: plt.Axes, by_k: dict[str, Any]) -> None:
+    """validate.by_k_max: the served curve (greedy and sampled) with its intervals, beside the offline one."""
+    ks = sorted(int(k) for k in by_k if k.isdigit())
+    for run, style in (("greedy", "s--"), ("sampled", "d:")):
+        points = [(k, by_k[str(k)][run]) for k in ks if by_k[str(k)].get(run, {}).get("acceptance_length")]
+        if len(points) < 2:
+            continue
+        values = [p["acceptance_length"] for _, p in points]
+        errors = [
+            [v - (p.get("ci95") or [v, v])[0] for v, (_, p) in zip(values, points, strict=True)],
+            [(p.get("ci95") or [v, v])[1] - v for v, (_, p) in zip(values, points, strict=True)],
+        ]
+        ax.errorbar(
+            [k for k, _ in points], values, yerr=errors, fmt=style, capsize=3, label=f"served, {run}, by k"
+        )
 
 
 def _ci_text(interval: list[float]) -> str:
