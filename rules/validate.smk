@@ -58,26 +58,27 @@ if KEPT_EPOCHS:
 
 if CURVE_POINTS:
 
-    # validate.learning_curve: one point per subset (rules/common.smk CURVE; k = every shard is the main
-    # draft), each with its history (training tokens) and offline acceptance: with selection, that of
-    # the chosen epoch in selection.json (the figures validate_offline would give its export, so a
-    # smaller point is neither exported nor validated apart), else offline.json
+    # validate.learning_curve: one point per subset (rules/common/variants.smk CURVE; k = every shard is
+    # the main draft), each trained at the main draft's optimizer steps, with its history (steps) and
+    # its offline.json (acceptance with its question-level interval, and the per-question replays the
+    # gains between points are paired on): with selection, that of its chosen epoch's export, and
+    # selection.json says which epoch; the main draft's history (the steps matched) and the training
+    # shards' metadata (each point's training tokens)
     CURVE_INPUTS = {
         f"{kind}_{k}": f"{RESULTS}/{variant_name(k, len(SHARDS))}{path}"
         for k in CURVE_POINTS
         for kind, path in (
             ("history", "draft/trained/history.json"),
-            (
-                ("selection", "validation/selection.json")
-                if KEPT_EPOCHS
-                else ("offline", "validation/offline.json")
-            ),
+            ("offline", "validation/offline.json"),
+            *((("selection", "validation/selection.json"),) if KEPT_EPOCHS else ()),
         )
     }
 
     rule learning_curve:
         input:
             **CURVE_INPUTS,
+            full_history=variant_output(rules.train_draft.output.history, ""),
+            metadata=shard_files(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"),
         output:
             f"{RESULTS}/validation/learning_curve.json",
         log:
@@ -90,6 +91,7 @@ if CURVE_POINTS:
                 for k, fractions in CURVE_POINTS.items()
             ],
             shards=len(SHARDS),
+            epochs=EPOCHS,
             num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
         script:
             "../scripts/learning_curve.py"

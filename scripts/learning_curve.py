@@ -1,4 +1,5 @@
-"""Rule learning_curve: the points (training tokens, offline acceptance) and the gain per doubling."""
+"""Rule learning_curve: the points (training tokens, optimizer steps, offline acceptance with its
+interval) and the paired gains between them."""
 
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.validate.learning_curve import learning_curve
@@ -15,4 +16,7 @@ learning_curve(
     shards=snakemake.params.shards,
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
     output=snakemake.output[0],
+    full_history=snakemake.input.full_history,
+    metadata=list(snakemake.input.metadata),
+    epochs=snakemake.params.epochs,
 )

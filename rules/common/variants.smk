@@ -1,7 +1,11 @@
 # The draft variants ({variant}): the main draft, the baseline, the learning-curve points; whose
 # states each trains on and which epochs training keeps.
 from eagle3_pipeline.config import ConfigError
-from eagle3_pipeline.validate.learning_curve import curve_points, variant_name
+from eagle3_pipeline.validate.learning_curve import (
+    curve_points,
+    cycled_shards,
+    variant_name,
+)
 from eagle3_pipeline.validate.selection import kept_epochs
 
 # The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
@@ -13,7 +17,9 @@ BASELINE_ENGINE_DIR = f"{WORK}/{BASELINE}hidden_states/engine"
 VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
 # validate.learning_curve: the main draft's rules again on its first k training shards (nested subsets
 # of the stable order, on the main draft's hidden states), as the variants learning_curve/shards-{k}/;
-# k = every shard is the main draft itself. CURVE: {variant: k} of the points trained apart.
+# k = every shard is the main draft itself. CURVE: {variant: k} of the points trained apart. A point
+# trains as many optimizer steps as the main draft: its epoch reads its k shards cycled to all N
+# (variant_train_shards; validate/learning_curve.py).
 CURVE_POINTS = curve_points(SETTINGS.validate.learning_curve, len(SHARDS))
 CURVE = {variant_name(k, len(SHARDS)): k for k in CURVE_POINTS if k < len(SHARDS)}
 VARIANTS += list(CURVE)
@@ -27,6 +33,14 @@ if WINDOW and CURVE_POINTS:
 def variant_shards(variant):
     """The training shards of a variant: the first k for a learning-curve point, else all."""
     return SHARDS[: CURVE[variant]] if variant in CURVE else SHARDS
+
+
+def variant_train_shards(variant):
+    """What one training epoch of a variant reads: a learning-curve point's k shards cycled to every
+    shard's count (N/k passes: the main draft's steps), else its shards."""
+    if variant in CURVE:
+        return cycled_shards(SHARDS, CURVE[variant])
+    return variant_shards(variant)
 
 
 def states_of(variant):
@@ -52,17 +66,17 @@ def get_export_metadata(wildcards):
     return f"{states}/{EPOCH_DIR.format(epoch=0)}train/shard-{SHARDS[0]}.json"
 
 
-def variant_files(*patterns):
-    """An input function giving, for the job's {variant}, each pattern's file for every shard (a
-    pattern's {variant} is the job's); lists made once per variant, as in shard_files.
+def variant_files(*patterns, shards_of=variant_shards):
+    """An input function giving, for the job's {variant}, each pattern's file for every shard of
+    shards_of(variant) (a pattern's {variant} is the job's); lists made once per variant, as in
+    shard_files.
     """
     files = {
         variant: [
             path
             for pattern in patterns
-            for path in expand(
-                pattern, shard=variant_shards(variant), variant=states_of(variant)
-            )
+            for shard in shards_of(variant)
+            for path in expand(pattern, shard=shard, variant=states_of(variant))
         ]
         for variant in VARIANTS
     }
@@ -80,10 +94,11 @@ def variant_output(output, variant=BASELINE):
 
 # A variant's training states: its own train split; validation is always the main draft's (the
 # target's own validation traces, every shard), so every draft is measured on the same held-out data.
-# A learning-curve point trains on its k shards alone (no validation figures in its history): a shard
-# added later retrains no point whose k it leaves as it was, only remeasures it.
+# A learning-curve point trains on its k shards alone (no validation figures in its history), cycled
+# to the main draft's N: a shard added later changes N, so every point trains again (at the new steps).
 get_variant_train_states = variant_files(
-    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors"
+    f"{RESULTS}/{{variant}}hidden_states/train/shard-{{shard}}.safetensors",
+    shards_of=variant_train_shards,
 )
 get_main_validation_states = shard_files(
     f"{RESULTS}/hidden_states/validation/shard-{{shard}}.safetensors"

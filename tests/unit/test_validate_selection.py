@@ -1,6 +1,6 @@
-"""Selection by acceptance (validate/selection.py) and the learning curve's points and trend
-(validate/learning_curve.py): the pure rules, then one tiny training that keeps its epochs and a
-selection over them on the random target's hidden states."""
+"""Selection by acceptance (validate/selection.py): the pure rules, then one tiny training that keeps its
+epochs and a selection over them on the random target's hidden states; the selection figure beside the
+learning curve's (the learning curve itself: tests/unit/test_validate_learning_curve.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.draft.train import TrainJob, main
-from eagle3_pipeline.validate.learning_curve import curve_points, curve_record, fit_trend, variant_name
+from eagle3_pipeline.validate.learning_curve import curve_record
 from eagle3_pipeline.validate.selection import choose, criterion_k, kept_epochs, select_checkpoint
 
 
@@ -43,31 +43,6 @@ def test_a_tie_goes_to_the_later_epoch_and_the_last_says_so():
     assert chosen["reason"].startswith("the last epoch (2)")  # counted from 1
     with pytest.raises(ValueError, match="select_every_epochs"):
         choose([], 3)
-
-
-def test_curve_points_are_nested_shard_counts_and_the_whole_is_the_main_draft():
-    assert curve_points([0.25, 0.5, 1.0], 4) == {1: [0.25], 2: [0.5], 4: [1.0]}  # the demo's 4 shards
-    assert curve_points([0.25, 0.5, 1.0], 3) == {1: [0.25], 2: [0.5], 3: [1.0]}  # at least the fraction
-    assert curve_points([0.1, 0.2, 1.0], 4) == {1: [0.1, 0.2], 4: [1.0]}  # one point for one subset
-    assert curve_points([], 4) == {}
-    assert variant_name(4, 4) == "" and variant_name(1, 4) == "learning_curve/shards-00001/"
-    with pytest.raises(ValueError, match="validate.learning_curve"):
-        curve_points([0.0], 4)
-
-
-def test_the_trend_is_the_gain_per_doubling_of_the_training_tokens():
-    trend = fit_trend([1000, 2000, 4000], [2.0, 2.2, 2.4])
-    assert trend["per_doubling"] == pytest.approx(0.2)
-    assert trend["r2"] == pytest.approx(1.0)
-    assert fit_trend([1000, 1000], [2.0, 2.2]) is None  # one token count: nothing to fit
-    noisy = fit_trend([1000, 2000, 4000], [2.0, 1.9, 2.3])
-    assert noisy["per_doubling"] == pytest.approx(0.15) and 0 < noisy["r2"] < 1  # reported as measured
-    points = [
-        {"training_tokens": 1000, "mean_accepted_length": 2.0},
-        {"training_tokens": None, "mean_accepted_length": 9.0},  # no history: not fitted
-        {"training_tokens": 4000, "mean_accepted_length": 2.4},
-    ]
-    assert curve_record(points, 3)["trend"]["per_doubling"] == pytest.approx(0.2)
 
 
 def test_training_keeps_its_epochs_and_the_best_one_is_exported(
@@ -130,35 +105,3 @@ def test_the_selection_and_learning_curve_figures_are_drawn(tmp_path: Path):
     draw_curves({k: str(v) for k, v in inputs.items()}, outputs)
     for path in outputs.values():
         assert Image.open(path).size[0] > 500
-
-
-def test_the_learning_curve_reads_each_points_files(tmp_path: Path):
-    from eagle3_pipeline.validate.learning_curve import learning_curve
-
-    points = []
-    for k, tokens, tau in ((1, 5000, 1.8), (2, 10000, 2.0), (4, 20000, 2.2)):
-        folder = tmp_path / str(k)
-        folder.mkdir()
-        lengths = [tau - 0.5, tau - 0.2, tau, tau + 0.1]
-        (folder / "offline.json").write_text(
-            json.dumps({"conditional": [0.5] * 4, "acceptance_length": lengths})
-        )
-        (folder / "history.json").write_text(
-            json.dumps([{"epoch": e, "train": {"tokens": tokens}} for e in range(2)])
-        )
-        offline = {"epoch": 0, "conditional": [0.5] * 4, "acceptance_length": lengths}
-        selection = {"chosen": {"epoch": 0}, "candidates": [offline]} if k == 2 else None  # its figures
-        if selection:
-            (folder / "selection.json").write_text(json.dumps(selection))
-        points.append(
-            {"shards": k, "fractions": [k / 4], "history": str(folder / "history.json"),
-             "offline": str(folder / "offline.json"),
-             "selection": str(folder / "selection.json") if selection else None}
-        )  # fmt: skip
-    record = learning_curve(points, 4, 3, tmp_path / "learning_curve.json")
-    assert json.loads((tmp_path / "learning_curve.json").read_text()) == record
-    assert [p["training_tokens"] for p in record["points"]] == [5000, 10000, 20000]
-    assert [p["mean_accepted_length"] for p in record["points"]] == [1.8, 2.0, 2.2]  # at k = 3
-    assert [p["epoch"] for p in record["points"]] == [1, 0, 1]  # the chosen epoch, else the last
-    assert record["points"][2]["fraction_of_shards"] == 1.0
-    assert record["trend"]["per_doubling"] == pytest.approx(0.2)

@@ -3,8 +3,8 @@ validation/learning_curve.json), drawn by rule plot_validation beside validate/r
 
 from __future__ import annotations
 
+import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +12,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from eagle3_pipeline import io  # noqa: E402
-from eagle3_pipeline.validate.report import _read_json, _save  # noqa: E402
+from eagle3_pipeline.validate.report import _read_json, _save, figure_text  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -57,42 +58,101 @@ def selection_figure(selection_path: str | Path, output: str | Path) -> None:
     _save(fig, output)
 
 
+def _tokens_label(tokens: float) -> str:
+    """6174 -> "6.2k", 2.3e6 -> "2.3M": training tokens on the axis, as counted."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{suffix}"
+    return f"{tokens:.0f}"
+
+
+def _error_bars(values: list[float], intervals: list[Any]) -> list[list[float]]:
+    """[below, above] distances for errorbar from [low, high] intervals (0 where a point has none)."""
+    below = [v - iv[0] if iv else 0.0 for v, iv in zip(values, intervals, strict=True)]
+    above = [iv[1] - v if iv else 0.0 for v, iv in zip(values, intervals, strict=True)]
+    return [below, above]
+
+
 def learning_curve_figure(curve_path: str | Path, output: str | Path) -> None:
-    """Acceptance length against training tokens (log2 axis), the fitted trend and its gain per doubling."""
+    """Acceptance length at k against the training tokens of each point (log2 axis labelled in tokens),
+    every point at the full draft's optimizer steps, with its 95% question-level interval (offline over
+    every anchor; the replayed served run too where measured); the paired gains between consecutive
+    points in the title. No fitted line: acceptance length is capped at k + 1."""
     curve = _read_json(curve_path)
-    points: list[dict[str, Any]] = [p for p in curve["points"] if p["training_tokens"]]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    k = curve["k"]
+    points: list[dict[str, Any]] = [p for p in curve["points"] if p.get("training_tokens")]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     xs = [p["training_tokens"] for p in points]
-    ax.plot(xs, [p["mean_accepted_length"] for p in points], "o", markersize=8, label="measured (offline)")
+    ys = [p["mean_accepted_length"] for p in points]
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=_error_bars(ys, [p.get("ci95") for p in points]),
+        fmt="o",
+        markersize=8,
+        capsize=4,
+        label="offline, every anchor (95% CI, questions)",
+    )
+    replayed = [(p["training_tokens"], (p.get("replayed") or {}).get("greedy")) for p in points]
+    replayed = [(x, r) for x, r in replayed if r]
+    if replayed:
+        values = [r["acceptance_length"] for _, r in replayed]
+        ax.errorbar(
+            [x * 1.03 for x, _ in replayed],  # beside, not on top of, the offline point
+            values,
+            yerr=_error_bars(values, [r.get("ci95") for _, r in replayed]),
+            fmt="s",
+            mfc="none",
+            markersize=7,
+            capsize=3,
+            color="tab:orange",
+            label="served run replayed, greedy (95% CI)",
+        )
     for p in points:
+        steps = p.get("optimizer_steps")
         ax.annotate(
-            f"{p['shards']} shard{'s' * (p['shards'] > 1)}",
+            f"{p['shards']} shard{'s' * (p['shards'] > 1)}" + (f", {steps} steps" if steps else ""),
             (p["training_tokens"], p["mean_accepted_length"]),
             textcoords="offset points",
-            xytext=(6, -12),
+            xytext=(8, -14),
             fontsize=8,
         )
-    trend = curve.get("trend")
-    title = "Acceptance length against training data"
-    if trend:
-        line = sorted(xs)
-        fit = [trend["intercept"] + trend["per_doubling"] * math.log2(x) for x in line]
-        r2 = "" if trend.get("r2") is None else f", r\u00b2 {trend['r2']:.2f}"
-        ax.plot(
-            line, fit, "--", color="tab:gray", label=f"trend: {trend['per_doubling']:+.3f} per doubling{r2}"
-        )
-        title += f"\n{trend['per_doubling']:+.3f} tokens per target step per doubling of the data"
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(xs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _tokens_label(x)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if xs:
+        ax.set_xlim(min(xs) / 1.4, max(xs) * 1.4)
+    compute = curve.get("compute") or {}
+    full = compute.get("full_draft_optimizer_steps")
+    title = "Acceptance length against training data, " + (
+        f"every point at {full} optimizer steps" if full else "at equal optimizer steps"
+    )
+    gains = [_gain_text(g) for g in curve.get("gains") or []]
+    if gains:
+        title += "\n" + "; ".join(gains)
     ax.set(
         title=title,
-        xlabel="training tokens (loss tokens per epoch)",
-        ylabel=f"acceptance length, k = {curve['k']}",
+        xlabel="training tokens (loss tokens of the point's shards, log scale)",
+        ylabel=f"acceptance length, k = {k}",
     )
-    ax.legend(fontsize=8)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    with io.atomic_path(output) as tmp:  # not _save: its integer ticks would hide a log axis
-        fig.savefig(tmp, dpi=110, format="png")
+    metadata = {"Description": json.dumps(figure_text(fig))}
+    with io.atomic_path(output) as tmp:  # not _save: its integer ticks would hide the token axis
+        fig.savefig(tmp, dpi=110, format="png", metadata=metadata)
     plt.close(fig)
+
+
+def _gain_text(gain: dict[str, Any]) -> str:
+    """ "1 -> 2 shards: +0.12 [-0.03, +0.25]" (the paired, replayed greedy interval), else the gain alone."""
+    text = f"{gain['from_shards']} -> {gain['to_shards']} shards: {gain['gain']:+.2f}"
+    paired = (gain.get("replayed") or {}).get("greedy")
+    if paired and paired.get("ci95"):
+        low, high = paired["ci95"]
+        text += f" (replayed {paired['gain']:+.2f} [{low:+.2f}, {high:+.2f}])"
+    return text
 
 
 def draw_curves(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
