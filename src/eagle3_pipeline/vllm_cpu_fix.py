@@ -1,0 +1,157 @@
+"""vLLM 0.32's CPU build leaves the rejection sampler's expanded tensors unwritten: a version-gated fix.
+
+Triton has no CPU backend, so vllm/platforms/cpu.py registers stand-ins from
+vllm/utils/cpu_triton_utils.py. Its `_expand_kernel_impl` calls the C++ op on `_ensure_int64(output)`,
+which for any output that is not int64 is a new int64 copy: the result never reaches `output`, which
+stays as `new_empty` left it. The rejection sampler expands the per-request temperature and top_p
+(float32) and top_k (int32) that way, so sampled speculative decoding verifies with garbage
+temperatures (greedy returns before that code). This module replaces the function, before cpu.py
+registers it, with one that writes `output` for every dtype: docs/validation.md, "vLLM 0.32 CPU:
+sampled speculative decoding".
+
+envs/install.sh writes a .pth file into .venv-vllm that loads this file by its path and calls
+`install()` at every interpreter start. `install()` only puts a finder on sys.meta_path (no import of
+importlib.metadata, vllm or torch); the finder acts on one module name, vllm.utils.cpu_triton_utils
+(imported only on the CPU platform), and there reads the installed distribution: `vllm-cpu` 0.32.x
+gets the fix, anything else (another version, a CUDA build, which is the distribution `vllm`) is left
+as it is and the finder removes itself. EAGLE3_VLLM_CPU_FIX=0 turns it off.
+
+Stdlib only: .venv-vllm does not see this package (pipeline-env.pth adds .venv's site-packages, not
+the editable install's path), so the .pth loads this file on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TARGET = "vllm.utils.cpu_triton_utils"
+DISTRIBUTION = "vllm-cpu"  # the CPU build's distribution; CUDA builds are `vllm`
+AFFECTED = "0.32."  # version prefix of the affected releases
+ENV_VAR = "EAGLE3_VLLM_CPU_FIX"  # 0 / false / no / off: leave vLLM as it is
+# vLLM's logger tree: vLLM's handler prints the one line (the server's log says the fix is active)
+LOGGER = "vllm.eagle3_pipeline_cpu_fix"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_VAR, "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def affected_version() -> str | None:
+    """The installed `vllm-cpu` version when it is an affected one, else None (read without vllm)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return version if version.startswith(AFFECTED) else None
+
+
+def fixed_expand(original):
+    """`_expand_kernel_impl` writing into `output` for every dtype (the Triton `expand_kernel`'s rule).
+
+    out[cu[i-1]:cu[i]] = replace_to if x[i] == replace_from else x[i], at most MAX_NUM_TOKENS per
+    request. An int64 output goes to vLLM's own C++ op (correct there: it writes in place).
+    """
+
+    def expand_kernel_impl_fixed(
+        output,
+        input_val,
+        cu_num_tokens,
+        replace_from,
+        replace_to,
+        MAX_NUM_TOKENS=None,
+    ):
+        import torch  # loaded already (vLLM's module imports it); here, patching needs no torch
+
+        if output.dtype == torch.int64:
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS)
+        num_reqs = input_val.shape[0]
+        if num_reqs == 0:
+            return None
+        ends = cu_num_tokens[:num_reqs].to(device=output.device, dtype=torch.int64)
+        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+        counts = (ends - starts).clamp(min=0)
+        if MAX_NUM_TOKENS is not None:
+            counts = counts.clamp(max=int(MAX_NUM_TOKENS))
+        values = input_val.masked_fill(input_val == replace_from, replace_to)
+        request = torch.repeat_interleave(torch.arange(num_reqs, device=output.device), counts)
+        first = torch.cumsum(counts, 0) - counts  # where each request's run starts in `request`
+        offset = torch.arange(request.numel(), device=output.device) - first[request]
+        output[starts[request] + offset] = values[request].to(output.dtype)
+        return None
+
+    expand_kernel_impl_fixed.eagle3_original = original
+    return expand_kernel_impl_fixed
+
+
+def patch(module, version: str) -> bool:
+    """Replace `module._expand_kernel_impl` (once); True when patched."""
+    original = getattr(module, "_expand_kernel_impl", None)
+    if original is None or hasattr(original, "eagle3_original"):
+        return False
+    module._expand_kernel_impl = fixed_expand(original)
+    import logging
+
+    logging.getLogger(LOGGER).info(
+        "eagle3_pipeline: %s._expand_kernel_impl replaced (vllm-cpu %s writes no float or int32 "
+        "output there; %s=0 turns this off)",
+        module.__name__,
+        version,
+        ENV_VAR,
+    )
+    return True
+
+
+class _PatchingLoader:
+    """The real loader, with `patch` run right after the module's code."""
+
+    def __init__(self, loader, version: str):
+        self._loader = loader
+        self._version = version
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        patch(module, self._version)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class Finder:
+    """On sys.meta_path: sees only TARGET's import, gates on the version there, then leaves."""
+
+    eagle3_vllm_cpu_fix = True  # how install() knows one is there (the .pth's copy of this module or not)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != TARGET:
+            return None
+        self.remove()
+        version = affected_version() if enabled() else None
+        if version is None:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(fullname, path, target) if find_spec else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, version)
+                return spec
+        return None
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def install() -> Finder | None:
+    """At interpreter start (the .pth file): the finder, unless turned off or already there."""
+    if not enabled() or any(getattr(finder, "eagle3_vllm_cpu_fix", False) for finder in sys.meta_path):
+        return None
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
+    return finder
