@@ -1,7 +1,7 @@
 """train.fsdp as real processes: two gloo processes with the draft sharded (FSDP2) train to the same
 losses and weights as two DDP processes, write state files of the same form (the full tensors), a run
-stopped after one step and started again ends where the uninterrupted one does, and its state file
-resumes without train.fsdp too."""
+stopped after one step, then on the epoch's last batch, and started again ends where the uninterrupted
+one does, and its state file resumes without train.fsdp too."""
 
 from __future__ import annotations
 
@@ -77,7 +77,10 @@ def test_fsdp_trains_as_ddp_does_and_resumes(draft_train_job, tmp_path):
     for x, y in zip(b, _history(across), strict=True):
         assert x["train"]["tokens"] == y["train"]["tokens"]
         assert y["train"]["loss"] == pytest.approx(x["train"]["loss"], rel=1e-4)
-    _run(job, resumed, fsdp=True)
+    # stopped on epoch 0's last batch (2 per process): resumed, no batch of it is left to train
+    _run(job, resumed, stop_after_steps=2, fsdp=True)
+    assert not (resumed / "model.safetensors").exists()
+    assert "resuming at epoch 0, step 2" in _run(job, resumed, fsdp=True)
     assert _history(resumed) == b
     wc = load_file(resumed / "model.safetensors")
     for name in wb:

@@ -59,7 +59,8 @@ def test_a_killed_training_process_resumes_to_the_same_result(job, tmp_path):
 def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
     """torchrun with two CPU processes (gloo DDP): each takes half the batches; metrics are summed
     over both, so the epoch counts every token once, and only the main process writes. Stopped after
-    one step (state saved mid-epoch) and started again, it reports the same metrics and weights."""
+    one step (state saved mid-epoch), started again, stopped on the epoch's last batch (nothing of the
+    epoch left to train when resumed) and started again, it reports the same metrics and weights."""
     assert main(job)
     out = tmp_path / "ddp"
     argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "18575"]
@@ -74,7 +75,9 @@ def test_two_process_ddp_covers_the_same_tokens(job, tmp_path):
         assert a["validation"]["tokens"] == b["validation"]["tokens"]
     assert load_file(out / "model.safetensors").keys() == load_file(job.weights).keys()
     resumed = tmp_path / "ddp-resumed"
-    for stop in (1, None):  # each rank holds its own partial sums when stopped: the file must hold both
+    # each rank holds its own partial sums when stopped: the file must hold both; step 2 is the last of
+    # epoch 0 (2 batches per process), so the next start trains none of it and every rank still reduces
+    for stop in (1, 2, None):
         run = [sys.executable, *argv, *_job_module(job, resumed, stop_after_steps=stop)]
         subprocess.run(run, check=True, env=env, timeout=600, capture_output=True)
     assert json.loads((resumed / "history.json").read_text()) == ddp

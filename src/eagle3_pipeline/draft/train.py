@@ -69,6 +69,7 @@ class TrainState:
     batch_in_epoch: int = 0
     step: int = 0
     # running training sums of the epoch under way: this process's in memory, all processes' in a file
+    # (restored on the main process; the others restart theirs at zeros: `_restore`)
     epoch_stats: list[list[float]] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     validation_stats: list[list[float]] | None = None  # windowed: validation sums of the epoch's windows
@@ -163,11 +164,16 @@ def _forward(ctx: Context, model: torch.nn.Module, batch: Batch) -> tuple[torch.
 
 def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: int | None = None) -> bool:
     """Train from state.batch_in_epoch to the end of `data`'s batches (in the order of `order`, default
-    the epoch); False when stopped early (state saved)."""
+    the epoch); False when stopped early (state saved).
+
+    Afterwards every process holds its sums in state.epoch_stats (zeros where it trained no batch: a run
+    resumed from a state saved on the last batch), so every process joins the reduction that follows."""
     acc, train = ctx.accelerator, ctx.job.train
     key = state.epoch if order is None else order
     batches = data.batches(train.seed, key, acc.process_index, acc.num_processes)
-    stats = torch.tensor(state.epoch_stats) if state.epoch_stats else None
+    if state.epoch_stats is None:
+        state.epoch_stats = _zero_stats(ctx.job.draft.ttt_steps)
+    stats = torch.tensor(state.epoch_stats)
     ctx.model.train()
     for b in range(state.batch_in_epoch, len(batches)):
         loss, step_stats = _forward(ctx, ctx.model, data.collate(batches[b]))
@@ -176,7 +182,7 @@ def train_epoch(ctx: Context, data: HiddenStateData, state: TrainState, order: i
         ctx.optimizer.step()
         ctx.scheduler.step()
         ctx.optimizer.zero_grad(set_to_none=True)
-        stats = step_stats.cpu() if stats is None else stats + step_stats.cpu()
+        stats = stats + step_stats.cpu()
         state.step, state.batch_in_epoch, state.epoch_stats = state.step + 1, b + 1, stats.tolist()
         if acc.is_main_process and (state.step % 10 == 0 or b == 0):
             log.info(
@@ -218,6 +224,11 @@ def evaluate(ctx: Context, data: HiddenStateData) -> dict[str, Any] | None:
     return None if stats is None else summarize(stats, ctx.job.draft.step_weight_decay)
 
 
+def _zero_stats(ttt_steps: int) -> list[list[float]]:
+    """Training sums before any batch: [len(STAT_ROWS), ttt_steps] zeros, the shape of a batch's stats."""
+    return [[0.0] * ttt_steps for _ in STAT_ROWS]
+
+
 def _with_total_stats(ctx: Context, state: TrainState) -> TrainState:
     """`state` with the epoch's training sums of every process (a collective: every process calls it),
     as a state file holds them: a resumed run restores them on the main process alone (`_restore`)."""
@@ -256,12 +267,16 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
 
 
 def _restore(ctx: Context, blob: dict[str, Any]) -> TrainState:
-    """Load a state file's tensors; -> its TrainState. The file's epoch sums are every process's: the
-    main process carries them on, the others start from zero (their sums are added at the epoch's end)."""
+    """Load a state file's tensors; -> its TrainState. The file's epoch sums are every process's
+    (reduced once before the save): the main process carries them on and the others restart theirs at
+    zeros of the same shape, so the reduction at the epoch's (or window's) end counts them once, and
+    every process holds sums (or none) alike, even when no batch of the epoch is left to train."""
     load_full_state(ctx.accelerator.unwrap_model(ctx.model), ctx.optimizer, blob["model"], blob["optimizer"])
     ctx.scheduler.load_state_dict(blob["scheduler"])
     state = TrainState(**blob["state"])
-    return state if ctx.accelerator.is_main_process else replace(state, epoch_stats=None)
+    if ctx.accelerator.is_main_process or state.epoch_stats is None:
+        return state
+    return replace(state, epoch_stats=[[0.0] * len(row) for row in state.epoch_stats])
 
 
 def load_state(ctx: Context, fingerprint: str) -> TrainState:
@@ -477,7 +492,9 @@ def main_window(job: TrainJob) -> bool:
             else validation.cpu() + torch.tensor(state.validation_stats)
         )
         state.validation_stats = summed.cpu().tolist()
-    if state.epoch_stats:  # this window's sums, all processes, added to the earlier windows'
+    # this window's sums, all processes, added to the earlier windows': a collective, so the branch is
+    # decided on what every process shares (train_epoch leaves sums on every process, zeros included)
+    if len(train_data):
         window_stats = accelerator.reduce(torch.tensor(state.epoch_stats, device=accelerator.device), "sum")
         carried = torch.tensor(state.carried_stats) if state.carried_stats else 0
         state.epoch_stats = (window_stats.cpu() + carried).tolist()
