@@ -52,5 +52,20 @@ lint: install-pipeline
 	source .venv/bin/activate && ruff check src scripts tests benchmarks envs && ruff format --check src scripts tests benchmarks envs \
 		&& snakefmt --check Snakefile rules  # snakemake --lint: tests/workflow/test_planning.py
 
+# mutation testing of the modules where a silent error costs most, each module's mutants against its fast
+# unit tests (tests/mutation/run.py; results and survivors: docs/testing.md); not part of `make test`.
+# mutmut is installed into .venv at the pin below on first use. A subset: make mutants
+# MUTANT_MODULES="matched journal"; MUTANT_MINUTES caps each module's run (0: no cap)
+.PHONY: mutants
+MUTMUT_VERSION ?= 3.8.1
+MUTANT_MODULES ?=
+MUTANT_JOBS ?= 2
+MUTANT_MINUTES ?= 0
+mutants:
+	[ -x .venv/bin/python ] || $(MAKE) install-pipeline
+	.venv/bin/python -m pip show mutmut 2>/dev/null | grep -qx "Version: $(MUTMUT_VERSION)" \
+		|| .venv/bin/python -m pip install --quiet "mutmut==$(MUTMUT_VERSION)"
+	.venv/bin/python tests/mutation/run.py $(MUTANT_MODULES) --jobs $(MUTANT_JOBS) --minutes $(MUTANT_MINUTES)
+
 clean-demo:
 	rm -rf results/demo resources/demo .snakemake
