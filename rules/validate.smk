@@ -92,6 +92,8 @@ if CURVE_POINTS:
             ],
             shards=len(SHARDS),
             epochs=EPOCHS,
+            # shard entries per training epoch of a smaller point (the same for every k < N)
+            entries=curve_epoch_entries(1),
             num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
         script:
             "../scripts/learning_curve.py"

@@ -19,4 +19,5 @@ learning_curve(
     full_history=snakemake.input.full_history,
     metadata=list(snakemake.input.metadata),
     epochs=snakemake.params.epochs,
+    entries=snakemake.params.entries,
 )

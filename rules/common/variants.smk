@@ -4,6 +4,7 @@ from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.validate.learning_curve import (
     curve_points,
     cycled_shards,
+    epoch_entries,
     variant_name,
 )
 from eagle3_pipeline.validate.selection import kept_epochs
@@ -35,11 +36,18 @@ def variant_shards(variant):
     return SHARDS[: CURVE[variant]] if variant in CURVE else SHARDS
 
 
+def curve_epoch_entries(k):
+    """Shard entries in one training epoch of the point of k shards: the main draft's samples in whole
+    shards (a last shard under half full is not one), so the point trains the main draft's steps."""
+    return epoch_entries(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size, k)
+
+
 def variant_train_shards(variant):
-    """What one training epoch of a variant reads: a learning-curve point's k shards cycled to every
-    shard's count (N/k passes: the main draft's steps), else its shards."""
+    """What one training epoch of a variant reads: a learning-curve point's k shards cycled to the
+    main draft's shard count (about N/k passes: the main draft's steps), else its shards."""
     if variant in CURVE:
-        return cycled_shards(SHARDS, CURVE[variant])
+        k = CURVE[variant]
+        return cycled_shards(SHARDS, k, curve_epoch_entries(k))
     return variant_shards(variant)
 
 

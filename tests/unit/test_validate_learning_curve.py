@@ -17,6 +17,7 @@ from eagle3_pipeline.validate.learning_curve import (
     curve_points,
     curve_record,
     cycled_shards,
+    epoch_entries,
     fit_log_odds,
     learning_curve,
     paired_gain,
@@ -42,10 +43,17 @@ def test_a_points_epoch_is_its_shards_cycled_to_the_full_drafts_count():
     assert cycled_shards(shards, 3) == ["a", "b", "c", "a"]  # a read twice, b and c once
     assert cycled_shards(shards, 4) == shards  # the main draft's own
     assert passes_per_epoch(2, 4) == [2, 2] and passes_per_epoch(3, 4) == [1, 2]
+    # the full draft's samples in whole shards: 136 samples of shards of 32 (four and a partial 8) fill 4
+    assert epoch_entries(136, 32, 1) == 4 and epoch_entries(144, 32, 1) == 5  # half a shard: one more
+    assert epoch_entries(152, 32, 2) == 5
+    assert cycled_shards(["a", "b", "c", "d", "e"], 1, 4) == ["a"] * 4
+    assert epoch_entries(64, 32, 2) == 2
     with pytest.raises(ValueError):
         cycled_shards(shards, 0)
     with pytest.raises(ValueError):
         cycled_shards(shards, 5)
+    with pytest.raises(ValueError):
+        cycled_shards(shards, 3, 2)  # fewer entries than its shards
 
 
 def test_a_point_trained_on_its_shards_cycled_takes_the_full_drafts_optimizer_steps(

@@ -80,7 +80,7 @@ def test_each_point_trains_the_main_drafts_steps_on_its_own_shards_and_a_new_sha
         assert {"shards-00001", "shards-00002"} <= folders, kind
     assert curve.input.full_history == "results/curve-plan/draft/trained/history.json"
     assert _names(curve.input.metadata) == [f"shard-{i:05d}.json" for i in range(4)]
-    assert curve.params.epochs == main.params.train["epochs"]
+    assert curve.params.epochs == main.params.train["epochs"] and curve.params.entries == 4
     report = next(job for job in four if job.rule.name == "plot_validation")
     assert {"selection", "learning_curve"} <= set(report.output.keys())
 

@@ -6,8 +6,9 @@ learning_curve/shards-{k:05d}/ of the draft's rules, on the main draft's hidden 
 are nested. k = all the shards is the main draft itself (not trained twice).
 
 Every point trains as many optimizer steps as the full draft: one training epoch of a point reads its
-k shards cycled to the full draft's N (`cycled_shards`: entry i is shard i mod k), so an epoch is N/k
-passes over its data, about the full draft's batches, and the point trains train.epochs such epochs
+k shards cycled to as many entries as the full draft's samples fill (`epoch_entries`: N, or one fewer
+when the last shard is a small partial one; `cycled_shards`: entry i is shard i mod k), so an epoch is
+about N/k passes over its data and the full draft's batches, and the point trains train.epochs such epochs
 under the same learning-rate schedule, keeping (and selecting among) the same epochs as the full
 draft. Without it every point trained the same epochs and the smaller ones fewer steps: the curve
 measured compute, not data. The steps each point did train (history.json's "step") are recorded with
@@ -23,7 +24,8 @@ toward the cap, so a slope per doubling cannot be extended. At most, with three 
 per-position conditional acceptance rates' log-odds are fitted on log2(training tokens), a scale the
 cap does not bend, and reported for the measured range only.
 
-Importable without torch (the rules read `curve_points` and `cycled_shards` at parse time).
+Importable without torch (the rules read `curve_points`, `epoch_entries` and `cycled_shards` at parse
+time).
 """
 
 from __future__ import annotations
@@ -83,22 +85,31 @@ def variant_name(k: int, shards: int) -> str:
     return "" if k == shards else f"{PREFIX}{k:05d}/"
 
 
-def cycled_shards(shards: Sequence[T], k: int) -> list[T]:
-    """One training epoch of the point on the first k of `shards`: those k cycled to len(shards) entries
-    (entry i is shard i mod k), so the epoch has about the full draft's batches. Each of the k shards
-    is read N // k or N // k + 1 times per epoch (equally often when k divides N).
+def epoch_entries(num_samples: int, shard_size: int, k: int) -> int:
+    """Shard entries in one training epoch of a point of k full shards: the full draft's samples in
+    whole shards (num_samples / shard_size to the nearest: a last shard under half full is not one), at
+    least k (every shard of the point is read)."""
+    return max(k, int(num_samples / shard_size + 0.5))
+
+
+def cycled_shards(shards: Sequence[T], k: int, entries: int | None = None) -> list[T]:
+    """One training epoch of the point on the first k of `shards`: those k cycled to `entries` entries
+    (default len(shards); entry i is shard i mod k), so the epoch has about the full draft's batches.
+    Each of the k shards is read entries // k or one more time per epoch (equally often when k divides
+    entries).
 
     Raises:
-        ValueError: k outside 1..len(shards).
+        ValueError: k outside 1..len(shards), or fewer entries than k.
     """
-    if not 1 <= k <= len(shards):
-        raise ValueError(f"a learning-curve point of {k} shards out of {len(shards)}")
-    return [shards[i % k] for i in range(len(shards))]
+    entries = len(shards) if entries is None else entries
+    if not 1 <= k <= min(len(shards), entries):
+        raise ValueError(f"a learning-curve point of {k} shards out of {len(shards)} ({entries} per epoch)")
+    return [shards[i % k] for i in range(entries)]
 
 
-def passes_per_epoch(k: int, shards: int) -> list[int]:
+def passes_per_epoch(k: int, entries: int) -> list[int]:
     """[fewest, most] times one of the point's k shards is read in one of its training epochs."""
-    return [shards // k, -(-shards // k)]
+    return [entries // k, -(-entries // k)]
 
 
 def _logit(rate: float | None) -> float | None:
@@ -232,6 +243,7 @@ def point(
     steps: int,
     training_tokens: int | None = None,
     epochs: int | None = None,
+    entries: int | None = None,
 ) -> dict[str, Any]:
     """One point: its subset, its training (tokens, optimizer steps, passes over its data) and offline
     acceptance with its interval.
@@ -242,15 +254,18 @@ def point(
         selected: its selection.json (data, not the config), None without checkpoint selection.
         steps: the curve's k (draft tokens).
         training_tokens: the loss tokens of its k shards (hidden-state metadata); None: one epoch's
-            loss tokens from its history divided by its passes per epoch (exact when k divides N).
-        epochs: train.epochs (its training epochs, each N/k passes); None: its history's length.
+            loss tokens from its history divided by its passes per epoch (exact when k divides them).
+        epochs: train.epochs (its training epochs); None: its history's length.
+        entries: shard entries in one of its training epochs (epoch_entries; the full draft's: all its
+            shards); None: `shards`.
     """
     chosen = (selected or {}).get("chosen") or {}
     epoch = chosen.get("epoch", len(history) - 1)
     trained = len(history) if epochs is None else epochs
+    entries = shards if entries is None or k == shards else entries
     if training_tokens is None and history:
         seen = (history[0].get("train") or {}).get("tokens")
-        training_tokens = None if seen is None else round(seen * k / shards)
+        training_tokens = None if seen is None else round(seen * k / entries)
     at_epoch = next((r for r in history if r.get("epoch") == epoch), {})
     ci95 = offline.get("ci95") or []
     return {
@@ -259,9 +274,9 @@ def point(
         "fraction_of_shards": k / shards,
         "training_tokens": training_tokens,
         "optimizer_steps": history[-1].get("step") if history else None,
-        "epochs": round(trained * shards / k, 3),  # passes over its own data
+        "epochs": round(trained * entries / k, 3),  # passes over its own data
         "training_epochs": trained,
-        "passes_per_epoch": passes_per_epoch(k, shards),
+        "passes_per_epoch": passes_per_epoch(k, entries),
         "epoch": epoch,
         "step": at_epoch.get("step"),  # the chosen epoch's
         "conditional": offline["conditional"],
@@ -282,8 +297,8 @@ def compute_record(points: Sequence[Mapping[str, Any]], full_steps: int | None) 
     ratios = [p["steps_ratio"] for p in points if p.get("steps_ratio") is not None]
     return {
         "rule": COMPUTE_RULE,
-        "how": "one training epoch of a point reads its k shards cycled to the full draft's N (N/k passes); "
-        "train.epochs epochs, the same learning-rate schedule and kept epochs as the full draft",
+        "how": "one training epoch of a point reads its k shards cycled to the full draft's shard count "
+        "(about N/k passes); train.epochs epochs, the full draft's learning-rate schedule and kept epochs",
         "full_draft_optimizer_steps": full_steps,
         "tolerance": STEPS_TOLERANCE,
         "within_tolerance": all(abs(r - 1) <= STEPS_TOLERANCE for r in ratios) if ratios else None,
@@ -366,6 +381,7 @@ def learning_curve(
     full_history: str | Path | None = None,
     metadata: Sequence[str | Path] = (),
     epochs: int | None = None,
+    entries: int | None = None,
 ) -> dict[str, Any]:
     """Rule learning_curve: each point's history, offline.json (and selection.json) -> learning_curve.json.
 
@@ -379,6 +395,7 @@ def learning_curve(
         metadata: the training shards' hidden-state metadata, in shard order (each point's training
             tokens are its first k shards'); empty: estimated from the histories.
         epochs: train.epochs.
+        entries: shard entries in one training epoch of a smaller point (epoch_entries); None: `shards`.
     """
     tokens = metadata_tokens(metadata) if metadata else []
     rows, replays = [], []
@@ -393,7 +410,7 @@ def learning_curve(
         k = max(1, min(num_speculative_tokens, len(offline["acceptance_length"])))
         history = json.loads(Path(p["history"]).read_text())
         own = sum(tokens[: p["shards"]]) if len(tokens) >= p["shards"] else None
-        row = point(p["shards"], shards, p["fractions"], history, offline, selected, k, own, epochs)
+        row = point(p["shards"], shards, p["fractions"], history, offline, selected, k, own, epochs, entries)
         replay = {reference: replay_rows(offline, reference, k) for reference in REFERENCES}
         row["replayed"] = {r: replayed_figure(rows_, k) for r, rows_ in replay.items() if rows_} or None
         rows.append(row)
