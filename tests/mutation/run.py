@@ -51,7 +51,14 @@ class Target:
 
 MODULES = {
     # the serve check's verdict: served acceptance against the offline replay
-    "matched": Target("src/eagle3_pipeline/validate/matched.py", ("tests/unit/test_validate_slices.py",)),
+    "matched": Target(
+        "src/eagle3_pipeline/validate/matched.py",
+        (
+            "tests/unit/test_validate_slices.py",
+            "tests/unit/test_validate_intervals.py",  # the paired bootstrap path
+            "tests/unit/test_validate_served.py",  # reference_of, replayed_counts through the check
+        ),
+    ),
     # what keeps API keys and passwords out of logs, records and command lines
     "secrets": Target(
         "src/eagle3_pipeline/server/secrets.py",
