@@ -56,9 +56,15 @@ def parse_completion(data: Any) -> dict[str, Any]:
     prompt_ids = data.get("prompt_token_ids")
     completion_ids = choice.get("token_ids")
     usage = data.get("usage") or {}
-    # vLLM >= 0.32 with --per-request-spec-decode-metrics: this reply's own draft counts (the serve check)
-    spec_decode = (data.get("metrics") or {}).get("speculative_decoding")
-    return ({"spec_decode": spec_decode} if isinstance(spec_decode, dict) else {}) | {
+    # vLLM >= 0.32 with --per-request-spec-decode-metrics / --enable-per-request-metrics: this reply's
+    # own draft counts and timing (the serve check's)
+    metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+    spec_decode = metrics.get("speculative_decoding")
+    timing = {k: metrics[k] for k in ("time_to_first_token_ms", "mean_itl_ms") if metrics.get(k) is not None}
+    extra = ({"spec_decode": spec_decode} if isinstance(spec_decode, dict) else {}) | (
+        {"timing": timing} if timing else {}
+    )
+    return extra | {
         "reasoning": reasoning,
         "content": content,
         "finish_reason": choice.get("finish_reason"),

@@ -451,6 +451,7 @@ def serving_argv(
     Flags match in both spellings (`--port 1`, `--port=1`, underscores for dashes)."""
     drop = {"--speculative-config"} | ({"--host"} if host else set()) | ({"--port"} if port else set())
     drop |= {"--per-request-spec-decode-metrics"} if per_request_metrics and speculative_config else set()
+    # (with per_request_metrics, --enable-per-request-metrics too: the timing of each reply)
     words, skip = [], False
     for word in vllm_words:
         if skip:
@@ -469,8 +470,13 @@ def serving_argv(
     words += ["--port", str(port)] if port else []
     if enforce_eager and "--enforce-eager" not in {_flag_name(w) for w in words}:
         words.append("--enforce-eager")
+    names = {_flag_name(w) for w in words}
     if per_request_metrics and speculative_config:
         words += ["--per-request-spec-decode-metrics", "summary"]
+    # each reply's time to first token and inter-token latency (the speedup's); refused beside
+    # --disable-log-stats, which the unit may set
+    if per_request_metrics and not names & {"--enable-per-request-metrics", "--disable-log-stats"}:
+        words.append("--enable-per-request-metrics")
     return words
 
 

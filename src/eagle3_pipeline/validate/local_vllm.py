@@ -130,30 +130,42 @@ def _curve_point(run: dict[str, Any]) -> dict[str, Any]:
     return {key: run[key] for key in keys if key in run}
 
 
-def run_local_without_draft(
+def run_local_speedup(
     server: ServerSettings,
+    validate: ValidateSettings,
+    checkpoint_dir: str | Path,
     questions: list[dict[str, Any]],
-    ask_group: Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]],
+    ask: Callable[[str, list[dict[str, Any]], int], list[dict[str, Any]]],
+    levels: list[int],
     state_dir: str | Path,
+    per_request_metrics: bool = False,
     port_range: tuple[int, int] = LOCAL_PORTS,
 ) -> dict[str, Any]:
-    """Serve the local unit's target alone (no draft) on a free port, time the questions by source, stop.
-
-    Args:
-        ask_group: (base_url, questions) -> outcomes, with the draft run's sampling and concurrency.
-    """
-    from eagle3_pipeline.validate.served_figures import time_by_source
+    """The local unit's target served twice at once, with the draft and without, and timed in
+    alternation at each concurrency level (validate/speedup.py); both stopped (always)."""
+    from eagle3_pipeline.validate.speedup import alternate
 
     argv, env, cwd = local_command(server)
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    handle, base_url = serve_local(
-        lambda port: serving_argv(argv, None, "127.0.0.1", port), env, cwd, Path(state_dir),
-        server.start_timeout_s, port_range,
-    )  # fmt: skip
+    draft = eagle3_draft(str(checkpoint_dir), validate.num_speculative_tokens)
+    handles = []
     try:
-        return time_by_source(lambda group: ask_group(base_url, group), questions)
+        urls = []
+        for name, spec in (("with-draft", draft), ("without-draft", None)):
+            state = Path(state_dir) / name
+            state.mkdir(parents=True, exist_ok=True)
+            handle, url = serve_local(
+                lambda port, spec=spec: serving_argv(
+                    argv, spec, "127.0.0.1", port, validate.enforce_eager and spec is not None,
+                    per_request_metrics,
+                ),
+                env, cwd, state, server.start_timeout_s, port_range,
+            )  # fmt: skip
+            handles.append(handle)
+            urls.append(url)
+        return alternate(ask, urls[0], urls[1], questions, levels)
     finally:
-        handle.stop()
+        for handle in handles:
+            handle.stop()
 
 
 PORT_ATTEMPTS = 3

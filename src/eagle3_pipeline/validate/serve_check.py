@@ -163,7 +163,7 @@ def serve_check(
     if validate.by_k_max:
         result["by_k"] = served_by_k(result, validate, local, common, server, per_request)
     if local:
-        result["speedup"] = local_speedup(server, result, common, validate)
+        result["speedup"] = local_speedup(server, result, common, validate, per_request)
     else:  # restored and verified: production serves the target alone again
         result["speedup"] = production_speedup(server, server_json, result, common, validate)
     write_json(result, output_path)
@@ -210,28 +210,37 @@ def _sampling_dict(sampling: Sampling) -> dict[str, Any]:
 
 
 def local_speedup(
-    server: ServerSettings, with_draft: dict[str, Any], common: dict[str, Any], validate: ValidateSettings
+    server: ServerSettings,
+    with_draft: dict[str, Any],
+    common: dict[str, Any],
+    validate: ValidateSettings,
+    per_request: bool = False,
 ) -> dict[str, Any]:
-    """validate.speedup: the same questions, sampling and concurrency against the target alone."""
-    from eagle3_pipeline.validate.local_vllm import run_local_without_draft
-    from eagle3_pipeline.validate.served_figures import speedup
+    """validate.speedup on a local unit: the same questions and sampling with and without the draft, both
+    servers up, timed in alternation at 1, the check's and twice the check's concurrency, 3 repeats
+    each (validate/speedup.py)."""
+    from eagle3_pipeline.validate.local_vllm import run_local_speedup
+    from eagle3_pipeline.validate.speedup import concurrency_levels, headline
 
     if not validate.speedup:
         return {"speedup": None, "reason": SPEEDUP_OFF}
-    without = run_local_without_draft(
-        server,
-        common["questions"],
-        _group_asker(server, common),
-        Path(common["state_dir"]) / "without-draft",
-    )
-    figures = speedup(with_draft, without)
+    questions, concurrency = common["questions"], common["concurrency"]
+    ask_group = _group_asker(server, common)
+    figures = run_local_speedup(
+        server, validate, common["checkpoint_dir"], questions,
+        lambda url, group, level: ask_group(url, group, level),
+        concurrency_levels(concurrency, len(questions)), Path(common["state_dir"]) / "speedup", per_request,
+    )  # fmt: skip
+    device = "cpu (vLLM's CPU build: a CPU figure, not a GPU claim)"
+    result = headline(figures, concurrency, device)
     log.info(
-        "served speedup %.2fx (%.1f tokens/s with the draft, %.1f without)",
-        figures["speedup"] or 0.0,
-        figures["tokens_per_s_with_draft"] or 0.0,
-        figures["tokens_per_s_without_draft"] or 0.0,
+        "served speedup %.2fx at concurrency %d (median of %d alternating repeats, range %s)",
+        result["speedup"] or 0.0,
+        concurrency,
+        figures["repeats"],
+        result["speedup_range"],
     )
-    return figures
+    return result
 
 
 def production_speedup(
@@ -268,15 +277,16 @@ def production_speedup(
 def _group_asker(
     server: ServerSettings, common: dict[str, Any]
 ) -> Callable[[str, list[dict]], list[dict[str, Any]]]:
-    """(base_url, questions) -> outcomes, with the draft run's sampling, concurrency and timeout."""
+    """(base_url, questions[, concurrency]) -> outcomes, with the draft run's sampling, concurrency (unless
+    given) and timeout."""
     from eagle3_pipeline.server import api_key
 
     key = api_key(server)
 
-    def ask_group(base_url: str, group: list[dict]) -> list[dict[str, Any]]:
+    def ask_group(base_url: str, group: list[dict], concurrency: int | None = None) -> list[dict[str, Any]]:
         return ask(
-            base_url, group, common["sampling"], key, common["concurrency"], common["request_timeout_s"], 2,
-            server.ca_bundle,
+            base_url, group, common["sampling"], key, concurrency or common["concurrency"],
+            common["request_timeout_s"], 2, server.ca_bundle,
         )  # fmt: skip
 
     return ask_group
