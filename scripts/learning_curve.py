@@ -8,6 +8,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
 files = dict(snakemake.input.items())
+metadata = snakemake.input.metadata  # one shard: a path, not a list
 learning_curve(
     points=[
         point | {kind: files.get(f"{kind}_{point['shards']}") for kind in ("history", "offline", "selection")}
@@ -17,7 +18,7 @@ learning_curve(
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
     output=snakemake.output[0],
     full_history=snakemake.input.full_history,
-    metadata=list(snakemake.input.metadata),
+    metadata=[metadata] if isinstance(metadata, str) else list(metadata),
     epochs=snakemake.params.epochs,
     entries=snakemake.params.entries,
 )

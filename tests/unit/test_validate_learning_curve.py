@@ -248,7 +248,7 @@ def test_the_learning_curve_figure_draws_intervals_on_a_token_axis(tmp_path: Pat
     learning_curve_figure(tmp_path / "curve.json", tmp_path / "curve.png")
     (panel,) = read_figure_text(tmp_path / "curve.png")
     assert "every point at 100 optimizer steps" in panel["title"]
-    assert "1 -> 2 shards: +0.10 (replayed +0.10 [-0.02, +0.20])" in panel["title"]
+    assert "1 -> 2 shards: +0.10 offline (replayed +0.10 [-0.02, +0.20])" in panel["title"]
     assert "per doubling" not in panel["title"]
     assert panel["xlabel"].startswith("training tokens")
     assert any("95% CI" in entry for entry in panel["legend"])

@@ -144,7 +144,7 @@ def fit_log_odds(
             slopes.append(None)
             continue
         slope, _ = statistics.linear_regression(xs, [float(y) for y in ys if y is not None])
-        slopes.append(round(slope, 4))
+        slopes.append(round(slope, 4) + 0.0)  # no -0.0
     return {
         "x": "log2(training tokens)",
         "y": "log-odds of the conditional acceptance rate, per draft position",

@@ -146,8 +146,9 @@ def learning_curve_figure(curve_path: str | Path, output: str | Path) -> None:
 
 
 def _gain_text(gain: dict[str, Any]) -> str:
-    """ "1 -> 2 shards: +0.12 [-0.03, +0.25]" (the paired, replayed greedy interval), else the gain alone."""
-    text = f"{gain['from_shards']} -> {gain['to_shards']} shards: {gain['gain']:+.2f}"
+    """ "1 -> 2 shards: +0.12 offline (replayed +0.10 [-0.03, +0.25])": the offline gain, and the replayed
+    greedy gain with its paired interval where there is one."""
+    text = f"{gain['from_shards']} -> {gain['to_shards']} shards: {gain['gain']:+.2f} offline"
     paired = (gain.get("replayed") or {}).get("greedy")
     if paired and paired.get("ci95"):
         low, high = paired["ci95"]
