@@ -38,13 +38,15 @@ def variant_shards(variant):
 
 def curve_epoch_entries(k):
     """Shard entries in one training epoch of the point of k shards: the main draft's samples in whole
-    shards (a last shard under half full is not one), so the point trains the main draft's steps."""
+    shards (a last shard under half full is not one), so the point trains the main draft's steps.
+    """
     return epoch_entries(SETTINGS.dataset.num_samples, SETTINGS.dataset.shard_size, k)
 
 
 def variant_train_shards(variant):
     """What one training epoch of a variant reads: a learning-curve point's k shards cycled to the
-    main draft's shard count (about N/k passes: the main draft's steps), else its shards."""
+    main draft's shard count (about N/k passes: the main draft's steps), else its shards.
+    """
     if variant in CURVE:
         k = CURVE[variant]
         return cycled_shards(SHARDS, k, curve_epoch_entries(k))
