@@ -9,7 +9,9 @@ engine serves the main and the baseline shards; the plan from an empty directory
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,16 +62,20 @@ def test_demo_produces_validated_checkpoint(demo_workdir: Path):
     server = json.loads((results / "server" / "server.json").read_text())
     assert server["reasoning_parser"] == "kimi_k2"
     stats = json.loads((results / "traces" / "stats.json").read_text())
-    assert json.dumps(stats)  # accounted and written
+    assert 0 < stats["kept"] <= stats["prompts"] <= 96  # e2e.yaml's num_samples, every one accounted for
+    assert stats["kept"] + sum(stats["dropped"].values()) == stats["prompts"], stats
     config = json.loads((results / "draft" / "checkpoint" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     speculators = json.loads((results / "draft" / "speculators" / "config.json").read_text())
     assert speculators["speculators_config"]["verifier"]["name_or_path"].endswith("resources/demo/target")
     assert speculators["norm_before_residual"] is False
     offline = json.loads((results / "validation" / "offline.json").read_text())
-    assert offline
+    assert len(offline["acceptance_length"]) == 7 and offline["anchors"] > 0  # draft.ttt_steps
+    assert all(1.0 <= a <= i + 2 for i, a in enumerate(offline["acceptance_length"])), offline
     serve = json.loads((results / "validation" / "serve_check.json").read_text())
-    assert serve
+    k = serve["num_speculative_tokens"]
+    assert k == 3 and serve["drafts"] > 0
+    assert 1.0 < serve["acceptance_length"] <= k + 1, serve["acceptance_length"]
 
 
 def test_demo_selects_its_epoch_by_acceptance_and_writes_its_learning_curve(demo_workdir: Path):
@@ -90,7 +96,23 @@ def test_demo_selects_its_epoch_by_acceptance_and_writes_its_learning_curve(demo
     tokens = [p["training_tokens"] for p in curve["points"]]
     assert 0 < tokens[0] < tokens[1]
     assert curve["points"][1]["acceptance_length"] == offline["acceptance_length"]  # 1.0: the main draft
-    assert isinstance(curve["trend"]["per_doubling"], float)
+    assert "trend" not in curve and curve["fit"] is None  # two points: no fit, nothing extrapolated
+    history = json.loads((results / "draft" / "trained" / "history.json").read_text())
+    assert curve["compute"]["rule"] == "equal optimizer steps to the full draft"
+    assert curve["compute"]["full_draft_optimizer_steps"] == history[-1]["step"]
+    small, full = curve["points"]
+    assert full["optimizer_steps"] == history[-1]["step"] and full["steps_ratio"] == 1.0
+    assert 0.75 <= small["steps_ratio"] <= 1.25, small  # 3 x shard 0 against shards 0-2: tokens differ
+    assert small["epochs"] == 6 and small["training_epochs"] == 2 and small["passes_per_epoch"] == [3, 3]
+    for p in curve["points"]:
+        low, high = p["ci95"]
+        assert low <= p["mean_accepted_length"] <= high
+    gain = curve["gains"][0]
+    assert gain["gain"] == pytest.approx(
+        full["mean_accepted_length"] - small["mean_accepted_length"], abs=1e-4
+    )
+    paired = gain["replayed"]["greedy"]
+    assert paired["questions"] > 1 and paired["ci95"][0] <= paired["gain"] <= paired["ci95"][1]
     for figure in ("selection.png", "learning_curve.png"):
         assert (results / "report" / figure).stat().st_size > 0
 
@@ -112,11 +134,25 @@ def test_demo_reports_acceptance_by_slice_and_the_matched_serve_check(demo_workd
     assert serve["sampling"]["temperature"] == 0.0 and serve["sampled"]["sampling"]["temperature"] == 0.6
     assert serve["sampled"]["drafts"] > 0 and serve["question_ids"] == serve["sampled"]["question_ids"]
     assert set(serve["question_ids"]) <= set(offline["served_replay"]["samples"])
-    matched = serve["offline_comparison"]
-    assert matched["reference"] == "greedy" and matched["enforced"] and matched["agree"], matched
+    # the run at the generation's own sampling decides (vLLM's CPU sampling mended: vllm_cpu_fix.py);
+    # the greedy run is a diagnostic; both paired question by question (vLLM's per-request counts)
+    matched = serve["sampled_comparison"]
+    assert matched["reference"] == "sampled" and matched["enforced"] and matched["agree"], matched
     assert len(matched["positions"]) == serve["num_speculative_tokens"] and matched["questions"] > 0
-    assert serve["sampled_comparison"]["reference"] == "sampled"
-    assert serve["sampled_comparison"]["enforced"] is False
+    assert matched["allowance"].startswith("paired question bootstrap"), matched["allowance"]
+    assert serve["offline_comparison"]["reference"] == "greedy"
+    assert serve["offline_comparison"]["enforced"] is False
+    for run in (serve, serve["sampled"]):  # every served figure with its question-level interval
+        low, high = run["ci95"]
+        assert low <= run["acceptance_length"] <= high, run
+        assert set(run["per_question"]) <= set(serve["question_ids"])
+    assert serve["auxiliary_layers"]["served"] == serve["auxiliary_layers"]["trained"] == [2, 4, 5]
+    by_k = serve["by_k"]  # validate.by_k_max 1 (e2e.yaml): k = 1 on a server of its own
+    assert list(by_k) == ["1"] and set(by_k["1"]) == {"greedy", "sampled"}
+    assert 1.0 <= by_k["1"]["greedy"]["acceptance_length"] <= 2.0 and by_k["1"]["greedy"]["ci95"]
+    assert all(
+        low <= a <= high for a, (low, high) in zip(offline["acceptance_length"], offline["ci95"], strict=True)
+    )
     assert (results / "report" / "slices.png").stat().st_size > 0
 
 
@@ -137,11 +173,55 @@ def test_second_run_has_nothing_to_do(demo_workdir: Path):
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
+def processes_of(root: Path) -> list[str]:
+    """Live processes that belong to the run in `root`: started there (their working directory is
+    under it) or naming it on their command line (the vLLM server serves the workdir's target, the
+    extraction engine writes under its results). Read from /proc, not from the pipeline's pid files,
+    which a failed kill would leave deleted all the same."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # exited, not yet reaped: holds no port, memory or GPU
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        if str(root) in command or cwd == str(root) or cwd.startswith(f"{root}/"):
+            found.append(f"{proc.name}: {command.strip()}")
+    return found
+
+
 def test_no_server_left_running(demo_workdir: Path):
-    pid_files = list((demo_workdir / "results" / "e2e" / "work").rglob("*.pid"))
-    for pid_file in pid_files:
-        pid = int(pid_file.read_text().split()[0])
-        assert not Path(f"/proc/{pid}").exists(), f"server {pid} ({pid_file}) still running"
+    # the check itself can fail: a process started in the workdir is found, then stopped
+    stray = subprocess.Popen(["sleep", "60"], cwd=demo_workdir)
+    try:
+        assert any(line.startswith(f"{stray.pid}:") for line in processes_of(demo_workdir))
+    finally:
+        stray.kill()
+        stray.wait()
+    assert processes_of(demo_workdir) == [], "the demo left processes running"
+
+
+# Sized on this suite's own run (e2e.yaml: 96 prompts, max_tokens 256, 2 epochs, 8 questions, k = 3), on
+# 2026-12-05: main served 1.178 [1.119, 1.232] greedy, 1.196 sampled; the baseline 1.104 [1.071, 1.135].
+# Two epochs make a weak draft (README's demo trains 10); the floor sits below the main draft's interval.
+SERVED_FLOOR = 1.10
+
+
+def test_the_main_draft_is_served_above_its_floor_and_above_the_baseline(demo_workdir: Path):
+    """The README's headline claim at the suite's size: the draft trained on the target's own traces is
+    accepted more, served by vLLM, than the same draft trained on the dataset's answers."""
+    results = demo_workdir / "results" / "e2e"
+    main = json.loads((results / "validation" / "serve_check.json").read_text())
+    baseline = json.loads((results / "baseline" / "validation" / "serve_check.json").read_text())
+    assert main["acceptance_length"] >= SERVED_FLOOR, main["acceptance_length"]
+    assert main["acceptance_length"] > baseline["acceptance_length"], (
+        main["acceptance_length"],
+        baseline["acceptance_length"],
+    )
 
 
 def test_no_secret_in_any_file_the_run_wrote(demo_workdir: Path):
