@@ -110,3 +110,9 @@ def test_choosing_the_best_of_equal_epochs_is_optimistic_and_a_clear_winner_is_n
     clear = selection_optimism([epoch(0.2), epoch(0.8)], k=2)
     assert abs(clear["optimism"]) < 0.01  # the same epoch wins every resample: no selection effect
     assert selection_optimism([epoch(0.5)], k=2)["optimism"] == 0.0
+
+
+def test_no_question_gives_no_figure_and_no_interval():
+    assert acceptance_interval([]) == {
+        "acceptance_length": [], "ci95": [], "questions": 0, "draws": 2000, "seed": 0, "unit": "question"
+    }  # fmt: skip

@@ -24,7 +24,9 @@ SEED = 0
 
 
 def counts_matrix(rows: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
-    """[questions, 1 + k] int64 from (denominator, per-position counts) rows."""
+    """[questions, 1 + k] int64 from (denominator, per-position counts) rows ([0, 1] with none)."""
+    if not rows:
+        return np.zeros((0, 1), dtype=np.int64)
     return np.array([[int(d), *map(int, counts)] for d, counts in rows], dtype=np.int64).reshape(
         len(rows), -1
     )

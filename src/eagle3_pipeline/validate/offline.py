@@ -216,13 +216,21 @@ def slice_figures(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """offline.json's "slices": per reference, per slice, anchors, prefix counts and the acceptance."""
     figures: dict[str, Any] = {}
     for reference in ("greedy", "sampled"):
-        merged = merge_slices([p["slices"][reference] for p in parts if p.get("slices")])
+        per_sample = [p["slices"][reference] for p in parts if p.get("slices")]
+        merged = merge_slices(per_sample)
         figures[reference] = {
             name: {"prefix_counts": c["prefix"]}
             | offline_acceptance(c["prefix"], c["prefix"], c["anchors"]).to_dict()
+            | {"ci95": _slice_interval(per_sample, name)}
             for name, c in merged.items()
         }
     return figures
+
+
+def _slice_interval(per_sample: Sequence[dict[str, Any]], name: str) -> list[list[float] | None]:
+    """A slice's question-level 95% interval per k: the questions that have anchors in it, resampled."""
+    rows = [(s[name]["anchors"], s[name]["prefix"]) for s in per_sample if s.get(name, {}).get("anchors")]
+    return acceptance_interval(rows)["ci95"]
 
 
 def evaluate(
