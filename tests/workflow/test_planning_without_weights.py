@@ -11,6 +11,7 @@ file looked for. Where the weights are, nothing of this is planned (tests/workfl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,10 +59,13 @@ def documented(command: str) -> str:
 
 
 def shell(root: Path, command: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """`command` as a person types it after `source .venv/bin/activate`, in the scratch checkout."""
+    """`command` as a person types it after `source .venv/bin/activate`, in the scratch checkout: from a
+    shell, not from inside `make test` (whose MAKELEVEL would make a nested make print its directory)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     return subprocess.run(
         ["bash", "-c", f"source .venv/bin/activate && {command}"],
         cwd=root,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
