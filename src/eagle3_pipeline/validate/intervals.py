@@ -52,7 +52,8 @@ def position_rates(sums: np.ndarray) -> np.ndarray:
         return np.where(denominator > 0, sums[..., 1:] / denominator, np.nan)
 
 
-def _interval(values: np.ndarray) -> list[float] | None:
+def percentile_interval(values: np.ndarray) -> list[float] | None:
+    """The 95% percentile interval of bootstrap draws (non-finite draws left out; None with none)."""
     values = values[np.isfinite(values)]
     if values.size == 0:
         return None
@@ -74,7 +75,7 @@ def acceptance_interval(
     per_k: list[list[float] | None] = [None] * len(lengths)
     if len(counts) >= 2:
         drawn = acceptance_lengths(counts[resamples(len(counts), draws, seed)].sum(axis=1))
-        per_k = [_interval(drawn[:, i]) for i in range(drawn.shape[1])]
+        per_k = [percentile_interval(drawn[:, i]) for i in range(drawn.shape[1])]
     return {
         "acceptance_length": [round(float(x), 4) for x in lengths],
         "ci95": per_k,
@@ -106,7 +107,7 @@ def paired_differences(
     return {
         "difference": [float(x) for x in difference],
         "standard_error": [float(np.nanstd(drawn[:, i])) for i in range(drawn.shape[1])],
-        "ci95": [_interval(drawn[:, i]) for i in range(drawn.shape[1])],
+        "ci95": [percentile_interval(drawn[:, i]) for i in range(drawn.shape[1])],
         "questions": len(a),
         "draws": draws,
         "seed": seed,
@@ -137,7 +138,7 @@ def selection_optimism(
     gaps = boot[np.arange(draws), chosen] - original[chosen]
     return {
         "optimism": round(float(np.mean(gaps)), 4),
-        "ci95": _interval(gaps),
+        "ci95": percentile_interval(gaps),
         "draws": draws,
         "seed": seed,
         "questions": len(matrices[0]),

@@ -48,6 +48,7 @@ from eagle3_pipeline.validate.intervals import (
     acceptance_lengths,
     counts_matrix,
     paired_differences,
+    percentile_interval,
     resamples,
 )
 
@@ -167,14 +168,6 @@ def replay_rows(offline: Mapping[str, Any], reference: str, k: int) -> dict[str,
     return rows
 
 
-def _percentiles(values: np.ndarray) -> list[float] | None:
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return None
-    low, high = np.percentile(values, [2.5, 97.5])
-    return [round(float(low), 4), round(float(high), 4)]
-
-
 def _rows(counts: np.ndarray) -> list[tuple[int, list[int]]]:
     return [(row[0], row[1:]) for row in counts.tolist()]
 
@@ -206,7 +199,7 @@ def paired_gain(
     positions = paired_differences(_rows(a), _rows(b), draws, seed)
     return {
         "gain": round(float(gain), 4) if np.isfinite(gain) else None,
-        "ci95": _percentiles(drawn),
+        "ci95": percentile_interval(drawn),
         "standard_error": round(float(np.nanstd(drawn)), 4) if np.isfinite(drawn).any() else None,
         "per_position_rate": {
             "difference": [round(x, 4) for x in positions["difference"]],
