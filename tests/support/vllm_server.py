@@ -1,9 +1,10 @@
 """The suite's one vLLM launcher (`VllmServer`) and its shared session fixture ``demo_vllm_server``: the real
 vLLM CPU server (.venv-vllm) serving the demo target.
 
-The target is resources/demo/target when it is built (rule build_demo_target); otherwise it is built
-once into .pytest_cache/demo-target/<sample hash>/ with a short fit and reused by later sessions (and by
-every test that needs a fitted target: `demo_target_dir()`, or `copy_demo_target` for a private copy).
+The target is resources/demo/target when it is built (rule build_demo_target); otherwise the one shipped
+in tests/data/demo-target/ (support.demo_target_data), copied into .pytest_cache/demo-target/<key>/, or,
+when that copy is stale, one fitted there with TEST_FIT and reused by later sessions (every test that
+needs a fitted target: `demo_target_dir()`, or `copy_demo_target` for a private copy).
 The shared server runs the ExecStart of the demo's own unit template, on a free 127.0.0.1 port. A test
 that must kill, restart or reconfigure its server starts its own `VllmServer` (support.generation_server).
 """
@@ -11,7 +12,6 @@ that must kill, restart or reconfigure its server starts its own `VllmServer` (s
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import demo_target_data
 from support.costs import COUNTER
 from support.requirements import VLLM_PYTHON, require  # noqa: F401 (VLLM_PYTHON: importable here, as before)
 
@@ -62,15 +63,15 @@ def demo_target_dir() -> Path:
     """The built demo target, or one built (once, cached) under .pytest_cache for the tests."""
     if (BUILT_TARGET / "model.safetensors").exists() and (BUILT_TARGET / "tokenizer.json").exists():
         return BUILT_TARGET
-    key = hashlib.sha256(
-        SAMPLE.read_bytes() + UNIT_TEMPLATE.read_bytes() + repr((TEST_DEMO, TEST_FIT)).encode()
-    ).hexdigest()[:12]
+    key = demo_target_data.key(TEST_DEMO, TEST_FIT)
     cached = REPO / ".pytest_cache" / "demo-target" / key
     cached.mkdir(parents=True, exist_ok=True)
     # one fit however many sessions (or xdist workers) ask at once: the others wait for it
     with (cached / "fit.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (cached / "target" / "model.safetensors").exists():
+        if not (cached / "target" / "model.safetensors").exists() and not demo_target_data.install_shipped(
+            cached / "target", key
+        ):
             COUNTER.fits_in_process += 1
             build_demo_target(
                 SAMPLE, UNIT_TEMPLATE, cached / "target", cached / "vllm-demo.service",

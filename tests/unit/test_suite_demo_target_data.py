@@ -1,0 +1,26 @@
+"""The fitted demo target the suite ships (tests/support/demo_target_data.py) is the one today's sample,
+fit code and TEST_FIT give; otherwise every session would fit its own, 19 minutes on a loaded CI runner."""
+
+import json
+
+from support import demo_target_data
+from support.vllm_server import TEST_DEMO, TEST_FIT
+
+
+def test_the_shipped_demo_target_is_fitted_from_todays_sample_and_code():
+    wanted = demo_target_data.key(TEST_DEMO, TEST_FIT)
+    assert demo_target_data.shipped_key() == wanted, (
+        f"tests/data/demo-target/ is stale (key {demo_target_data.shipped_key()}, today's {wanted}): "
+        f"the demo's sample, fit code or TEST_FIT changed; refit it with `{demo_target_data.REGENERATE}`"
+    )
+    fit = json.loads((demo_target_data.SHIPPED / "target" / "fit.json").read_text())
+    assert fit["steps"] == TEST_FIT.steps and fit["threads"] == TEST_FIT.threads, fit
+
+
+def test_a_stale_copy_is_not_installed(tmp_path):
+    target = tmp_path / "target"
+    assert not demo_target_data.install_shipped(target, "not-the-key") and not target.exists()
+    assert demo_target_data.install_shipped(target, demo_target_data.shipped_key())
+    assert (target / "model.safetensors").stat().st_size == (
+        demo_target_data.SHIPPED / "target" / "model.safetensors"
+    ).stat().st_size
