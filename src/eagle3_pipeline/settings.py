@@ -216,6 +216,7 @@ class ValidateSettings:
     by_k_max: int = 0
     speedup: bool = True
     select_every_epochs: int = 1
+    speedup_repeats: int = 3
     learning_curve: tuple[float, ...] = ()
     context_buckets: tuple[int, ...] = (512, 2048, 8192)
 

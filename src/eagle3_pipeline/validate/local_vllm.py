@@ -162,7 +162,7 @@ def run_local_speedup(
             )  # fmt: skip
             handles.append(handle)
             urls.append(url)
-        return alternate(ask, urls[0], urls[1], questions, levels)
+        return alternate(ask, urls[0], urls[1], questions, levels, validate.speedup_repeats)
     finally:
         for handle in handles:
             handle.stop()

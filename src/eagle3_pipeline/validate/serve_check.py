@@ -217,8 +217,8 @@ def local_speedup(
     per_request: bool = False,
 ) -> dict[str, Any]:
     """validate.speedup on a local unit: the same questions and sampling with and without the draft, both
-    servers up, timed in alternation at 1, the check's and twice the check's concurrency, 3 repeats
-    each (validate/speedup.py)."""
+    servers up, timed in alternation at 1, the check's and twice the check's concurrency,
+    validate.speedup_repeats times each (validate/speedup.py)."""
     from eagle3_pipeline.validate.local_vllm import run_local_speedup
     from eagle3_pipeline.validate.speedup import concurrency_levels, headline
 

@@ -3,8 +3,9 @@ timed in alternation.
 
 One timed run is noise (a 1.5-second run, other work on the machine, a cold cache), so every
 concurrency level (1, the check's, twice the check's: where speculative decoding pays and where the
-batch takes over) is timed `REPEATS` times in each arm, the arms alternating and the order flipped
-every repeat (with-without, without-with, ...) so that drift over the run hits both alike. Reported
+batch takes over) is timed `validate.speedup_repeats` times (default 3) in each arm, the arms
+alternating and the order flipped every repeat (with-without, without-with, ...) so that drift over the
+run hits both alike. Reported
 per level: the median and range of output tokens/s in each arm, of their ratio over the paired
 repeats, and the median time to first token and inter-token latency (vLLM's per-request metrics,
 `--enable-per-request-metrics`). On vLLM's CPU build these are CPU figures, never a GPU claim
