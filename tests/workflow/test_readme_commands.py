@@ -1,0 +1,170 @@
+"""Every command block of README.md runs as written (issue 40, item 1).
+
+The ```bash / ```sh / ```console blocks are parsed and each command is run, in order, through bash in a
+scratch copy of the repository (its own results/, .snakemake/ and config/): as written where it only
+plans or reads, as a dry run where it would start real work (`snakemake` gets `-n`, `make demo`/`make test`
+become `make -n ...`). A command that is neither is listed in ELSEWHERE with the test that exercises it;
+a README command that is neither run here nor listed fails this test, and so does a command left in an
+indented (unfenced) block, which this parser would not see. Dry runs only: about half a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.workflow import REPO, job_counts
+
+README = REPO / "README.md"
+COMMAND_LANGUAGES = ("bash", "sh", "console")
+# the repository as a checkout holds it, less tests and docs; the package is the venv's (editable)
+COPIED = (
+    "Snakefile",
+    "rules",
+    "scripts",
+    "envs",
+    "profiles",
+    "config",
+    "report",
+    "Makefile",
+    "pyproject.toml",
+)
+KIMI = "config/examples/kimi-k2.5-8gpu.yaml"
+
+# Commands run elsewhere (real work, a person's host, or a plan another test already runs): the test
+# that exercises each, and why not here.
+ELSEWHERE: dict[str, tuple[str, str]] = {
+    "snakemake --report results/demo/report.html": (
+        "tests/workflow/test_report_rule.py",
+        "needs a finished run; that test builds the report from a finished results tree",
+    ),
+    f"snakemake -n --configfile {KIMI}": (
+        "tests/workflow/test_planning_without_weights.py",
+        "the production dry run (16 s here), planned there without the weights, job by job",
+    ),
+    f"make plan CONFIG={KIMI}": ("tests/workflow/test_planning_without_weights.py", "make -n plan there"),
+    f"snakemake -n --workflow-profile profiles/slurm --configfile {KIMI}": (
+        "tests/workflow/test_planning_without_weights.py",
+        "the SLURM profile's dry run there",
+    ),
+    f"python -m eagle3_pipeline.budget {KIMI}": (
+        "tests/workflow/test_planning_without_weights.py",
+        "the budget",
+    ),
+    f"make cost CONFIG={KIMI}": ("tests/workflow/test_planning_without_weights.py", "make cost"),
+    "ssh-keyscan -p 22 HOSTNAME >> ~/.ssh/known_hosts": (
+        "tests/integration/test_server_ssh.py",
+        "a person's host; the SSH tier checks that an unknown host's error gives this line",
+    ),
+    "snakemake -n --configfile config/kimi.yaml": (
+        "tests/workflow/test_planning_without_weights.py",
+        "the example's plan from a copy; its job count is checked here on the --resources line",
+    ),
+    "snakemake --workflow-profile profiles/slurm --configfile config/kimi.yaml": (
+        "tests/workflow/test_planning_without_weights.py",
+        "the SLURM profile's dry run of the example",
+    ),
+}
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def commands(language: str, body: str) -> list[str]:
+    """A block's commands: continuations joined, comments and console prompts/output dropped."""
+    lines = body.replace("\\\n", " ").splitlines()
+    if language == "console":
+        lines = [line[2:] for line in lines if line.startswith("$ ")]
+    stripped = (re.sub(r"\s+#.*$", "", line).strip() for line in lines)
+    return [re.sub(r"\s+", " ", line) for line in stripped if line and not line.startswith("#")]
+
+
+def readme_commands() -> list[str]:
+    return [
+        command
+        for language, body in fenced_blocks(README.read_text())
+        if language in COMMAND_LANGUAGES
+        for command in commands(language, body)
+    ]
+
+
+def as_run(command: str) -> str:
+    """The command as this test runs it: a dry run where it would start real work."""
+    if re.fullmatch(r"make (demo|test)", command):
+        return command.replace("make ", "make -n ", 1)
+    if command.startswith("snakemake ") and " -n" not in command and "--report" not in command:
+        return command.replace("snakemake ", "snakemake -n ", 1)
+    return command
+
+
+def shell(root: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` as a person types it after `source .venv/bin/activate` (no inherited make level)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    return subprocess.run(
+        ["bash", "-c", f"source .venv/bin/activate && {command}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("readme")
+    for name in COPIED:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+    (root / ".venv").symlink_to(sys.prefix)
+    return root
+
+
+def test_the_readme_has_command_blocks_and_no_unfenced_commands():
+    text = README.read_text()
+    assert len(readme_commands()) >= 10
+    outside = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    unfenced = re.findall(
+        r"^ {4}(?:\$ )?(?:make|snakemake|python|source|cp|ssh-keyscan|pip|bash|vllm) .*", outside, re.M
+    )
+    assert not unfenced, (
+        f"commands in an indented block: fence them as ```bash so that they are tested: {unfenced}"
+    )
+
+
+def test_every_listed_command_is_in_the_readme_and_its_test_exists():
+    listed = set(readme_commands())
+    for command, (test, _why) in ELSEWHERE.items():
+        assert command in listed, f"ELSEWHERE lists a command README.md no longer has: {command}"
+        assert (REPO / test).exists(), f"{command}: {test} does not exist"
+
+
+def test_every_readme_command_runs_as_written(scratch):
+    ran = []
+    for command in readme_commands():
+        if command in ELSEWHERE:
+            continue
+        run = as_run(command)
+        result = shell(scratch, run)
+        text = result.stdout + result.stderr
+        if command.startswith("python -m eagle3_pipeline.budget"):
+            # exit 1 means the numbers do not fit this machine's disk: the command worked
+            assert result.returncode == 0 or "DOES NOT FIT" in text, f"{run}:\n{text[-3000:]}"
+        else:
+            assert result.returncode == 0, f"README.md's `{command}` failed as `{run}`:\n{text[-3000:]}"
+        if "--set-resources" in command:  # the plan the README counts on the line before
+            total = sum(job_counts(result.stdout).values())
+            assert f"{total:,} jobs planned" in README.read_text(), f"README's job count is not {total:,}"
+        ran.append(run)
+    assert "make -n demo" in ran and "snakemake -n" in ran and "snakemake -n --cores all" in ran
