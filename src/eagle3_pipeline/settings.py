@@ -174,6 +174,7 @@ class DraftSettings:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    architecture: str = "auto"  # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
 
 
 # draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),

@@ -2,7 +2,10 @@
 
 At TTT step k a query at position t sees step 0's keys causally (positions 0..t) and, at its own
 position only, the key each later step 1..k produced there (`ttt_attention_mask` spells the mask out).
-Softmax runs over the union of those keys. Shapes: q and every cached k, v are [B, nh, T, hd].
+Softmax runs over the union of those keys. Shapes: q and every cached k are [B, nh, T, hd], every
+cached v [B, nh, T, hd_v] (hd_v = hd for the Llama draft; MLA's values are narrower than its queries and
+keys, 128 against 192 at Kimi's shape), the output [B, nh, T, hd_v]. Scores are scaled by `scale`,
+1 / sqrt(hd) unless given (MLA under YaRN multiplies it by the rope's mscale squared).
 
 Three forms, equal up to rounding (tests check forward and gradients):
 
@@ -28,7 +31,9 @@ import math
 
 import torch
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (keys, values) per TTT step, each [B, nh, T, hd]
+KVCache = list[
+    tuple[torch.Tensor, torch.Tensor]
+]  # one (keys [B, nh, T, hd], values [B, nh, T, hd_v]) per step
 BLOCK_ELEMENTS = 2**24  # scores per query block: 64 MB in fp32, a few such tensors live at once
 MIN_BLOCK_ROWS = 64  # below this the matmuls get too thin (Kimi-K2.5: 64 heads x 10,240 keys: 168 MB)
 
@@ -42,11 +47,15 @@ def ttt_attention_mask(seq_len: int, step: int) -> torch.Tensor:
     return torch.cat([causal] + [same_position] * step, dim=1)
 
 
-def ttt_attention_dense(q: torch.Tensor, cache: KVCache) -> torch.Tensor:
+def default_scale(q: torch.Tensor) -> float:
+    return 1.0 / math.sqrt(q.shape[-1])
+
+
+def ttt_attention_dense(q: torch.Tensor, cache: KVCache, scale: float | None = None) -> torch.Tensor:
     """The reference: attention of the newest step's queries q [B, nh, T, hd] over `cache` with a dense
-    T x T causal block per step; -> [B, nh, T, hd]. Memory quadratic in T (kept for tests and the
+    T x T causal block per step; -> [B, nh, T, hd_v]. Memory quadratic in T (kept for tests and the
     benchmark)."""
-    seq_len, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    seq_len, scale = q.shape[-2], default_scale(q) if scale is None else scale
     k0, v0 = cache[0]
     causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, T, T]
@@ -84,15 +93,15 @@ def _block_scores(
 
 
 class _LinearTTTAttention(torch.autograd.Function):
-    """Blocked TTT attention with a log-sum-exp merge; see the module docstring. Arguments after q are
-    k0, v0, then the keys of steps 1..k, then their values (a flat tuple: autograd wants tensors)."""
+    """Blocked TTT attention with a log-sum-exp merge; see the module docstring. Arguments: the score
+    scale, q, k0, v0, then the keys of steps 1..k, then their values (a flat tuple: autograd wants
+    tensors)."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, *later: torch.Tensor):  # noqa: ANN001
+    def forward(ctx, scale: float, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, *later: torch.Tensor):  # noqa: ANN001
         keys, values = later[: len(later) // 2], later[len(later) // 2 :]
         batch, heads, seq_len, _ = q.shape
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        out = torch.empty_like(q)
+        out = q.new_empty(batch, heads, seq_len, v0.shape[-1])  # hd_v: MLA's values are narrower
         lse = _wide(q.new_empty(batch, heads, seq_len))
         block = block_size(batch, heads, seq_len)
         for start in range(0, seq_len, block):
@@ -107,6 +116,7 @@ class _LinearTTTAttention(torch.autograd.Function):
             out[:, :, start:end] = (acc / total[..., None]).to(q.dtype)
             lse[:, :, start:end] = top + total.log()
         ctx.save_for_backward(q, k0, v0, out, lse, *later)
+        ctx.scale = scale
         return out
 
     @staticmethod
@@ -114,7 +124,7 @@ class _LinearTTTAttention(torch.autograd.Function):
         q, k0, v0, out, lse, *later = ctx.saved_tensors
         keys, values = later[: len(later) // 2], later[len(later) // 2 :]
         batch, heads, seq_len, _ = q.shape
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = ctx.scale
         grad_out = grad_out.contiguous()
         # D = rowsum(dO * O): the softmax backward's subtracted term, per query row
         delta = (_wide(grad_out) * _wide(out)).sum(-1)  # [B, nh, T]
@@ -143,13 +153,14 @@ class _LinearTTTAttention(torch.autograd.Function):
                 dq[:, :, start:end] += ds * _wide(k[:, :, start:end])
                 dkeys[j][:, :, start:end] = (ds * _wide(qb)).to(k.dtype)
         grads = [dq, dk0, dv0, *dkeys, *dvalues]
-        return tuple(g.to(t.dtype) for g, t in zip(grads, [q, k0, v0, *later], strict=True))
+        return (None, *(g.to(t.dtype) for g, t in zip(grads, [q, k0, v0, *later], strict=True)))
 
 
-def ttt_attention(q: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Attention of the newest step's queries q [B, nh, T, hd] over `cache`; -> [B, nh, T, hd].
+def ttt_attention(q: torch.Tensor, cache: KVCache, scale: float | None = None) -> torch.Tensor:
+    """Attention of the newest step's queries q [B, nh, T, hd] over `cache`; -> [B, nh, T, hd_v].
 
     Equal to `ttt_attention_dense`, in memory linear in T (see the module docstring)."""
     (k0, v0), later = cache[0], cache[1:]
+    scale = default_scale(q) if scale is None else float(scale)
     with torch.autocast(q.device.type, enabled=False):  # the function casts explicitly, like the reference
-        return _LinearTTTAttention.apply(q, k0, v0, *[k for k, _ in later], *[v for _, v in later])
+        return _LinearTTTAttention.apply(scale, q, k0, v0, *[k for k, _ in later], *[v for _, v in later])

@@ -7,6 +7,12 @@ draft.num_attention_heads, draft.num_key_value_heads) defaults to the target's w
 standard attention with a head size serving engines accept, and otherwise to heads of HEAD_DIM: a
 derived hidden/heads can be a size vLLM's attention backends refuse (Kimi-K2.5: 7,168 / 64 = 112;
 SpecForge's Kimi-K2.5 draft uses 64 heads of 128).
+
+draft.architecture picks the attention: `llama` (above), or `deepseek_mla`, the target's own multi-head
+latent attention (draft/mla.py) with its q/kv LoRA ranks, its nope/rope/value head sizes and its YaRN
+rope, served by vLLM as Eagle3DeepseekV2ForCausalLM. `auto` takes MLA for the DeepseekV2/V3 family
+(Kimi-K2, Kimi-K2.5: MLA_MODEL_TYPES) and llama otherwise. Which one is `architecture` of the config,
+read from its MLA fields (kv_lora_rank > 0), so a config rebuilt from an exported config.json knows it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ HEAD_DIM = 128  # the default head size when the target gives none usable: every
 # head sizes taken over from a target without asking: FlashAttention, FlashInfer, Triton and vLLM's CPU
 # attention all accept these (FlashInfer refuses e.g. 80 or 112; CPU refuses 16)
 SERVED_HEAD_DIMS = (64, 128, 256)
+ARCHITECTURES = ("auto", "llama", "deepseek_mla")  # config draft.architecture
+# model_type of targets whose draft is MLA under `auto`: DeepSeek-V2/V3 and the Kimi family built on V3
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
+MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # q_lora_rank may be null
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # vLLM's
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,15 @@ class DraftConfig:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    # MLA (draft.architecture deepseek_mla; all zero for a Llama draft): the target's ranks and head
+    # sizes (queries and keys nope + rope wide, values v_head_dim; head_dim is then the rope's size, as
+    # in transformers' DeepseekV3Config) and its YaRN rope parameters (None: plain rope)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.norm_before_fc and self.fc_norm:
@@ -52,6 +72,25 @@ class DraftConfig:
                 "auxiliary states, or one per state; vLLM would apply both, speculators refuses both): "
                 "set one of them to false"
             )
+        if self.architecture == "deepseek_mla" and self.norm_before_fc:
+            raise ValueError(
+                "draft.norm_before_fc is not served for an MLA draft (vLLM 0.32's deepseek_eagle3.py has no "
+                "input_norm): set draft.norm_before_fc: false, or use draft.fc_norm"
+            )
+
+    @property
+    def architecture(self) -> str:
+        """'deepseek_mla' or 'llama' (module docstring)."""
+        return "deepseek_mla" if self.kv_lora_rank else "llama"
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: head_dim, or MLA's nope + rope."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.kv_lora_rank else self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +107,9 @@ def read_target_config(path: str | Path) -> dict[str, Any]:
         )
     config = json.loads(file.read_text())
     if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]
+        # the wrapper's model_type (kimi_k25) when the text model names none: draft.architecture auto reads it
+        wrapper = {"model_type": config["model_type"]} if config.get("model_type") else {}
+        config = wrapper | config["text_config"]
     missing = [k for k in ("hidden_size", "num_attention_heads", "vocab_size") if k not in config]
     if missing:
         raise ValueError(f"target config {file} lacks {missing}; is target.model a causal LM?")
@@ -134,16 +175,25 @@ def draft_config_from_target(
     norm_before_fc: bool | None = None,
     fc_norm: bool | None = None,
     norm_output: bool | None = None,
+    architecture: str = "auto",
 ) -> DraftConfig:
     """The draft's shape for `target` (a parsed config.json); draft_vocab_size is capped at the target's.
 
     head_dim and the heads are config draft.* (None: see attention_shape); so are the EAGLE-3.1 norms
-    (None: off). The draft always uses plain
-    RoPE with the target's theta (trained and served alike); a target's own rope scaling is not carried
-    over.
+    (None: off) and the architecture (module docstring). A Llama draft uses plain RoPE with the target's
+    theta (trained and served alike; a target's own rope scaling is not carried over); an MLA draft takes
+    the target's rope scaling too, as vLLM's MLA attention applies it (deepseek_yarn).
     """
     hidden = int(target["hidden_size"])
-    head_dim, heads, kv_heads = attention_shape(target, head_dim, num_attention_heads, num_key_value_heads)
+    if resolve_architecture(target, architecture) == "deepseek_mla":
+        heads = mla_heads(target, head_dim, num_attention_heads, num_key_value_heads)
+        mla = mla_fields(target)
+        head_dim, kv_heads = mla["qk_rope_head_dim"], heads
+    else:
+        head_dim, heads, kv_heads = attention_shape(
+            target, head_dim, num_attention_heads, num_key_value_heads
+        )
+        mla = {}
     return DraftConfig(
         hidden_size=hidden,
         target_hidden_size=hidden,
@@ -159,4 +209,90 @@ def draft_config_from_target(
         norm_before_fc=bool(norm_before_fc),
         fc_norm=bool(fc_norm),
         norm_output=bool(norm_output),
+        **mla,
     )
+
+
+def resolve_architecture(target: dict[str, Any], architecture: str = "auto") -> str:
+    """'llama' or 'deepseek_mla' for config draft.architecture (`auto`: by the target's model_type).
+
+    Raises:
+        ValueError: an unknown architecture, or deepseek_mla for a target without MLA dimensions.
+    """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"draft.architecture {architecture!r} is not one of {list(ARCHITECTURES)}")
+    if architecture == "auto":
+        return "deepseek_mla" if target.get("model_type") in MLA_MODEL_TYPES else "llama"
+    if architecture == "deepseek_mla":
+        missing = [key for key in MLA_KEYS if not target.get(key)]
+        if missing:
+            raise ValueError(
+                f"draft.architecture deepseek_mla takes the target's multi-head latent attention, and the "
+                f"target config (model_type {target.get('model_type')!r}) has no {missing}: set "
+                "draft.architecture to llama (or auto)"
+            )
+    return architecture
+
+
+def mla_heads(
+    target: dict[str, Any],
+    head_dim: int | None,
+    num_attention_heads: int | None,
+    num_key_value_heads: int | None,
+) -> int:
+    """Query heads of an MLA draft: draft.num_attention_heads, else the target's. MLA has one latent
+    key/value per token and head sizes fixed by the target, so head_dim and num_key_value_heads cannot
+    be chosen (the values an exported config carries, the rope size and the heads, are accepted).
+
+    Raises:
+        ValueError: draft.head_dim or draft.num_key_value_heads set to another value.
+    """
+    heads = int(num_attention_heads or target["num_attention_heads"])
+    rope = int(target["qk_rope_head_dim"])
+    if head_dim not in (None, rope) or num_key_value_heads not in (None, heads):
+        raise ValueError(
+            "an MLA draft (draft.architecture deepseek_mla, or auto on a DeepseekV2/V3/Kimi target) takes "
+            "its "
+            "head sizes from the target's qk_nope_head_dim, qk_rope_head_dim and v_head_dim: leave "
+            "draft.head_dim and draft.num_key_value_heads null (or set draft.architecture: llama)"
+        )
+    return heads
+
+
+def mla_fields(target: dict[str, Any]) -> dict[str, Any]:
+    """DraftConfig's MLA fields from the target's config (DeepseekV2/V3 names)."""
+    q_lora = target.get("q_lora_rank")
+    return {
+        "q_lora_rank": int(q_lora) if q_lora else None,
+        **{key: int(target[key]) for key in MLA_KEYS},
+        "rope_scaling": yarn_parameters(target),
+    }
+
+
+def yarn_parameters(target: dict[str, Any]) -> dict[str, Any] | None:
+    """The target's rope scaling as vLLM's MLA attention applies it (deepseek_yarn), every parameter
+    explicit; None for plain rope. transformers 4 (`rope_scaling`, `type`) and 5 (`rope_parameters`,
+    `rope_type`) spellings are read.
+
+    Raises:
+        ValueError: a scaling other than YaRN, which the MLA draft does not implement.
+    """
+    params = target.get("rope_scaling") or target.get("rope_parameters") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind not in ("yarn", "deepseek_yarn") or params.get("attention_factor") == 1.0:
+        raise ValueError(
+            f"the target's rope scaling {params} is not YaRN (deepseek_yarn in vLLM), the only one the MLA "
+            "draft implements: set draft.architecture: llama (plain rope)"
+        )
+    original = params.get("original_max_position_embeddings") or target.get("max_position_embeddings", 8192)
+    yarn = {
+        "rope_type": "yarn",
+        "factor": float(params["factor"]),
+        "original_max_position_embeddings": int(original),
+    }
+    return yarn | {
+        key: float(default if params.get(key) is None else params[key])
+        for key, default in YARN_DEFAULTS.items()
+    }

@@ -39,6 +39,19 @@ verifier and the speculative config come from the folder):
                        defaults it to true (transformers_utils/configs/speculators/algos.py), this draft
                        adds the residual before hidden_norm (false)
     model.safetensors  midlayer.* renamed layers.0.*, everything else as above
+
+An MLA draft (draft.architecture deepseek_mla) is exported as vLLM 0.32's Eagle3DeepseekV2ForCausalLM
+(models/deepseek_eagle3.py; Eagle3DeepseekV3ForCausalLM is an alias of the same class): model_type
+deepseek_v2 (deepseek_v3 would be rewritten by vLLM's SpeculativeConfig.hf_config_override into the MTP
+path), the target's MLA ranks, head sizes and rope scaling, no MoE keys (a null n_routed_experts is
+refused by the config class; the draft's MLP is dense), and midlayer.self_attn.{q_a_proj, q_a_layernorm,
+q_b_proj (or q_proj without a q LoRA), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}, the first
+two over 2H (vLLM fuses q_a_proj and kv_a_proj_with_mqa into fused_qkv_a_proj). draft.norm_before_fc
+has no tensor there (no input_norm) and is refused at config time. The speculators format has no MLA
+layer (speculators 0.9's Eagle3 builds llama or qwen3 layers, and vLLM 0.32's speculators reader maps
+only those: "Unsupported model_type ... for Eagle3 speculator"): `speculators_config` refuses an MLA
+draft, and export_checkpoint writes in speculators/ a config.json that says so (SPECULATORS_REFUSAL)
+and a model.safetensors without tensors, so that the rule's outputs exist and nothing loads them.
 """
 
 from __future__ import annotations
@@ -81,6 +94,22 @@ WEIGHT_KEYS = (
     "lm_head.weight",
 )
 VOCAB_KEYS = ("d2t", "t2d")
+# The MLA draft's layer (vLLM's Eagle3DeepseekV2ForCausalLM; module docstring): the same fc, norms, MLP
+# and head, MLA projections instead of q/k/v/o. The q LoRA's three tensors, or q_proj without it.
+MLA_ATTENTION_KEYS = tuple(
+    f"midlayer.self_attn.{name}.weight"
+    for name in ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+)
+MLA_Q_KEYS = {
+    True: tuple(f"midlayer.self_attn.{name}.weight" for name in ("q_a_proj", "q_a_layernorm", "q_b_proj")),
+    False: ("midlayer.self_attn.q_proj.weight",),
+}
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+SPECULATORS_REFUSAL = (
+    "no speculators-format checkpoint for an MLA draft: speculators 0.9's Eagle3 builds llama or qwen3 "
+    "decoder layers only, and vLLM 0.32's speculators reader refuses other model types (\"Unsupported "
+    'model_type deepseek_v2 for Eagle3 speculator"); serve draft/checkpoint/ with --speculative-config'
+)
 NORM_KEYS = {  # EAGLE-3.1: the tensors each option adds (names of vLLM's and speculators' loaders)
     "norm_before_fc": ("input_norm.weight",),
     "fc_norm": tuple(f"fc_norm.{i}.weight" for i in range(NUM_AUX_LAYERS)),
@@ -93,7 +122,16 @@ def expected_keys(config: DraftConfig) -> set[str]:
     """The exact tensor names of the exported checkpoint."""
     with_map = config.draft_vocab_size != config.vocab_size
     norms = {key for option, keys in NORM_KEYS.items() if getattr(config, option) for key in keys}
-    return set(WEIGHT_KEYS) | (set(VOCAB_KEYS) if with_map else set()) | norms
+    return layer_keys(config) | (set(VOCAB_KEYS) if with_map else set()) | norms
+
+
+def layer_keys(config: DraftConfig) -> set[str]:
+    """The weight names of the draft's architecture (WEIGHT_KEYS, or its MLA counterpart)."""
+    if config.architecture != "deepseek_mla":
+        return set(WEIGHT_KEYS)
+    llama_attention = {k for k in WEIGHT_KEYS if k.startswith("midlayer.self_attn.")}
+    mla = set(MLA_ATTENTION_KEYS) | set(MLA_Q_KEYS[bool(config.q_lora_rank)])
+    return (set(WEIGHT_KEYS) - llama_attention) | mla
 
 
 def norm_flags(config: DraftConfig) -> dict[str, bool]:
@@ -114,7 +152,33 @@ def sglang_layer_ids(aux_layer_ids_vllm: list[int]) -> list[int]:
 
 
 def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dict[str, Any]:
-    """config.json for vLLM / SGLang / transformers' LlamaConfig."""
+    """config.json for vLLM / SGLang / transformers' LlamaConfig (DeepseekV2Config for an MLA draft)."""
+    llama = _llama_checkpoint_config(config, aux_layer_ids_vllm)
+    return llama if config.architecture != "deepseek_mla" else mla_checkpoint_config(config, llama)
+
+
+def mla_checkpoint_config(config: DraftConfig, llama: dict[str, Any]) -> dict[str, Any]:
+    """The Llama config.json turned into vLLM's Eagle3DeepseekV2ForCausalLM's (module docstring): the
+    auxiliary ids, vocabulary, norms and widths are the same keys."""
+    dropped = (
+        "attention_bias",
+        "mlp_bias",
+        "rope_parameters",
+    )  # rope_scaling below: transformers 4 and 5 read it
+    mla = {k: v for k, v in llama.items() if k not in dropped}
+    return mla | {
+        "architectures": [MLA_ARCHITECTURE],
+        "model_type": "deepseek_v2",
+        "q_lora_rank": config.q_lora_rank,
+        "kv_lora_rank": config.kv_lora_rank,
+        "qk_nope_head_dim": config.qk_nope_head_dim,
+        "qk_rope_head_dim": config.qk_rope_head_dim,
+        "v_head_dim": config.v_head_dim,
+        "rope_scaling": dict(config.rope_scaling) if config.rope_scaling else None,
+    }
+
+
+def _llama_checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -177,7 +241,13 @@ def speculators_config(
     verifier_architectures: list[str],
     speculative_tokens: int,
 ) -> dict[str, Any]:
-    """config.json of the speculators-format checkpoint (module docstring)."""
+    """config.json of the speculators-format checkpoint (module docstring).
+
+    Raises:
+        ValueError: an MLA draft, which the speculators format cannot hold (SPECULATORS_REFUSAL).
+    """
+    if config.architecture == "deepseek_mla":
+        raise ValueError(SPECULATORS_REFUSAL)
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -218,12 +288,31 @@ def check_tensors(tensors: dict[str, torch.Tensor], config: DraftConfig) -> None
     h, t = config.hidden_size, config.target_hidden_size
     shapes = {"fc.weight": (h, NUM_AUX_LAYERS * t), "lm_head.weight": (config.draft_vocab_size, h)}
     shapes["norm.weight"] = (h,)
-    shapes["midlayer.self_attn.q_proj.weight"] = (config.num_attention_heads * config.head_dim, 2 * h)
+    shapes |= attention_shapes(config)
     shapes |= {"input_norm.weight": (NUM_AUX_LAYERS * t,)} if config.norm_before_fc else {}
     shapes |= {name: (t,) for name in NORM_KEYS["fc_norm"]} if config.fc_norm else {}
     for name, shape in shapes.items():
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+
+
+def attention_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of the attention's input projections (the 2H-wide ones the loaders size from the config)."""
+    h2, heads = 2 * config.hidden_size, config.num_attention_heads
+    if config.architecture != "deepseek_mla":
+        return {"midlayer.self_attn.q_proj.weight": (heads * config.head_dim, h2)}
+    prefix, latent = "midlayer.self_attn.", config.kv_lora_rank
+    shapes = {
+        f"{prefix}kv_a_proj_with_mqa.weight": (latent + config.qk_rope_head_dim, h2),
+        f"{prefix}kv_b_proj.weight": (heads * (config.qk_nope_head_dim + config.v_head_dim), latent),
+        f"{prefix}o_proj.weight": (config.hidden_size, heads * config.v_head_dim),
+    }
+    if config.q_lora_rank:
+        shapes[f"{prefix}q_a_proj.weight"] = (config.q_lora_rank, h2)
+        shapes[f"{prefix}q_b_proj.weight"] = (heads * config.qk_head_dim, config.q_lora_rank)
+    else:
+        shapes[f"{prefix}q_proj.weight"] = (heads * config.qk_head_dim, h2)
+    return shapes
 
 
 def check_fits_target(
@@ -240,6 +329,7 @@ def check_fits_target(
         config.norm_before_fc,
         config.fc_norm,
         config.norm_output,
+        config.architecture,
     )
     if base != config:
         raise ValueError(f"{weights} was trained for another target or vocab map: {config} != {base}")
@@ -258,6 +348,15 @@ def verifier_name(target: str | Path) -> str:
     there when serving the speculators folder without flags), or a hub id as given."""
     path = Path(target)
     return str(path.resolve()) if path.exists() else str(target)
+
+
+def write_speculators_refusal(folder: Path) -> None:
+    """speculators/ for an MLA draft: a config.json saying why there is no checkpoint, and no tensors."""
+    log.warning(SPECULATORS_REFUSAL)
+    io.write_safetensors({}, folder / "model.safetensors", metadata={"format": "pt"})
+    io.write_json(
+        {"speculators_model_type": None, "error": SPECULATORS_REFUSAL}, folder / "config.json", indent=1
+    )
 
 
 def export_checkpoint(
@@ -289,7 +388,9 @@ def export_checkpoint(
     io.write_safetensors(tensors, output_weights, metadata={"format": "pt"})
     layer_ids = aux_layers_from_metadata(hidden_states_metadata)
     io.write_json(checkpoint_config(config, layer_ids), output_config, indent=1)
-    if speculators_dir is not None:
+    if speculators_dir is not None and config.architecture == "deepseek_mla":
+        write_speculators_refusal(Path(speculators_dir))
+    elif speculators_dir is not None:
         folder = Path(target_config)
         verifier = verifier_name(verifier or (folder if folder.is_dir() else folder.parent))
         architectures = target.get("architectures") or ["LlamaForCausalLM"]

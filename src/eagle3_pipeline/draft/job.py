@@ -63,8 +63,10 @@ class WindowJob:
 
 
 def draft_shape(draft: DraftSettings) -> dict[str, Any]:
-    """The draft.* keys draft.config.draft_config_from_target takes (the attention's shape, the norms)."""
-    return {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS}
+    """The draft.* keys draft.config.draft_config_from_target takes (the attention's shape, the norms,
+    the architecture)."""
+    shape = {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS}
+    return shape | {"architecture": draft.architecture}
 
 
 def draft_identity(draft: DraftSettings) -> dict[str, Any]:
@@ -72,6 +74,7 @@ def draft_identity(draft: DraftSettings) -> dict[str, Any]:
     when set (the norms only when on: a draft without them keeps the fingerprint it had before them)."""
     identity: dict[str, Any] = {"ttt_steps": draft.ttt_steps, "step_weight_decay": draft.step_weight_decay}
     identity |= {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS if getattr(draft, key) is not None}
+    identity |= {"architecture": draft.architecture} if draft.architecture != "auto" else {}  # as the norms
     return identity | {key: True for key in DRAFT_NORM_KEYS if getattr(draft, key)}
 
 

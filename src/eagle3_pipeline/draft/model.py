@@ -36,9 +36,21 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3_pipeline.draft.attention import KVCache, ttt_attention, ttt_attention_dense
 from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
+from eagle3_pipeline.draft.mla import MLAAttention
+from eagle3_pipeline.draft.norm import RMSNorm
+
+__all__ = [
+    "ATTENTION",
+    "DraftAttention",
+    "DraftDecoderLayer",
+    "DraftMLP",
+    "Eagle3Draft",
+    "RMSNorm",
+    "shift_left",
+]
 
 # "linear" for training; "dense" is the quadratic reference (tests, benchmarks/training.py)
-ATTENTION: dict[str, Callable[[torch.Tensor, KVCache], torch.Tensor]] = {
+ATTENTION: dict[str, Callable[..., torch.Tensor]] = {  # (q, cache, scale=None) -> output
     "linear": ttt_attention,
     "dense": ttt_attention_dense,
 }
@@ -50,21 +62,6 @@ def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
         return x
     pad = torch.zeros_like(x[:, : min(n, x.shape[1])])
     return torch.cat([x[:, n:], pad], dim=1)
-
-
-class RMSNorm(nn.Module):
-    """Llama RMSNorm, computed in fp32 like vLLM's."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +94,11 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        self.rope_theta = config.rope_theta
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, hd] at positions [B, T] (plain rope, neox layout)."""
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Appends this step's keys and values to `cache`."""
@@ -131,13 +133,17 @@ class DraftMLP(nn.Module):
 
 
 class DraftDecoderLayer(nn.Module):
-    """The single decoder layer ("midlayer" in the checkpoint)."""
+    """The single decoder layer ("midlayer" in the checkpoint): Llama attention, or MLA (mla.py) for
+    draft.architecture deepseek_mla; the rest is the same in both (vLLM's deepseek_eagle3.py)."""
 
     def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the embeddings
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the fed hidden state
-        self.self_attn = DraftAttention(config, attention)
+        mla = config.architecture == "deepseek_mla"
+        self.self_attn = (
+            MLAAttention(config, ATTENTION[attention]) if mla else DraftAttention(config, attention)
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DraftMLP(config)
 
@@ -200,7 +206,7 @@ class Eagle3Draft(nn.Module):
         """One draft step: tokens [B, T], hidden [B, T, H], positions [B, T] -> (the next step's hidden
         [B, T, H]: h', or norm(h') with norm_output; logits [B, T, Vd]). Appends this step's keys and
         values to `cache`."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.midlayer.self_attn.rotary(positions)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         hidden = self.midlayer(embeds, hidden, cos, sin, cache)
         normed = self.norm(hidden)
@@ -219,7 +225,7 @@ class Eagle3Draft(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step as a pure function of tensors (what torch.utils.checkpoint recomputes): cache is the
         earlier steps' keys then their values; -> (hidden', norm(hidden'), keys, values)."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.midlayer.self_attn.rotary(positions)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         half = len(cache) // 2
         pairs = list(zip(cache[:half], cache[half:], strict=True))
