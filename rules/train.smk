@@ -2,6 +2,7 @@
 # launched by accelerate (state under work/ for resume), and export to the EAGLE/SpecForge format.
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
+from eagle3_pipeline.draft.init_files import checkpoint_files
 from eagle3_pipeline.settings import DRAFT_NORM_KEYS, TRAIN_RUNTIME_KEYS
 
 LENGTHS = as_params(SETTINGS.hidden_states, "max_seq_len", "overlong")
@@ -13,10 +14,19 @@ TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
 TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
-# EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained
+# EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained;
+# draft.init_from likewise only when set
 DRAFT_PARAMS = {
-    k: v for k, v in as_params(SETTINGS.draft).items() if v or k not in DRAFT_NORM_KEYS
+    k: v
+    for k, v in as_params(SETTINGS.draft).items()
+    if v or k not in (*DRAFT_NORM_KEYS, "init_from")
 }
+# draft.init_from: the starting draft's files are inputs of training (a new or changed one retrains)
+INIT_FROM = (
+    {"init_from": checkpoint_files(SETTINGS.draft.init_from)}
+    if SETTINGS.draft.init_from
+    else {}
+)
 
 
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
@@ -80,6 +90,7 @@ if WINDOW:
 
     rule train_draft_window:
         input:
+            **INIT_FROM,
             train_states=window_hidden_states("train"),
             validation_states=window_hidden_states("validation"),
             previous=get_previous_window_training_state,
@@ -141,6 +152,7 @@ else:
 
     rule train_draft:
         input:
+            **INIT_FROM,
             train_states=get_variant_train_states,
             # none for a learning-curve point
             validation_states=get_draft_validation_states,

@@ -175,6 +175,7 @@ class DraftSettings:
     fc_norm: bool = False
     norm_output: bool = False
     architecture: str = "auto"  # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
+    init_from: str | None = None  # a draft folder to start training from (draft/init_from.py)
 
 
 # draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),

@@ -48,6 +48,8 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
+from eagle3_pipeline.draft.init_files import checkpoint_files
+from eagle3_pipeline.draft.init_from import start_training_from
 from eagle3_pipeline.draft.job import TrainJob, draft_identity, draft_shape, train_identity
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.sharding import full_state, gathered, load_full_state, shard
@@ -296,6 +298,7 @@ def load_state(ctx: Context, fingerprint: str) -> TrainState:
 def fingerprint(job: TrainJob) -> str:
     """Identity of what the training result depends on: settings and input files (name, size, mtime)."""
     files = [*job.train_shards, *job.validation_shards, job.vocab_map]
+    files += checkpoint_files(job.draft.init_from) if job.draft.init_from else []  # the starting draft
     if job.window is not None:  # the window's place and the state it starts from
         files += [f for f in (job.window.plan, job.window.previous) if f]
     stamp = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
@@ -387,6 +390,7 @@ def main(job: TrainJob) -> bool:
         return main_window(job)
     accelerator = _accelerator(job)
     model, head = build_model(job, _frozen_dtype(accelerator))
+    start_training_from(model, job.draft.init_from, head["draft_ids"], job.train_shards[0])  # draft.init_from
     train_data = HiddenStateData(job.train_shards, job.train.batch_tokens)
     validation_data = HiddenStateData(job.validation_shards, job.train.batch_tokens)
     per_epoch = len(
@@ -451,6 +455,8 @@ def main_window(job: TrainJob) -> bool:
         raise ValueError("main_window needs job.window")
     accelerator = _accelerator(job)
     model, head = build_model(job, _frozen_dtype(accelerator))
+    if not window.previous:  # draft.init_from: the first window starts from it, the others from a state
+        start_training_from(model, job.draft.init_from, head["draft_ids"], job.train_shards[0])
     train_data = HiddenStateData(job.train_shards, job.train.batch_tokens)
     validation_data = HiddenStateData(job.validation_shards, job.train.batch_tokens)
     model, optimizer, scheduler = prepare(
