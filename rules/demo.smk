@@ -4,7 +4,9 @@ if SETTINGS.demo.enabled:
 
     rule build_demo_target:
         input:
-            sample=SETTINGS.dataset.path,
+            # the bundled sample, whatever dataset.path is: a run on your own data (its own `run`)
+            # keeps the demo's target and leaves results/demo as it was
+            sample="config/demo/sample.jsonl",
             unit_template="config/demo/vllm-demo.service.in",
         output:
             config="resources/demo/target/config.json",
