@@ -80,6 +80,7 @@ class ContainerRun:
     env_files: list[str] = field(default_factory=list)
     mounts: list[tuple[str, str]] = field(default_factory=list)  # (host path, container path)
     workdir: str | None = None
+    name: str | None = None  # `--name`: what an ExecStop= `docker stop NAME` of its own names
     unresolved: list[Unresolved] = field(default_factory=list)
 
     @property
@@ -248,6 +249,8 @@ def _apply_options(run: ContainerRun, options, unit_env: dict[str, str], read_fi
                 run.mounts.append((source, target))
         elif name == "--workdir":
             run.workdir = text
+        elif name == "--name":
+            run.name = text
         elif name == "--entrypoint":
             run.entrypoint = text
     for path in run.env_files:

@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
-from eagle3_pipeline.server import secrets
+from eagle3_pipeline.server import exec_stop, secrets
 from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
-from eagle3_pipeline.server.unit import ServiceUnit, Unresolved, command_argv, merge_unit, split_cat_output
+from eagle3_pipeline.server.shell_script import SHELLS
+from eagle3_pipeline.server.unit import (
+    ServiceUnit,
+    Unresolved,
+    command_argv,
+    merge_unit,
+    parse_environment_file,
+    split_cat_output,
+)
 from eagle3_pipeline.server.vllm_args import VllmCommand, parse_command, parse_length
 from eagle3_pipeline.settings import ServerSettings
 
@@ -91,19 +99,47 @@ def _unit_file_text(host: Host, unit_file: str) -> str:
 
 
 def resolve_environment(unit: ServiceUnit, host: Host) -> dict[str, str]:
-    """Environment= then EnvironmentFile= (files override, in order; `-` files may be missing)."""
-    from eagle3_pipeline.server.unit import parse_environment_file
-
+    """Environment= then each EnvironmentFile= in order (systemd's exec_context_load_environment): a
+    glob loads every match, sorted; `-` makes a missing file (or a glob matching nothing) fine; a
+    later file overrides an earlier one."""
     env = dict(unit.environment)
-    for path, optional in unit.environment_files:
-        try:
-            env.update(parse_environment_file(host.read_file(path), unit.warnings, path))
-        except OSError as err:
-            if not optional:
-                unit.unresolved.append(
-                    Unresolved(f"EnvironmentFile={path}", f"cannot read it ({err}); systemd would not start")
-                )
+    for pattern, optional in unit.environment_files:
+        paths = env_file_matches(pattern, host) if _GLOB_CHARS.search(pattern) else [pattern]
+        if not paths and not optional:
+            unit.unresolved.append(
+                Unresolved(f"EnvironmentFile={pattern}", "no file matches it; systemd would not start")
+            )
+        for path in paths:
+            try:
+                env.update(parse_environment_file(host.read_file(path), unit.warnings, path))
+            except (OSError, UnicodeDecodeError) as err:
+                if not optional:
+                    unit.unresolved.append(
+                        Unresolved(
+                            f"EnvironmentFile={path}", f"cannot read it ({err}); systemd would not start"
+                        )
+                    )
     return env
+
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def env_file_matches(pattern: str, host: Host) -> list[str]:
+    """The files a glob matches on the host, sorted bytewise (glob(3) in the C locale, as systemd
+    runs it; hidden files only where the pattern names the dot)."""
+    res = host.run(f'for f in {shell_glob(pattern)}; do [ -e "$f" ] && printf "%s\\n" "$f"; done; true')
+    return sorted(line for line in res.stdout.splitlines() if line) if res.ok else []
+
+
+def shell_glob(pattern: str) -> str:
+    """`pattern` for a POSIX shell: the glob characters (`*`, `?`, `[...]`) left bare, the rest quoted."""
+    out, i = [], 0
+    for match in re.finditer(r"\*|\?|\[!?\]?[^\]/]*\]", pattern):
+        out += [shlex.quote(pattern[i : match.start()]) if match.start() > i else "", match.group(0)]
+        i = match.end()
+    out.append(shlex.quote(pattern[i:]) if i < len(pattern) else "")
+    return "".join(out)
 
 
 def _select_exec(unit: ServiceUnit) -> int | None:
@@ -126,9 +162,65 @@ def parse_service(
     env = resolve_environment(unit, host)
     index = _select_exec(unit)
     argv = command_argv(unit.exec_start[index], env, unit.unresolved) if index is not None else []
-    command = parse_command(argv, host.read_file, unit.working_directory or "/", env)
+    home = user_home(unit, host)
+    cwd = working_directory(unit, home)
+    shell_env = {
+        **({"HOME": home, "USER": unit.user, "LOGNAME": unit.user} if unit.user and home else {}),
+        **env,
+    }
+    command = parse_command(argv, host.read_file, cwd, shell_env)
     env.update(command.env)
     return unit, env, argv, command
+
+
+def _may_use_home(argv: list[str]) -> bool:
+    """True when the command may read $HOME or `~` (a shell runs it, or a script)."""
+    return any(posixpath.basename(w) in SHELLS for w in argv[:3]) or bool(argv and argv[0].endswith(".sh"))
+
+
+def _systemd_variables(unit: ServiceUnit, home: str | None) -> dict[str, str]:
+    """What systemd itself puts in a service's environment and a shell may read (systemd.exec(5),
+    "Environment Variables in Spawned Processes"): $USER, $LOGNAME and $HOME where User= is set."""
+    if not unit.user or home is None:
+        return {}
+    return {"USER": unit.user, "LOGNAME": unit.user, "HOME": home}
+
+
+def user_home(unit: ServiceUnit, host: Host) -> str | None:
+    """The home folder of the unit's User= (root's, /root, without one), from the host's user
+    database; None when it cannot be read (recorded as unresolved for `WorkingDirectory=~`)."""
+    if not unit.user or unit.user in ("root", "0"):
+        return "/root"
+    res = host.run(f"getent passwd -- {shlex.quote(unit.user)}")
+    fields = res.stdout.strip().split(":") if res.ok else []
+    if len(fields) >= 6 and fields[5]:
+        return fields[5]
+    if unit.working_directory == "~":
+        unit.unresolved.append(
+            Unresolved(
+                "User=", f"the home folder of {unit.user!r} cannot be read on the host (getent passwd)"
+            )
+        )
+    return None
+
+
+def working_directory(unit: ServiceUnit, home: str | None) -> str | None:
+    """The folder the service runs in (systemd.exec(5) WorkingDirectory=): `~` is the User's home, a
+    path is taken as it is, and without the setting it is `/`; None when it is `~` and the home is not
+    known. A path that is neither (`~/x`, relative) is ignored by systemd with a warning."""
+    value = unit.working_directory
+    if value is None:
+        return "/"
+    if value == "~":
+        if home is None:
+            unit.unresolved.append(
+                Unresolved("WorkingDirectory=", "~ is the User's home, which is not known")
+            )
+        return home
+    if not value.startswith("/"):
+        unit.warnings.append(f"WorkingDirectory={value}: not an absolute path or ~; systemd ignores it")
+        return "/"
+    return posixpath.normpath(value)
 
 
 def _file_digest(host: Host, path: str) -> str | None:
@@ -264,9 +356,10 @@ def build_server_json(
     unresolved = [*unit.unresolved, *command.unresolved]
     served = flags.get("--served-model-name")
     served_name = (served[0] if isinstance(served, list) and served else served) or command.model
-    container_port = _number(flags, "--port", 8000 if command.found else None, unresolved)
+    unknown = _unknown_sources(unit, command)
+    container_port = _number(flags, "--port", 8000 if command.found else None, unresolved, unknown)
     bind, port = _published(command, flags.get("--host"), container_port, unresolved)
-    cwd = unit.working_directory or "/"
+    cwd = command.cwd
     template = flags.get("--chat-template") if isinstance(flags.get("--chat-template"), str) else None
     template_path = command.host_path(template, cwd) if template else None
     template_digest, template_problem = chat_template_fingerprint(template, host, template_path)
@@ -279,7 +372,7 @@ def build_server_json(
         "port": port,
         "base_url": server.base_url or _base_url(host, bind, port, flags, unresolved),
         "tensor_parallel_size": _number(
-            flags, "--tensor-parallel-size", 1 if command.found else None, unresolved
+            flags, "--tensor-parallel-size", 1 if command.found else None, unresolved, unknown
         ),
         "max_model_len": _number(flags, "--max-model-len", None, unresolved),
         "reasoning_parser": flags.get("--reasoning-parser"),
@@ -313,7 +406,9 @@ def build_server_json(
         snapshot["python"] = python  # the unit's interpreter: hidden_states' vllm backend runs it
     snapshot["identity"] = identity
     snapshot["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
-    snapshot["warnings"] = list(dict.fromkeys(unit.warnings))  # what systemd itself would warn about
+    own = {command.container.name} if command.container is not None and command.container.name else set()
+    stop_warnings = exec_stop.reach_warnings(unit.exec_stop, unit.name, own)
+    snapshot["warnings"] = list(dict.fromkeys([*unit.warnings, *stop_warnings]))  # systemd's, and ours
     snapshot["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
     return secrets.redact_data(snapshot, found), {"identity": identity, "fields": fields}
@@ -333,10 +428,13 @@ def _published(
 
 
 def _model_on_host(command: VllmCommand) -> str | None:
-    """The model folder as the host sees it (through a container's mounts); a hub id as it is."""
+    """The model folder as the host sees it (through a container's mounts; a relative one in the
+    folder vLLM runs in, as vLLM looks for a local folder before the hub); a hub id as it is."""
     model = command.model
     if model and command.container is not None and model.startswith("/"):
         return command.host_path(model, "/")
+    if model and not model.startswith("/") and command.container is None and command.cwd:
+        return command.host_path(model, command.cwd)  # not a folder there: no fingerprint, as a hub id
     return model
 
 
@@ -348,17 +446,51 @@ def _vllm_version(command: VllmCommand, python: str | None, host: Host) -> str |
 
 
 def _number(
-    flags: dict[str, Any], name: str, default: int | None, unresolved: list[Unresolved]
+    flags: dict[str, Any],
+    name: str,
+    default: int | None,
+    unresolved: list[Unresolved],
+    unknown: list[str] | None = None,
 ) -> int | None:
-    """An integer flag (`32k` forms allowed); a value that is not a number is reported, not guessed."""
+    """An integer flag (`32k` forms allowed); a value that is not a number is reported, not guessed.
+    vLLM's `default` stands only where every source of flags was read: with `unknown` reasons (an
+    unreadable --config, an unset variable in the command) the value is unresolved."""
     value = flags.get(name)
     if value is None:
+        if unknown and default is not None:
+            unresolved.append(
+                Unresolved(
+                    name,
+                    f"not on the command line as read, and {unknown[0]}: vLLM's default ({default}) is "
+                    "not assumed",
+                )
+            )
+            return None
         return default
     try:
         return parse_length(value)
     except ValueError:
         unresolved.append(Unresolved(name, f"value {value!r} is not a number"))
         return None
+
+
+def _unknown_sources(unit: ServiceUnit, command: VllmCommand) -> list[str]:
+    """Why the flags read may lack some the server really has (each as `what: why`): a --config not
+    read; a part of the shell script's vLLM line that could not be known (a command substitution, a
+    variable nothing visible sets); a variable of ExecStart= that no Environment= sets while an
+    EnvironmentFile= could not be read (it may set it)."""
+    reasons = [
+        u
+        for u in command.unresolved
+        if u.what == "--config" or u.what.endswith("-c script") or u.what.startswith("wrapper script")
+    ]
+    env_file_unread = any(u.what.startswith("EnvironmentFile") for u in unit.unresolved)
+    reasons += [
+        u
+        for u in unit.unresolved
+        if env_file_unread and u.what.startswith("ExecStart") and "is not set by the unit" in u.why
+    ]
+    return [f"{u.what}: {u.why}" for u in reasons]
 
 
 def _unique(items: list[Unresolved]) -> list[Unresolved]:

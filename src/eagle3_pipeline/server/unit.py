@@ -57,6 +57,14 @@ class ExecCommand:
     raw: str
     words: list[str] | None = None
     unresolved_specifiers: list[str] = field(default_factory=list)  # why each `%x` left stays as is
+    key: str = "ExecStart"  # or ExecStop, ExecStopPost
+
+    def program_words(self) -> list[str]:
+        """The executable and the arguments it sees after argv[0]: with `@` the second word is
+        argv[0] only (`@/opt/venv/bin/vllm vllm-prod serve M` runs vllm's `serve M`), so it is left
+        out. What to look for vLLM in; the words themselves are what to write back."""
+        words = self.words if self.words is not None else split_words(self.raw, f"{self.key}=")
+        return [words[0], *words[2:]] if "@" in self.prefixes and len(words) >= 2 else list(words)
 
 
 @dataclass
@@ -68,8 +76,10 @@ class ServiceUnit:
     exec_start: list[ExecCommand] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     environment_files: list[tuple[str, bool]] = field(default_factory=list)  # (path, optional)
-    working_directory: str | None = None
+    working_directory: str | None = None  # as written (`~` and specifiers kept for the snapshot)
+    working_directory_optional: bool = False  # `WorkingDirectory=-/path`: a missing folder is fine
     user: str | None = None
+    exec_stop: list[ExecCommand] = field(default_factory=list)  # ExecStop= then ExecStopPost=
     service_type: str = "simple"  # Type=
     unresolved: list[Unresolved] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what systemd would log as a warning
@@ -198,34 +208,124 @@ def parse_environment_assignments(
 
 
 def parse_environment_file(text: str, warnings: list[str] | None = None, where: str = "") -> dict[str, str]:
-    """An EnvironmentFile=: VAR=VALUE lines, `#`/`;` comments, quotes, continuations. A line whose name
-    is not a variable name (`export NAME=...`, as a shell file has it) is ignored with a warning, as
-    systemd's load_env_file does ("invalid variable name")."""
-    env = {}
-    for number, line in logical_lines(text):
-        if "=" not in line:
-            continue
-        name, value = (part.strip() for part in line.split("=", 1))
+    """An EnvironmentFile= as systemd reads it (src/basic/env-file.c `parse_env_file_internal`, then
+    `strv_env_clean`): `#`/`;` comments, single quotes (literal), double quotes (`\\` escapes only
+    `"`, `\\`, `` ` `` and `$`, and a value may span lines), a backslash-newline continuing a bare
+    value, trailing blanks of a bare value dropped, no variable expansion. A name that is not a
+    variable name (`export NAME=...`, as a shell file has it) is ignored with a warning."""
+    env: dict[str, str] = {}
+    for number, name, value in env_file_assignments(text):
         if not _ENV_NAME.match(name):
             if warnings is not None:
                 warnings.append(
                     f"{where}:{number}: {name!r} is not a variable name; systemd ignores the line"
                 )
             continue
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-            if value and line.split("=", 1)[1].strip()[0] == '"':
-                value = re.sub(r"\\(.)", r"\1", value)
         env[name] = value
     return env
 
 
+_BLANKS, _NEWLINES = " \t\n\r", "\n\r"
+_DOUBLE_QUOTE_ESCAPES = '"\\`$'
+
+
+def env_file_assignments(text: str) -> list[tuple[int, str, str]]:
+    """(line number, name, value) of every assignment in an env file, in order, before names are
+    checked: systemd's state machine, character by character (its states are named alike)."""
+    out: list[tuple[int, str, str]] = []
+    state, key, value, line, start = "PRE_KEY", "", "", 1, 1
+
+    def push() -> None:
+        out.append((start, key.rstrip(_BLANKS), value))
+
+    for char in text:
+        if state == "PRE_KEY":
+            if char in "#;":
+                state = "COMMENT"
+            elif char not in _BLANKS:
+                state, key, value, start = "KEY", char, "", line
+        elif state == "KEY":
+            if char in _NEWLINES:
+                state = "PRE_KEY"  # a line without `=` is dropped
+            elif char == "=":
+                state = "PRE_VALUE"
+            else:
+                key += char
+        elif state == "PRE_VALUE":
+            if char in _NEWLINES:
+                push()
+                state = "PRE_KEY"
+            elif char == "'":
+                state = "SINGLE"
+            elif char == '"':
+                state = "DOUBLE"
+            elif char == "\\":
+                state = "VALUE_ESCAPE"
+            elif char not in _BLANKS:
+                state, value = "VALUE", value + char
+        elif state == "VALUE":
+            if char in _NEWLINES:
+                value = value.rstrip(_BLANKS)
+                push()
+                state = "PRE_KEY"
+            elif char == "\\":
+                state = "VALUE_ESCAPE"
+            else:
+                value += char
+        elif state == "VALUE_ESCAPE":
+            state = "VALUE"
+            value += "" if char in _NEWLINES else char  # an escaped newline is eaten up
+        elif state == "SINGLE":
+            state, value = ("PRE_VALUE", value) if char == "'" else ("SINGLE", value + char)
+        elif state == "DOUBLE":
+            if char == '"':
+                state = "PRE_VALUE"
+            elif char == "\\":
+                state = "DOUBLE_ESCAPE"
+            else:
+                value += char
+        elif state == "DOUBLE_ESCAPE":
+            state = "DOUBLE"
+            if char in _DOUBLE_QUOTE_ESCAPES:
+                value += char
+            elif char != "\n":
+                value += "\\" + char  # kept, as the shell keeps it
+        elif state == "COMMENT":
+            if char == "\\":
+                state = "COMMENT_ESCAPE"
+            elif char in _NEWLINES:
+                state = "PRE_KEY"
+        elif state == "COMMENT_ESCAPE":
+            state = "PRE_KEY" if char in _NEWLINES else "COMMENT"
+        line += char == "\n"
+    if state == "VALUE":
+        value = value.rstrip(_BLANKS)
+    if state in ("PRE_VALUE", "VALUE", "VALUE_ESCAPE", "SINGLE", "DOUBLE", "DOUBLE_ESCAPE"):
+        push()  # the last line, without its newline (an unclosed quote runs to the end of the file)
+    return out
+
+
 def split_exec_prefixes(value: str) -> ExecCommand:
-    """`ExecStart=` value -> prefixes (`-`, `@`, `:`, `+`, `!`, `!!`, `|`) and the command."""
-    i = 0
-    while i < len(value) and value[i] in EXEC_PREFIX_CHARS:
+    """`ExecStart=` value -> prefixes and the command, as systemd's config_parse_exec reads them: each of
+    `-` (failure ignored), `@` (the second word is argv[0]), `:` (no variable expansion), `|` (run
+    through the user's shell) at most once, and one of `+` (full privileges), `!` (no setuid) or `!!`
+    (ambient capabilities), in any order; a character that cannot be taken ends the prefixes."""
+    taken, i = "", 0
+    privilege = ""
+    while i < len(value):
+        char = value[i]
+        if char in "-@:|" and char not in taken:
+            taken += char
+        elif char == "+" and not privilege:
+            privilege = "+"
+            taken += char
+        elif char == "!" and privilege in ("", "!"):
+            privilege += "!"
+            taken += char
+        else:
+            break
         i += 1
-    return ExecCommand(prefixes=value[:i], raw=value[i:].strip())
+    return ExecCommand(prefixes=taken, raw=value[i:].strip())
 
 
 def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
@@ -250,21 +350,8 @@ def merge_unit(files: list[tuple[str, str]], unit_name: str) -> ServiceUnit:
 
 def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
     what = f"{key}= in {path}"
-    if key == "ExecStart":
-        if not value:
-            unit.exec_start = []  # an empty assignment resets the list
-            return
-        command = split_exec_prefixes(value)
-        words = split_words(command.raw, what, unit.warnings)
-        if ";" in words:  # a lone `;` separates command lines (config_parse_exec); `\;` is a literal
-            for part in _split_at_semicolons(words):
-                unit.exec_start.append(_exec_command(command.prefixes, part, unit, what))
-            return
-        before = len(unit.unresolved)
-        command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
-        command.unresolved_specifiers = [u.why for u in unit.unresolved[before:]]
-        command.raw = expand_specifiers(command.raw, unit.name, [], what)  # reported once, above
-        unit.exec_start.append(command)
+    if key in ("ExecStart", "ExecStop", "ExecStopPost"):
+        _apply_exec(unit, key, value, what)
     elif key == "Environment":
         if not value:
             unit.environment = {}  # an empty assignment resets the list
@@ -275,17 +362,52 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
         return
     spec = expand_specifiers(value, unit.name, unit.unresolved, what)
     if key == "EnvironmentFile":
-        if not spec:
-            unit.environment_files = []
-        else:
-            optional = spec.startswith("-")
-            unit.environment_files.append((spec.removeprefix("-").strip(), optional))
+        _apply_environment_file(unit, spec, what)
     elif key == "WorkingDirectory":
+        unit.working_directory_optional = spec.startswith("-")
         unit.working_directory = spec.removeprefix("-") or None
     elif key == "User":
         unit.user = spec or None
     elif key == "Type":
         unit.service_type = spec or "simple"
+
+
+def _apply_environment_file(unit: ServiceUnit, spec: str, what: str) -> None:
+    """EnvironmentFile=: an empty one resets the list; `-` makes it optional; the path (a glob is
+    allowed) must be absolute (systemd's config_parse_unit_env_file ignores another)."""
+    if not spec:
+        unit.environment_files = []
+        return
+    optional = spec.startswith("-")
+    path = spec.removeprefix("-").strip()
+    if not path.startswith("/"):
+        unit.warnings.append(f"{what}: path {path!r} is not absolute; systemd ignores it")
+        return
+    unit.environment_files.append((path, optional))
+
+
+def _apply_exec(unit: ServiceUnit, key: str, value: str, what: str) -> None:
+    """ExecStart=, ExecStop=, ExecStopPost=: an empty assignment resets the list; a lone `;` separates
+    commands."""
+    target = unit.exec_start if key == "ExecStart" else unit.exec_stop
+    if not value:
+        if key == "ExecStart":
+            unit.exec_start = []
+        else:  # ExecStop= and ExecStopPost= are kept in one list: reset only this key's own
+            unit.exec_stop[:] = [c for c in unit.exec_stop if c.key != key]
+        return
+    command = split_exec_prefixes(value)
+    command.key = key
+    words = split_words(command.raw, what, unit.warnings)
+    if ";" in words:  # a lone `;` separates command lines (config_parse_exec); `\;` is a literal
+        for part in _split_at_semicolons(words):
+            target.append(_exec_command(command.prefixes, part, unit, what, key))
+        return
+    before = len(unit.unresolved)
+    command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
+    command.unresolved_specifiers = [u.why for u in unit.unresolved[before:]]
+    command.raw = expand_specifiers(command.raw, unit.name, [], what)  # reported once, above
+    target.append(command)
 
 
 def _split_at_semicolons(words: list[str]) -> list[list[str]]:
@@ -298,14 +420,16 @@ def _split_at_semicolons(words: list[str]) -> list[list[str]]:
     return [part for part in parts if part]
 
 
-def _exec_command(prefixes: str, words: list[str], unit: ServiceUnit, what: str) -> ExecCommand:
+def _exec_command(
+    prefixes: str, words: list[str], unit: ServiceUnit, what: str, key: str = "ExecStart"
+) -> ExecCommand:
     """One command line of several on an ExecStart= line; its text re-quoted from its words."""
     raw = " ".join(systemd_word(w) for w in words)
     before = len(unit.unresolved)
     expanded = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
     return ExecCommand(
         prefixes=prefixes, raw=expand_specifiers(raw, unit.name, [], what), words=expanded,
-        unresolved_specifiers=[u.why for u in unit.unresolved[before:]],
+        unresolved_specifiers=[u.why for u in unit.unresolved[before:]], key=key,
     )  # fmt: skip
 
 
@@ -317,11 +441,9 @@ def systemd_word(word: str) -> str:
 
 
 def command_argv(command: ExecCommand, env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:
-    """The argv an ExecStart line runs with `env`: `@` drops the argv[0] override word, `:` turns
-    variable substitution off."""
-    words = command.words if command.words is not None else split_words(command.raw, "ExecStart=")
+    """The argv an ExecStart line runs with `env`, argv[0] being the executable (see
+    `ExecCommand.program_words`: `@`'s argv[0] word is left out); `:` turns variable substitution off."""
+    words = command.program_words()
     if ":" not in command.prefixes:
-        words = substitute_env(words, env, unresolved, "ExecStart=")
-    if "@" in command.prefixes and len(words) >= 2:
-        words = [words[0], *words[2:]]
+        words = substitute_env(words, env, unresolved, f"{command.key}=")
     return words

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from eagle3_pipeline.server import container as containers
+from eagle3_pipeline.server import shell_script
 from eagle3_pipeline.server._vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
-from eagle3_pipeline.server.unit import Unresolved, logical_lines
+from eagle3_pipeline.server.shell_script import SHELLS, script_option_at
+from eagle3_pipeline.server.unit import Unresolved
 
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
-SHELLS = ("sh", "bash", "dash", "zsh")
 SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
 
 
@@ -42,13 +43,17 @@ class VllmCommand:
     env_unset: list[str] = field(default_factory=list)  # `env -u NAME`
     env_cleared: bool = False  # `env -i`, or a container: the unit's environment does not reach vLLM
     container: containers.ContainerRun | None = None
+    cwd: str | None = "/"  # where vLLM runs (WorkingDirectory, or where its script `cd`s); None: unknown
 
-    def host_path(self, path: str, cwd: str) -> str | None:
-        """Where a file vLLM names lives on the host (through a container's bind mounts); None when it
-        is inside a container image."""
+    def host_path(self, path: str, cwd: str | None) -> str | None:
+        """Where a file vLLM names lives on the host (through a container's bind mounts; a relative
+        path against the folder vLLM runs in); None when it is inside a container image or relative
+        to a folder that is not known."""
         if self.container is not None:
             return self.container.host_path(path)
-        return path if path.startswith("/") else os.path.join(cwd, path)
+        if path.startswith("/"):
+            return path
+        return posixpath.normpath(posixpath.join(cwd, path)) if cwd else None
 
     def apply_env(self, unit_env: dict[str, str]) -> dict[str, str]:
         """The environment vLLM runs with, from the unit's and this command's launchers."""
@@ -72,11 +77,10 @@ def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | 
             if module == "vllm.entrypoints.cli.main" and argv[i + 2 : i + 3] == ["serve"]:
                 return argv[: i + 3], argv[i + 3 :], env
         if base in SHELLS and (c_at := script_option_at(argv, i)) is not None:
-            found = find_vllm(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
+            run = _follow_shell(argv, i, c_at, {}, None)
+            found = find_vllm(run.argv) if run.argv else None
             if found:
-                args = found[1]
-                ends = [k for k, w in enumerate(args) if w in SHELL_OPERATORS]
-                return [*argv[: c_at + 1], *found[0]], args[: ends[0]] if ends else args, {**env, **found[2]}
+                return [*argv[: c_at + 1], *found[0]], found[1], {**env, **found[2]}
             return None
         if "=" in word and not word.startswith("-") and i > 0 and os.path.basename(argv[0]) == "env":
             name, value = word.split("=", 1)
@@ -84,35 +88,20 @@ def find_vllm(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]] | 
     return None
 
 
-def script_option_at(argv: list[str], shell_at: int) -> int | None:
-    """Index of the option that makes the shell at argv[shell_at] run a script string: `-c`, or a
-    cluster of short options holding `c` (`bash -lc '...'`, `sh -ec '...'`); None when it has none."""
-    for j in range(shell_at + 1, len(argv)):
-        word = argv[j]
-        if not word.startswith("-") or word.startswith("--") or word == "-":
-            return None
-        if "c" in word[1:]:
-            return j
-    return None
+def _follow_shell(
+    argv: list[str], shell_at: int, c_at: int, env: dict[str, str], cwd: str | None
+) -> shell_script.ShellRun:
+    """Follow the script of `SHELL -c SCRIPT [NAME [ARGS...]]` at argv[shell_at] to the command that
+    runs vLLM or a container: NAME is its `$0` (the shell's own name when absent), ARGS its `$1`..."""
+    script = argv[c_at + 1] if c_at + 1 < len(argv) else ""
+    name = argv[c_at + 2] if c_at + 2 < len(argv) else argv[shell_at]
+    where = f"{os.path.basename(argv[shell_at])} -c script"
+    return shell_script.follow(script, name, argv[c_at + 3 :], env, runs_server, where, cwd)
 
 
-def expand_shell_scripts(argv: list[str], env: dict[str, str], unresolved: list[Unresolved]) -> list[str]:
-    """argv with the `sh -c` script's `$VAR`, `${VAR}` and `${VAR:-x}` replaced from `env`: systemd
-    passes the unit's Environment= and EnvironmentFile= variables to the shell, which expands them."""
-    for i, word in enumerate(argv):
-        if os.path.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
-            if c_at + 1 < len(argv):
-                script = _expand_shell(argv[c_at + 1], env, unresolved, f"{word} -c script")
-                return [*argv[: c_at + 1], script, *argv[c_at + 2 :]]
-            break
-    return argv
-
-
-def shell_words(script: str) -> list[str]:
-    """Words of a `sh -c` script, with `;`, `&&`, `|` as words of their own."""
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    return list(lexer)
+def runs_server(words: list[str]) -> bool:
+    """True when words run vLLM (behind launchers) or a container engine."""
+    return find_vllm(words) is not None or containers.engine_at(words) is not None
 
 
 def canonical_flag(name: str) -> str:
@@ -194,16 +183,17 @@ def config_file_flags(text: str, path: str) -> dict[str, Any]:
 
 
 def parse_command(
-    argv: list[str], read_file: Any, cwd: str, env: dict[str, str] | None = None
+    argv: list[str], read_file: Any, cwd: str | None, env: dict[str, str] | None = None
 ) -> VllmCommand:
     """Find vLLM in argv (behind launchers, in a `sh -c` script, in the shell wrapper script argv runs,
-    or in a container) and read its flags, following `--config FILE` through `read_file(path)`."""
+    or in a container) and read its flags, following `--config FILE` through `read_file(path)`;
+    a relative path is read against `cwd` (the unit's WorkingDirectory, or where the script `cd`s)."""
     unit_env = env or {}
     unresolved: list[Unresolved] = []
-    line = expand_shell_scripts(argv, unit_env, unresolved)
-    if _may_be_wrapper_script(argv):
-        script = wrapper_script_line(argv, read_file, unit_env, unresolved)
-        line = [argv[0], *script] if script else argv
+    line, shell, shell_prefix = _through_shell(argv, unit_env, read_file, cwd)
+    if shell is not None:
+        unresolved.extend(shell.unresolved)
+        cwd = shell.cwd or cwd
     run, command_words = _container(line, unit_env, read_file, unresolved)
     found = find_vllm(command_words) if command_words is not None else None
     if found is None:
@@ -216,15 +206,16 @@ def parse_command(
             unresolved.append(Unresolved("model", why))
         return VllmCommand(launcher=argv, model=None, found=False, container=run, unresolved=unresolved)
     launcher, words, _ = found
-    ends = [k for k, w in enumerate(words) if w in SHELL_OPERATORS]
-    words = words[: ends[0]] if ends else words
     positional_model = not launcher[-1].startswith("vllm.entrypoints")
     model, flags, stray = parse_flags(words, positional_model)
     set_env, unset, cleared = env_effects(line if run is None else command_words)
     command = VllmCommand(
-        launcher=launcher, model=model, env=set_env, unresolved=unresolved, env_unset=unset,
-        env_cleared=cleared or run is not None, container=run,
+        launcher=[*shell_prefix, *launcher], model=model, env=set_env, unresolved=unresolved,
+        env_unset=unset, env_cleared=cleared or run is not None, container=run, cwd=cwd,
     )  # fmt: skip
+    if shell is not None and run is None:  # the script's own assignments and exports win
+        command.env = {**_changed(shell.env, unit_env), **set_env}
+        command.env_unset = [*shell.unset, *unset]
     if run is not None:  # the container sees its -e/--env-file variables, not the unit's
         command.env = {**run.env, **set_env}
         command.unresolved.extend(run.unresolved)
@@ -237,6 +228,48 @@ def parse_command(
     if command.model is None:
         command.unresolved.append(Unresolved("model", "no model given on the command line or in --config"))
     return command
+
+
+def _changed(env: dict[str, str], before: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if before.get(name) != value}
+
+
+def _through_shell(
+    argv: list[str], env: dict[str, str], read_file: Any, cwd: str | None
+) -> tuple[list[str], shell_script.ShellRun | None, list[str]]:
+    """(the command line that runs the server, the shell run that led to it, the words before it for
+    the launcher: the shell, `-c` and what the script sourced). A `SHELL -c SCRIPT NAME ARGS` in argv
+    and a shell wrapper script argv runs are followed; argv is returned as it is otherwise."""
+    at = shell_script.shell_c_at(argv)
+    if at is not None:
+        run = _follow_shell(argv, at[0], at[1], env, cwd)
+        head = argv[: at[1] + 1]
+    elif _may_be_wrapper_script(argv):
+        run = _follow_wrapper(argv, read_file, env, cwd)
+        head = argv[:1]
+    else:
+        return argv, None, []
+    if run is None or run.argv is None:
+        return argv, run, []
+    sourced = [word for path in run.sourced for word in ("source", path, "&&")]
+    before_shell = head[: at[0]] if at else []  # `numactl -N 0 bash -c ...`: the launchers stay
+    return [*before_shell, *run.argv], run, [*head, *sourced]
+
+
+def _follow_wrapper(
+    argv: list[str], read_file: Any, env: dict[str, str], cwd: str | None
+) -> shell_script.ShellRun | None:
+    """The shell wrapper script argv[0] followed with argv[1:] as its arguments; None when it cannot
+    be read or is not a shell script."""
+    try:
+        text = read_file(argv[0])
+    except (OSError, UnicodeDecodeError):
+        return None
+    first = text.splitlines()[0] if text else ""
+    if not first.startswith("#!") or not any(os.path.basename(w) in SHELLS for w in first[2:].split()[:2]):
+        return None
+    where = f"wrapper script {argv[0]}"
+    return shell_script.follow(text, argv[0], argv[1:], env, runs_server, where, cwd)
 
 
 def _may_be_wrapper_script(argv: list[str]) -> bool:
@@ -255,7 +288,7 @@ def _container(
 ) -> tuple[containers.ContainerRun | None, list[str] | None]:
     """(the container run, the argv inside it) when `line` (or its `sh -c` script) runs a container;
     (None, line) otherwise; (run, None) when the image's command is unknown."""
-    for candidate in _shell_segments(line):
+    for candidate in [line]:
         run = containers.parse_run(candidate, unit_env, read_file)
         if run is None:
             continue
@@ -272,16 +305,6 @@ def _container(
             )
         return run, command
     return None, line
-
-
-def _shell_segments(argv: list[str]) -> list[list[str]]:
-    """argv itself, then each simple command of a `sh -c` script it runs."""
-    segments = [argv]
-    for i, word in enumerate(argv):
-        if os.path.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
-            segments += _split_operators(shell_words(argv[c_at + 1]) if c_at + 1 < len(argv) else [])
-            break
-    return segments
 
 
 def env_effects(words: list[str]) -> tuple[dict[str, str], list[str], bool]:
@@ -318,12 +341,17 @@ def env_effects(words: list[str]) -> tuple[dict[str, str], list[str], bool]:
     return assigned, unset, cleared
 
 
-def _apply_config_file(command: VllmCommand, flags: dict[str, Any], read_file: Any, cwd: str) -> None:
+def _apply_config_file(command: VllmCommand, flags: dict[str, Any], read_file: Any, cwd: str | None) -> None:
     """Values from `--config FILE` (the command line wins); a file in a container image is reported."""
     config_path = flags.get("--config")
     if not isinstance(config_path, str):
         return
     full = command.host_path(config_path, cwd)
+    if full is None and command.container is None:
+        command.unresolved.append(
+            Unresolved("--config", f"{config_path} is relative, and the folder vLLM runs in is not known")
+        )
+        return
     if full is None:
         command.unresolved.append(
             Unresolved("--config", f"{config_path} is inside the container image (no bind mount holds it)")
@@ -340,57 +368,6 @@ def _apply_config_file(command: VllmCommand, flags: dict[str, Any], read_file: A
         command.model = file_model
 
 
-_SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-_SHELL_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-def _expand_shell(text: str, env: dict[str, str], unresolved: list[Unresolved], where: str) -> str:
-    """`$VAR`, `${VAR}` and `${VAR:-default}` from env; an unknown variable is reported."""
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(3)
-        if name in env:
-            return env[name]
-        if match.group(2) is not None:
-            return match.group(2)
-        unresolved.append(Unresolved(where, f"${name} is not set by the unit or the script"))
-        return ""
-
-    return _SHELL_VAR.sub(replace, text)
-
-
-def wrapper_script_line(
-    argv: list[str], read_file: Any, env: dict[str, str], unresolved: list[Unresolved]
-) -> list[str] | None:
-    """The words of the line that runs vLLM (or a container) in a shell wrapper script that ExecStart
-    runs: its simple assignments (`NAME=value`, `export NAME=value`) and the unit's environment
-    expanded, `"$@"` and `$1`... taken from ExecStart's arguments, shell operators after the command
-    dropped. None when the script cannot be read or runs neither."""
-    try:
-        text = read_file(argv[0])
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not text.startswith("#!") or "sh" not in text.splitlines()[0]:
-        return None
-    where = f"wrapper script {argv[0]}"
-    scope = dict(env)
-    for _, line in logical_lines(text):
-        assignment = _SHELL_ASSIGNMENT.match(line)
-        if assignment and " " not in assignment.group(2).strip().strip("\"'"):
-            scope[assignment.group(1)] = shell_words(
-                _expand_shell(assignment.group(2), scope, [], where) or "''"
-            )[0]
-            continue
-        line_unresolved: list[Unresolved] = []
-        words = shell_words(_expand_shell(line, scope, line_unresolved, where))
-        words = [arg for word in words for arg in _positional(word, argv[1:])]
-        for segment in _split_operators(words):
-            if find_vllm(segment) or containers.engine_at(segment) is not None:
-                unresolved.extend(line_unresolved)  # only the vLLM line's unknowns matter
-                return segment
-    return None
-
-
 def _split_operators(words: list[str]) -> list[list[str]]:
     """The simple commands of a shell line (split at `;`, `&&`, `||`, `|`, `&`)."""
     segments, current = [], []
@@ -401,15 +378,6 @@ def _split_operators(words: list[str]) -> list[list[str]]:
         else:
             current.append(token)
     return segments
-
-
-def _positional(word: str, args: list[str]) -> list[str]:
-    if word in ("$@", "$*"):
-        return list(args)
-    if re.fullmatch(r"\$[1-9]", word):
-        index = int(word[1]) - 1
-        return [args[index]] if index < len(args) else []
-    return [word]
 
 
 def parse_length(value: Any) -> int:

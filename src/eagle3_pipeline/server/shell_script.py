@@ -1,0 +1,513 @@
+"""A shell script read the way bash runs it, far enough to know the command that starts vLLM.
+
+Used for `bash -c 'SCRIPT' NAME ARGS...` in ExecStart and for a wrapper script ExecStart runs. Nothing
+is executed: the script is lexed (quotes, backslashes, `$'...'`, comments, operators, redirections
+dropped) and its simple commands are followed in order, as bash(1) would on the success path:
+
+- words are expanded as bash expands them: `$VAR`, `${VAR}`, `${VAR:-x}` (and `-`, `:=`, `=`, `:+`,
+  `+`), `$0` (NAME), `$1`..`${10}`, `"$@"` (one word per argument), `"$*"`, `$#`, `~`; an unquoted
+  expansion is split into words on blanks, a quoted one is not; an empty unquoted one disappears;
+- `NAME=value` alone sets a shell variable (exported when it came from the environment), `export`
+  and `declare -x` export, `unset` removes, `cd DIR` moves, `source`/`.` are recorded (their effect
+  cannot be known), `exec [-a NAME]` runs what follows;
+- `NAME=value cmd ...` sets NAME in cmd's environment only.
+
+What cannot be known (a command substitution, an unset variable, arithmetic) is reported as
+unresolved, never guessed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from eagle3_pipeline.server.unit_syntax import Unresolved
+
+SHELLS = ("sh", "bash", "dash", "zsh", "ksh")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPERATORS = ("&&", "||", ";;", "|&", ";", "&", "|", "\n", "(", ")")
+_KEYWORDS = {"then", "do", "else", "{", "}", "!", "if", "while", "until", "elif", "fi", "done"}
+_ANSI = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+         "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+
+
+@dataclass
+class Part:
+    """A piece of a word: literal text, or an expansion (`kind` "param" or "unknown")."""
+
+    kind: str  # "lit", "param", "unknown", "tilde"
+    text: str  # the literal, the parameter name, or the unknown construct as written
+    quoted: bool
+    op: str = ""  # `${NAME<op><arg>}`
+    arg: str = ""
+
+
+Word = list[Part]
+
+
+@dataclass
+class ShellRun:
+    """Where following the script stopped: the command that matched, with the environment, folder
+    and unknowns it runs with."""
+
+    argv: list[str] | None = None  # the matched command's words, expanded; None: none matched
+    env: dict[str, str] = field(default_factory=dict)  # exported variables at that command
+    unset: list[str] = field(default_factory=list)  # environment variables the script removed
+    cwd: str | None = None  # after `cd`; None when the script did not move
+    sourced: list[str] = field(default_factory=list)  # files `source`d before it
+    unresolved: list[Unresolved] = field(default_factory=list)
+
+
+def script_option_at(argv: list[str], shell_at: int) -> int | None:
+    """Index of the option that makes the shell at argv[shell_at] run a script string: `-c`, or a
+    cluster of short options holding `c` (`bash -lc '...'`, `sh -ec '...'`); None when it has none."""
+    for j in range(shell_at + 1, len(argv)):
+        word = argv[j]
+        if not word.startswith("-") or word.startswith("--") or word == "-":
+            return None
+        if "c" in word[1:]:
+            return j
+    return None
+
+
+def shell_c_at(argv: list[str]) -> tuple[int, int] | None:
+    """(index of the shell, index of its `-c`) for the first shell in argv that runs a script string."""
+    for i, word in enumerate(argv):
+        if posixpath.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
+            return i, c_at
+    return None
+
+
+# -- lexing ------------------------------------------------------------------------------------------
+
+
+class _Lexer:
+    def __init__(self, text: str) -> None:
+        self.s, self.i = text, 0
+        self.tokens: list[Word | str] = []  # a word, or an operator string
+        self.word: Word | None = None
+        self.drop_next = False  # the next word is a redirection's target
+
+    def lit(self, text: str, quoted: bool) -> None:
+        self.add(Part("lit", text, quoted))
+
+    def add(self, part: Part) -> None:
+        if self.word is None:
+            self.word = []
+        last = self.word[-1] if self.word else None
+        if part.kind == "lit" and last is not None and last.kind == "lit" and last.quoted == part.quoted:
+            last.text += part.text
+            return
+        self.word.append(part)
+
+    def end_word(self) -> None:
+        if self.word is not None:
+            if self.drop_next:
+                self.drop_next = False
+            else:
+                self.tokens.append(self.word)
+        self.word = None
+
+    def run(self) -> list[Word | str]:
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c in " \t":
+                self.end_word()
+                self.i += 1
+            elif c == "#" and self.word is None:
+                while self.i < len(s) and s[self.i] != "\n":
+                    self.i += 1
+            elif c == "\\":
+                if s[self.i + 1 : self.i + 2] != "\n":  # backslash-newline: a continuation, removed
+                    self.lit(s[self.i + 1 : self.i + 2], True)
+                self.i += 2
+            elif c == "'":
+                end = s.find("'", self.i + 1)
+                end = len(s) if end < 0 else end
+                self.lit(s[self.i + 1 : end], True)
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                self.double_quoted()
+            elif c == "$":
+                self.dollar(quoted=False)
+            elif c == "`":
+                self.backtick(quoted=False)
+            elif c in "<>" or (c == "&" and s[self.i + 1 : self.i + 2] == ">"):
+                self.redirection()
+            elif c in ";&|\n()":
+                self.end_word()
+                op = next(o for o in _OPERATORS if s.startswith(o, self.i))
+                self.tokens.append(op)
+                self.i += len(op)
+            elif c == "~" and self.word is None:
+                self.add(Part("tilde", "~", False))
+                self.i += 1
+            else:
+                self.lit(c, False)
+                self.i += 1
+        self.end_word()
+        return self.tokens
+
+    def double_quoted(self) -> None:
+        s = self.s
+        self.lit("", True)  # `""` is a word of its own, even empty
+        while self.i < len(s) and s[self.i] != '"':
+            c = s[self.i]
+            if c == "\\" and s[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`", "\n"):
+                if s[self.i + 1] != "\n":
+                    self.lit(s[self.i + 1], True)
+                self.i += 2
+            elif c == "$":
+                self.dollar(quoted=True)
+            elif c == "`":
+                self.backtick(quoted=True)
+            else:
+                self.lit(c, True)
+                self.i += 1
+        self.i += 1
+
+    def dollar(self, quoted: bool) -> None:
+        s, i = self.s, self.i
+        nxt = s[i + 1 : i + 2]
+        if nxt == "'" and not quoted:
+            self.ansi_c()
+        elif nxt == '"' and not quoted:
+            self.i += 2
+            self.double_quoted()
+        elif nxt == "{":
+            end = _matching(s, i + 1, "{", "}")
+            self.braced(s[i + 2 : end], quoted, s[i : end + 1])
+            self.i = end + 1
+        elif nxt == "(":
+            end = _matching(s, i + 1, "(", ")")
+            self.add(Part("unknown", s[i : end + 1], quoted))
+            self.i = end + 1
+        elif nxt and (nxt in "@*#?$!-" or nxt.isdigit()):
+            self.add(Part("param", nxt, quoted))
+            self.i += 2
+        elif match := _NAME.match(s, i + 1):
+            self.add(Part("param", match.group(0), quoted))
+            self.i = match.end()
+        else:
+            self.lit("$", quoted)
+            self.i += 1
+
+    def braced(self, inner: str, quoted: bool, written: str) -> None:
+        match = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(:?[-=+?]|)(.*)$", inner, re.DOTALL)
+        if match is None or (match.group(3) and not match.group(2)):
+            self.add(Part("unknown", written, quoted))  # ${#X}, ${X%y}, ${X/a/b}: not followed here
+            return
+        self.add(Part("param", match.group(1), quoted, match.group(2), match.group(3)))
+
+    def ansi_c(self) -> None:
+        s, i, out = self.s, self.i + 2, []
+        while i < len(s) and s[i] != "'":
+            if s[i] == "\\" and i + 1 < len(s):
+                letter = s[i + 1]
+                if letter in _ANSI:
+                    out.append(_ANSI[letter])
+                    i += 2
+                    continue
+                hexa = re.match(r"x([0-9A-Fa-f]{1,2})|([0-7]{1,3})", s[i + 1 :])
+                if hexa:
+                    out.append(chr(int(hexa.group(1), 16) if hexa.group(1) else int(hexa.group(2), 8)))
+                    i += 1 + len(hexa.group(0))
+                    continue
+            out.append(s[i])
+            i += 1
+        self.lit("".join(out), True)
+        self.i = i + 1
+
+    def backtick(self, quoted: bool) -> None:
+        end = self.s.find("`", self.i + 1)
+        end = len(self.s) if end < 0 else end
+        self.add(Part("unknown", self.s[self.i : end + 1], quoted))
+        self.i = end + 1
+
+    def redirection(self) -> None:
+        """`>`, `2>&1`, `&>file`, `<in`: dropped with their target (a number before is the fd)."""
+        if self.word and len(self.word) == 1 and self.word[0].kind == "lit" and self.word[0].text.isdigit():
+            self.word = None if not self.word[0].quoted else self.word
+        self.end_word()
+        match = re.compile(r"&>>?|[0-9]*(?:<<<|<<-?|<>|>>|>\||<&|>&|<|>)").match(self.s, self.i)
+        assert match is not None
+        self.i = match.end()
+        if match.group(0).endswith("&"):
+            dup = re.compile(r"[0-9]+-?|-").match(self.s, self.i)
+            if dup:
+                self.i = dup.end()
+                return
+        self.drop_next = True
+
+
+def _matching(s: str, start: int, open_: str, close: str) -> int:
+    """Index of the bracket closing the one at s[start] (nesting counted, quotes not)."""
+    depth = 0
+    for j in range(start, len(s)):
+        depth += (s[j] == open_) - (s[j] == close)
+        if depth == 0:
+            return j
+    return len(s)
+
+
+def lex(script: str) -> list[Word | str]:
+    """A script's tokens: words (lists of parts) and operator strings."""
+    return _Lexer(script).run()
+
+
+# -- expansion and following the commands ------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    vars: dict[str, str]
+    exported: set[str]
+    name: str
+    args: list[str]
+    unknown: dict[str, list[Unresolved]]  # variables whose value holds something unknown
+    where: str
+    cwd: str | None = None
+
+
+def _param(scope: _Scope, part: Part, found: list[Unresolved]) -> list[str] | str:
+    """A parameter's value: a list for `$@`/`$*` (the arguments), a string otherwise."""
+    name = part.text
+    if name in ("@", "*"):
+        return list(scope.args)
+    if name == "#":
+        return str(len(scope.args))
+    if name.isdigit():
+        index = int(name)
+        value: str | None = (
+            scope.name if index == 0 else (scope.args[index - 1] if index <= len(scope.args) else None)
+        )
+    elif name in scope.vars:
+        value = scope.vars[name]
+        found.extend(scope.unknown.get(name, []))
+    else:
+        value = None
+    is_set = value is not None and (value != "" or ":" not in part.op)
+    if part.op in (":-", "-", ":=", "="):
+        if not is_set:
+            value = " ".join(_expand(lex_word(part.arg), scope, found)) if part.arg else ""
+            if part.op.endswith("=") and _NAME.fullmatch(name):
+                scope.vars[name] = value
+        return value or ""
+    if part.op in (":+", "+"):
+        return " ".join(_expand(lex_word(part.arg), scope, found)) if is_set else ""
+    if value is None:
+        found.append(Unresolved(scope.where, f"${name} is not set by the unit or the script"))
+        return ""
+    return value
+
+
+def lex_word(text: str) -> Word:
+    """One word's parts (the text of `${X:-text}`)."""
+    tokens = [t for t in lex(text) if not isinstance(t, str)]
+    return [part for word in tokens for part in word]
+
+
+def _expand(word: Word, scope: _Scope, found: list[Unresolved]) -> list[str]:
+    """A word's fields, as bash makes them: quoted expansions stay whole, unquoted ones are split on
+    blanks, `"$@"` gives one field per argument, an unquoted empty expansion gives none."""
+    fields: list[str] = []
+    current: str | None = None
+    for part in word:
+        if part.kind == "lit":
+            current = (current or "") + part.text if (part.quoted or part.text) else current
+            continue
+        if part.kind == "tilde":
+            home = scope.vars.get("HOME")
+            if home is None:
+                found.append(Unresolved(scope.where, "~ names $HOME, which is not known"))
+            current = (current or "") + (home or "~")
+            continue
+        if part.kind == "unknown":
+            found.append(Unresolved(scope.where, f"{part.text} is run by the shell; not followed here"))
+            current = (current or "") + part.text
+            continue
+        value = _param(scope, part, found)
+        if isinstance(value, list):
+            if part.quoted and part.text == "*":
+                value = [" ".join(value)]
+            elif not part.quoted:
+                value = [piece for arg in value for piece in arg.split()]
+            for k, item in enumerate(value):
+                if k:
+                    fields.append(current or "")
+                    current = item
+                else:
+                    current = (current or "") + item
+            continue
+        if part.quoted:
+            current = (current or "") + value
+            continue
+        pieces = value.split()
+        if value[:1].isspace() and current is not None:
+            fields.append(current)
+            current = None
+        for k, piece in enumerate(pieces):
+            if k:
+                fields.append(current or "")
+                current = piece
+            else:
+                current = (current or "") + piece
+        if value[-1:].isspace() and current is not None:
+            fields.append(current)
+            current = None
+    if current is not None:
+        fields.append(current)
+    return fields
+
+
+def _assignment(word: Word) -> tuple[str, Word] | None:
+    """(name, value parts) when a word is `NAME=value` (the name unquoted)."""
+    if not word or word[0].kind != "lit" or word[0].quoted:
+        return None
+    name, eq, rest = word[0].text.partition("=")
+    if not eq or not _NAME.fullmatch(name):
+        return None
+    value = ([Part("lit", rest, False)] if rest else []) + word[1:]
+    return name, value
+
+
+def _commands(tokens: list[Word | str]) -> list[list[Word]]:
+    """The simple commands, in order (split at operators; reserved words at a command's start
+    dropped)."""
+    commands: list[list[Word]] = [[]]
+    for token in tokens:
+        if isinstance(token, str):
+            commands.append([])
+        elif (
+            not commands[-1]
+            and len(token) == 1
+            and token[0].kind == "lit"
+            and not token[0].quoted
+            and token[0].text in _KEYWORDS
+        ):
+            continue
+        else:
+            commands[-1].append(token)
+    return [c for c in commands if c]
+
+
+def follow(
+    script: str,
+    name: str,
+    args: list[str],
+    env: dict[str, str],
+    matches: Callable[[list[str]], bool],
+    where: str,
+    cwd: str | None = None,
+) -> ShellRun:
+    """Follow `script` (run as `bash -c script name args...`, with `env` as its environment) to the
+    first command for which `matches(argv)` holds.
+
+    Returns:
+        ShellRun: that command's words, its exported environment, the folder it runs in, what the
+        script sourced, and what could not be known on its way; argv None when no command matched.
+    """
+    scope = _Scope(dict(env), set(env), name, list(args), {}, where, cwd)
+    sourced: list[str] = []
+    for command in _commands(lex(script)):
+        found: list[Unresolved] = []
+        prefix: dict[str, str] = {}
+        k = 0
+        while k < len(command) and (assignment := _assignment(command[k])):
+            value = "".join(_expand_assignment(assignment[1], scope, found))
+            prefix[assignment[0]] = value
+            k += 1
+        argv = [field_ for word in command[k:] for field_ in _expand(word, scope, found)]
+        if not argv:  # assignments only: shell variables (exported when already in the environment)
+            for var, value in prefix.items():
+                _set(scope, var, value, found)
+            continue
+        argv = _strip_exec(argv)
+        if argv and matches(argv):
+            exported = {v: scope.vars[v] for v in scope.exported if v in scope.vars}
+            return ShellRun(
+                argv, {**exported, **prefix}, [v for v in env if v not in exported and v not in prefix],
+                scope.cwd, sourced, found,
+            )  # fmt: skip
+        _builtin(argv, command[k:], scope, sourced, found)
+    return ShellRun(None, {}, [], scope.cwd, sourced, [])
+
+
+def _expand_assignment(value: Word, scope: _Scope, found: list[Unresolved]) -> list[str]:
+    """An assignment's value: expanded but never split (bash does not split assignments)."""
+    quoted = [Part(p.kind, p.text, True, p.op, p.arg) if p.kind != "tilde" else p for p in value]
+    return _expand(quoted, scope, found) if value else [""]
+
+
+def _set(scope: _Scope, name: str, value: str, found: list[Unresolved]) -> None:
+    scope.vars[name] = value
+    if found:
+        scope.unknown[name] = list(found)
+    else:
+        scope.unknown.pop(name, None)
+
+
+def _strip_exec(argv: list[str]) -> list[str]:
+    """The command `exec [-cl] [-a NAME] cmd ...` runs (its argv[0] override has no effect on what
+    is found); argv itself otherwise."""
+    if argv[0] != "exec":
+        return argv
+    k = 1
+    while k < len(argv) and argv[k].startswith("-") and argv[k] != "--":
+        k += 2 if argv[k] == "-a" else 1
+    return argv[k + (k < len(argv) and argv[k] == "--") :]
+
+
+def _builtin(
+    argv: list[str], words: list[Word], scope: _Scope, sourced: list[str], found: list[Unresolved]
+) -> None:
+    """The builtins that change what a later command runs with."""
+    head = argv[0]
+    if head in ("export", "declare", "typeset", "readonly", "local"):
+        exporting = head == "export" or any(a.startswith("-") and "x" in a for a in argv[1:])
+        unexport = head == "export" and "-n" in argv[1:]
+        for word in words[1:]:
+            assignment = _assignment(word)
+            if assignment:
+                _set(scope, assignment[0], "".join(_expand_assignment(assignment[1], scope, found)), found)
+                var = assignment[0]
+            else:
+                fields = _expand(word, scope, [])
+                var = fields[0] if fields else ""
+                if var.startswith("-") or not _NAME.fullmatch(var):
+                    continue
+            if exporting and not unexport:
+                scope.exported.add(var)
+            elif unexport:
+                scope.exported.discard(var)
+    elif head == "unset":
+        for var in argv[1:]:
+            if _NAME.fullmatch(var):
+                scope.vars.pop(var, None)
+                scope.exported.discard(var)
+    elif head == "cd":
+        target = next((a for a in argv[1:] if not a.startswith("-") or a == "-"), scope.vars.get("HOME"))
+        if target and target != "-":
+            scope.cwd = posixpath.normpath(posixpath.join(scope.cwd or "/", target))
+    elif head in ("source", ".") and len(argv) > 1:
+        sourced.append(argv[1])
+
+
+def commands_of(script: str) -> list[list[str]]:
+    """The simple commands of a script with their words as written (quotes removed, expansions kept
+    as `$NAME`): for reading what a command does without knowing its variables."""
+    return [[_as_written(word) for word in command] for command in _commands(lex(script))]
+
+
+def _as_written(word: Word) -> str:
+    out = []
+    for part in word:
+        if part.kind == "param":
+            out.append(f"${{{part.text}{part.op}{part.arg}}}" if part.op else f"${part.text}")
+        else:
+            out.append(part.text)
+    return "".join(out)
