@@ -1,34 +1,126 @@
-"""The production drop-in's marker, path and signal handling, without a host."""
+"""The serve check's own unit (check_unit.py) built from `systemctl show`, the lock owner's identity
+(process_identity.py) and signal handling, without a host."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from eagle3_pipeline.server.dropin import ServeCheckError, dropin_path, dropin_text, parse_marker
+from eagle3_pipeline.server import check_unit, process_identity
+from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
-from eagle3_pipeline.server.unit import merge_unit, split_words
 from eagle3_pipeline.validate.remote_checkpoint import unit_sandbox
 
+SHOW = """Type=simple
+User=vllm
+Group=gpu
+WorkingDirectory=/srv/vllm
+Environment=HF_HOME=/cache "NOTE=two words" HF_TOKEN=hf_secretvalue
+EnvironmentFiles=/etc/vllm/*.env (ignore_errors=yes)
+EnvironmentFiles=/etc/vllm/base.env (ignore_errors=no)
+LimitNOFILE=1048576
+LimitNOFILESoft=65536
+LimitMEMLOCK=infinity
+CPUAffinity=0-63
+NUMAPolicy=bind
+NUMAMask=0-1
+DeviceAllow=/dev/nvidiactl rw
+DeviceAllow=/dev/nvidia0 rw
+PrivateTmp=yes
+TimeoutStopUSec=5min
+Slice=
+"""
 
-def test_marker_round_trips_and_systemd_reads_the_rest():
-    text = dropin_text('"/usr/bin/vllm" "serve" "/m"', "20261201T120000-abcd1234", was_active=False)
-    assert parse_marker(text) == {"run": "20261201T120000-abcd1234", "was_active": False}
-    unit = merge_unit([("/u.service", "[Service]\nExecStart=/old\n"), ("/d.conf", text)], "u.service")
-    assert [split_words(c.raw, "t") for c in unit.exec_start] == [["/usr/bin/vllm", "serve", "/m"]]
-    assert parse_marker("[Service]\nExecStart=/x\n") is None
-    assert parse_marker("# Written by eagle3-pipeline's serve_check; removed when the check ends.\n")[
-        "run"
-    ] == ("legacy")
+
+def _argv(was_active: bool = True) -> list[str]:
+    return check_unit.systemd_run_argv(
+        "eagle3-serve-check-r1.service", "vllm.service", ["/usr/bin/vllm", "serve", "/m", "--port", "8000"],
+        check_unit.parse_show(SHOW), was_active=was_active, runtime_max_s=3600.5,
+        systemctl="/usr/bin/systemctl", own_env_file="/run/e3/r1.env",
+    )  # fmt: skip
 
 
-def test_dropin_goes_to_the_runtime_folder_and_unit_names_are_checked():
-    assert dropin_path("vllm.service") == "/run/systemd/system/vllm.service.d/zz-eagle3-serve-check.conf"
-    for bad in ("../../etc/passwd.service", "vllm", "a/b.service", ".service"):
-        with pytest.raises(ServeCheckError, match="not a NAME.service"):
-            dropin_path(bad)
+def _settings(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == "-p"]
+
+
+def test_the_check_unit_carries_what_production_applies():
+    argv = _argv()
+    settings = _settings(argv)
+    assert argv[:4] == ["systemd-run", "--unit=eagle3-serve-check-r1.service", "--collect", "--no-block"]
+    assert argv[argv.index("--") + 1 :] == ["/usr/bin/vllm", "serve", "/m", "--port", "8000"]
+    for expected in ("Conflicts=vllm.service", "Restart=no", "RuntimeMaxSec=3600", "User=vllm", "Group=gpu",
+                     "WorkingDirectory=/srv/vllm", "LimitNOFILE=65536:1048576", "LimitMEMLOCK=infinity",
+                     "CPUAffinity=0-63", "NUMAPolicy=bind", "NUMAMask=0-1", "DeviceAllow=/dev/nvidiactl rw",
+                     "DeviceAllow=/dev/nvidia0 rw", "PrivateTmp=yes", "TimeoutStopSec=5min"):  # fmt: skip
+        assert expected in settings, expected
+    assert not any(s.startswith("Slice=") for s in settings)  # empty: systemd's default, as production
+    files = [s for s in settings if s.startswith("EnvironmentFile=")]
+    assert files == [
+        "EnvironmentFile=/run/e3/r1.env",
+        "EnvironmentFile=-/etc/vllm/*.env",
+        "EnvironmentFile=/etc/vllm/base.env",
+    ]  # ours first: production's files override it
+    assert settings[-1] == "ExecStopPost=+/usr/bin/systemctl --no-block start -- vllm.service"
+    assert "hf_secretvalue" not in " ".join(argv)  # Environment= values never on a command line
+
+
+def test_production_not_running_before_is_not_started_after():
+    assert not any("start" in s for s in _settings(_argv(was_active=False)) if s.startswith("ExecStopPost="))
+
+
+def test_environment_goes_to_a_file_systemd_reads_back_as_written():
+    entries = check_unit.environment(check_unit.parse_show(SHOW))
+    assert entries == [("HF_HOME", "/cache"), ("NOTE", "two words"), ("HF_TOKEN", "hf_secretvalue")]
+    text = check_unit.env_file_text([*entries, ("Q", 'it\'s $HOME `x` \\ "q"'), ("M", "a\nb")])
+    # single quotes: nothing expanded; with a single quote inside: double quotes, \ " $ ` escaped
+    assert text.splitlines()[1:4] == ["NOTE='two words'", "HF_TOKEN='hf_secretvalue'",
+                                      'Q="it\'s \\$HOME \\`x\\` \\\\ \\"q\\""']  # fmt: skip
+    assert text.endswith("M='a\nb'\n")  # a quoted value may span lines in an env file
+
+
+def test_unit_names_are_our_own():
+    assert (
+        check_unit.unit_name("20261205T060000-abcd1234")
+        == "eagle3-serve-check-20261205T060000-abcd1234.service"
+    )
+    with pytest.raises(ServeCheckError):
+        check_unit.unit_name("a/b")
+
+
+def test_an_owner_in_another_pid_namespace_is_never_judged_gone():
+    """Two pipelines in containers with host networking: same hostname, not the same PID namespace."""
+    me = process_identity.identity()
+    assert me["boot_id"] and me["pid_ns"].startswith("pid:[")
+    assert process_identity.is_running(me) is True
+    gone = me | {"start_ticks": -1}
+    assert process_identity.is_running(gone) is False
+    for other in (
+        {"pid_ns": "pid:[1]"},
+        {"boot_id": "another-boot"},
+        {"host": "elsewhere"},
+        {"pid_ns": None},
+    ):
+        assert process_identity.is_running(gone | other) is None  # cannot be proven gone
+        assert process_identity.where_text(gone | other) != "is still running"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare -p needs root")
+def test_a_process_in_its_own_pid_namespace_cannot_judge_ours():
+    code = (
+        "import json, sys; from eagle3_pipeline.server import process_identity as p; "
+        "print(json.dumps([p.is_running(json.loads(sys.argv[1])), p.identity()['pid_ns']]))"
+    )
+    me = process_identity.identity()
+    command = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", code, json.dumps(me)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    running, their_ns = json.loads(out.stdout)
+    assert running is None and their_ns != me["pid_ns"]
 
 
 def test_sigterm_and_sigint_become_exceptions_then_handlers_are_put_back():
@@ -69,13 +161,3 @@ def test_the_serve_check_rule_turns_sigterm_into_an_exception():
         with pytest.raises(Interrupted):
             job()
     assert hasattr(serve_check, "__wrapped__")
-
-
-def test_dropin_text_travels_on_stdin_byte_for_byte(tmp_path):
-    """The drop-in goes to `tee` on stdin, never on a command line (where `ps` would show it)."""
-    from eagle3_pipeline.server.remote import LocalHost
-
-    text = dropin_text('"/usr/bin/vllm" "serve" "/m" "--api-key" "$KEY" "100%%"', "r", True)
-    target = tmp_path / "d.conf"
-    assert LocalHost().run(f"tee -- {target} >/dev/null", stdin=text).ok
-    assert target.read_text() == text

@@ -8,7 +8,7 @@ import pytest
 from eagle3_pipeline.ports import PortError, free_port, reserved_port
 from eagle3_pipeline.server.dropin import (
     ServeCheckError,
-    dropin_text,
+    draft_argv,
     exec_start_with_draft,
     systemd_quote,
     vllm_exec,
@@ -93,18 +93,23 @@ def test_systemd_quote_round_trips_through_the_unit_parser():
     assert split_words(unit.exec_start[0].raw, "test") == words
 
 
-def test_dropin_resets_exec_start_and_keeps_prefixes():
+def test_the_draft_command_keeps_production_words_and_prefixes():
     command = ExecCommand(prefixes="-", raw="/usr/bin/vllm serve /models/kimi --port 8000 --api-key $KEY")
     exec_start = exec_start_with_draft(command, "/var/tmp/ckpt", 3, enforce_eager=False)
-    text = dropin_text(exec_start)
-    assert "[Service]\nExecStart=\nExecStart=-" in text
-    unit = merge_unit(
-        [("/etc/systemd/system/v.service", "[Service]\nExecStart=/old\n"), ("/d.conf", text)], "v"
-    )
-    (only,) = unit.exec_start
-    words = split_words(only.raw, "test")
+    assert exec_start.startswith('-"/usr/bin/vllm"')
+    words = draft_argv(command, "/var/tmp/ckpt", 3, enforce_eager=False)
+    assert split_words(exec_start[1:], "test") == words
     assert spec_of(words)["model"] == "/var/tmp/ckpt"
-    assert "$KEY" in words and "--enforce-eager" not in words
+    assert "$KEY" in words and "--enforce-eager" not in words  # $KEY: systemd expands it, as for production
+
+
+def test_argv0_is_dropped_and_privilege_prefixes_refused():
+    """`@`: the second word is argv[0] only; `+`/`!` cannot be carried by a transient unit's command."""
+    words = draft_argv(ExecCommand("@", "/opt/venv/bin/vllm vllm-prod serve /m"), "/c", 3, False)
+    assert words[:3] == ["/opt/venv/bin/vllm", "serve", "/m"]
+    for prefix in ("+", "!", "!!"):
+        with pytest.raises(ServeCheckError, match="privilege prefix"):
+            draft_argv(ExecCommand(prefix, "/usr/bin/vllm serve /m"), "/c", 3, False)
 
 
 def test_dropin_refuses_a_shell_wrapper_and_non_vllm():

@@ -21,10 +21,12 @@ from eagle3_pipeline.server import tls_verify
 from eagle3_pipeline.server.health import wait_healthy
 from eagle3_pipeline.server.local_process import find_local, launch_local, local_command
 from eagle3_pipeline.server.ownership import clear_ownership, record_ownership
+from eagle3_pipeline.server.remote import TransportError, retry_transport
 from eagle3_pipeline.server.unit_watch import RUNNING_STATES, UnitWatch
 from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)
+START_ATTEMPTS = 3  # a start sent again only when systemd, read again, never saw it
 
 
 def _has_systemd() -> bool:
@@ -96,16 +98,13 @@ class SystemdUnitBackend(ServerBackend):
         log.info("starting %s on %s with systemctl", server.unit, server.host)
         watch = UnitWatch(server)
         try:
-            before = watch.show("ActiveState", "InvocationID")
+            before = retry_transport(lambda: watch.show("ActiveState", "InvocationID"), "systemctl show")
             active = before.get("ActiveState")
             if active in RUNNING_STATES:  # running or loading (a health-gated start): someone else's
                 log.info("%s is already %s: waiting for it, not starting it", server.unit, active)
                 record_ownership(self.state_dir, False, server)
             else:
-                watch.systemctl("start")
-                invocation = watch.invocation_id()  # a new one: this start; unknown or the same: not ours
-                ours = invocation is not None and invocation != before.get("InvocationID")
-                record_ownership(self.state_dir, ours, server, invocation_id=invocation)
+                self._start_recorded(watch, before.get("InvocationID") or None)
             wait_healthy(
                 base_url, float(server.start_timeout_s), watch.journal, watch.alive, headers,
                 exited_why=lambda: f"{server.unit} stopped running (systemd state {watch.state})",
@@ -114,12 +113,38 @@ class SystemdUnitBackend(ServerBackend):
         finally:
             watch.close()
 
+    def _start_recorded(self, watch: UnitWatch, before: str | None) -> None:
+        """Record that the pipeline sends a start BEFORE sending it (a start that outlives the SSH
+        timeout, or a link lost on the way, still leaves the record), send it without waiting for the
+        unit to be up (`--no-block`: a health-gated start can take longer than any SSH timeout), and
+        after a lost link read systemd again: sent again only when it never reached the host."""
+        server = self.server
+        record_ownership(
+            self.state_dir, True, server, invocation_before=before, invocation_id=None, pending=True
+        )
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                watch.systemctl("start --no-block")
+                break
+            except TransportError as err:
+                now = retry_transport(lambda: watch.show("ActiveState", "InvocationID"), "systemctl show")
+                if now.get("InvocationID") != before or now.get("ActiveState") in RUNNING_STATES:
+                    break  # it reached systemd
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("the start of %s never reached the host (%s): sending it again", server.unit, err)
+        invocation = retry_transport(watch.invocation_id, "systemctl show")
+        ours = invocation is not None and invocation != before  # a new one: this start
+        record_ownership(self.state_dir, ours, server, invocation_before=before, invocation_id=invocation)
+
     def stop(self, owner: dict[str, Any]) -> dict[str, Any]:
         server = self.server
         watch = UnitWatch(server)
         try:
-            current = watch.invocation_id()
+            current = retry_transport(watch.invocation_id, "systemctl show")
             recorded = owner.get("invocation_id")  # unknown (old systemd, a failed show): not ours
+            if owner.get("pending") and current is not None and current != owner.get("invocation_before"):
+                recorded = current  # the job that sent the start died before reading its InvocationID
             ours = bool(owner.get("started_by_pipeline")) and recorded is not None and recorded == current
             if not ours and not server.stop_foreign:
                 why = (

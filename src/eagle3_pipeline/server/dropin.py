@@ -1,36 +1,28 @@
-"""The serve check's drop-in on a systemd unit: its file and the ExecStart line that runs the draft.
-
-On the GPU box the target occupies every GPU, so the draft cannot be served beside it: the serve check
-installs a RUNTIME drop-in `/run/systemd/system/UNIT.d/zz-eagle3-serve-check.conf` (gone on reboot)
-that resets ExecStart and sets it to the unit's own command plus `--speculative-config` (and
-`--enforce-eager` when configured). Drop-ins of all unit folders are applied in file-name order, so
-`zz-` wins over the unit's own. Its first line is a marker (run id, the unit's state before), so a
-leftover one is recognised as ours; host_record.py installs, restores and recovers it.
+"""The command that serves the draft in the serve check's own unit (check_unit.py): production's
+ExecStart as systemd resolved it, plus `--speculative-config` (and `--enforce-eager` when configured),
+refused before anything changes when it cannot work. (The module kept its name from the drop-in it
+once wrote on the production unit; the check never writes that unit now: docs/validation.md.)
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 import time
 import uuid
-from typing import Any
 
 from eagle3_pipeline.server import container
-from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_cat_output, split_words
+from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_cat_output
 from eagle3_pipeline.server.vllm_args import SHELLS, eagle3_draft, find_vllm, serving_argv
 
-DROPIN_NAME = "zz-eagle3-serve-check.conf"
-UNIT_DIR = "/run/systemd/system"  # runtime: a drop-in here does not survive a reboot
-LEGACY_UNIT_DIR = "/etc/systemd/system"  # where versions before the runtime drop-in wrote it
-RECOVERY_DIRS = (UNIT_DIR, LEGACY_UNIT_DIR)  # searched for a leftover drop-in of ours
-MARKER = "# eagle3-pipeline serve_check"
-_MARKER_LINE = re.compile(rf"^{re.escape(MARKER)} run=(?P<run>\S+) was_active=(?P<was_active>yes|no)\b")
-_LEGACY_MARKER = "# Written by eagle3-pipeline's serve_check"
+# Where versions before the check unit wrote a drop-in on the production unit: a leftover one is
+# reported (never removed here: that would need a daemon-reload, which loads an operator's pending edits).
+LEGACY_DROPIN_NAME = "zz-eagle3-serve-check.conf"
+LEGACY_DIRS = ("/run/systemd/system", "/etc/systemd/system")
+PRIVILEGE_PREFIXES = ("+", "!")  # `+`, `!`, `!!`: privileges a transient unit's argv cannot carry
 
 
 class ServeCheckError(RuntimeError):
-    """The serve check cannot go on (a drop-in that cannot work, a host that refuses, nothing measured);
+    """The serve check cannot go on (a command that cannot work, a host that refuses, nothing measured);
     the message says what to fix."""
 
 
@@ -40,25 +32,32 @@ def systemd_quote(word: str) -> str:
     return f'"{escaped}"'
 
 
-def exec_start_with_draft(
+def draft_argv(
     command: ExecCommand, checkpoint_dir: str, num_speculative_tokens: int, enforce_eager: bool
-) -> str:
-    """The ExecStart value that runs `command` with the draft; its prefixes and `$VAR`s are kept, and
-    its words are those systemd made (specifiers resolved per word: `%I` holding a space stays one word).
+) -> list[str]:
+    """The words that run `command` with the draft, as systemd made them (specifiers resolved per word:
+    `%I` holding a space stays one word; `$VAR` left for systemd to expand). With `@`, argv[0] is
+    dropped: a transient unit runs the program under its own path (vLLM does not read argv[0]).
 
     Raises:
-        ServeCheckError: before anything is changed on the host, for a drop-in that cannot work: the
-            command is not a vLLM server, wraps it in a shell (`bash -c "..."`, where added flags would
-            land outside the vLLM command), uses a specifier the snapshot cannot resolve (`%h`: the
-            drop-in would carry it as a literal), or runs a container that does not mount the draft.
+        ServeCheckError: before anything is changed on the host, for a command that cannot work: not a
+            vLLM server, vLLM inside a shell -c string (added flags would land outside it), a
+            specifier the snapshot cannot resolve, `+`/`!` privilege prefixes, or a container that
+            does not mount the draft.
     """
     if command.unresolved_specifiers:
         why = "; ".join(command.unresolved_specifiers)
         raise ServeCheckError(
-            f"ExecStart uses systemd specifiers the drop-in cannot carry over ({why}): write the value "
-            "out in the unit, or serve the draft through a second unit; nothing was changed"
+            f"ExecStart uses systemd specifiers the check unit cannot carry over ({why}): write the value "
+            "out in the unit, or serve the draft through a unit of your own; nothing was changed"
         )
-    words = command.words if command.words is not None else split_words(command.raw, "ExecStart=")
+    if any(p in command.prefixes for p in PRIVILEGE_PREFIXES):
+        raise ServeCheckError(
+            f"ExecStart has the privilege prefix {command.prefixes!r}, which a transient unit's command "
+            "cannot carry: serve the draft through a unit of your own and set validate.serve_check: "
+            "false; nothing was changed"
+        )
+    words = command.program_words()
     checkpoint_dir = _draft_path_in_container(words, checkpoint_dir)
     found = find_vllm(words)
     if found is None:
@@ -70,10 +69,18 @@ def exec_start_with_draft(
         raise ServeCheckError(
             "ExecStart wraps vLLM in a shell -c string: serve the draft through a second unit"
         )
-    served = serving_argv(
+    return serving_argv(
         words, eagle3_draft(checkpoint_dir, num_speculative_tokens), enforce_eager=enforce_eager
     )
-    return command.prefixes + " ".join(systemd_quote(w) for w in served)
+
+
+def exec_start_with_draft(
+    command: ExecCommand, checkpoint_dir: str, num_speculative_tokens: int, enforce_eager: bool
+) -> str:
+    """`draft_argv` as one ExecStart= value (words double-quoted for systemd, its `-`/`:` kept)."""
+    words = draft_argv(command, checkpoint_dir, num_speculative_tokens, enforce_eager)
+    prefixes = "".join(p for p in command.prefixes if p in "-:")
+    return prefixes + " ".join(systemd_quote(w) for w in words)
 
 
 def _draft_path_in_container(words: list[str], checkpoint_dir: str) -> str:
@@ -99,40 +106,8 @@ def _no_file(path: str) -> str:
 
 
 def new_run_id() -> str:
-    """The id written in the drop-in's marker: when, and a random part."""
+    """A serve check's id (in its unit's name and host record): when, and a random part."""
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-
-
-def dropin_text(exec_start: str, run_id: str = "", was_active: bool = True) -> str:
-    """The drop-in: the marker line (run id, the unit's state before), then ExecStart reset and set."""
-    return (
-        f"{MARKER} run={run_id or new_run_id()} was_active={'yes' if was_active else 'no'}\n"
-        "# Temporary (a runtime drop-in, gone on reboot); the next eagle3-pipeline run removes it if\n"
-        "# this one died. Safe to delete: then `systemctl daemon-reload` and restart the unit.\n"
-        f"[Service]\nExecStart=\nExecStart={exec_start}\n"
-    )
-
-
-def parse_marker(text: str) -> dict[str, Any] | None:
-    """{'run', 'was_active'} from a drop-in of ours (was_active None for the legacy marker); None
-    when the text is not ours."""
-    match = _MARKER_LINE.match(text)
-    if match:
-        return {"run": match["run"], "was_active": match["was_active"] == "yes"}
-    if text.startswith(_LEGACY_MARKER):
-        return {"run": "legacy", "was_active": None}
-    return None
-
-
-def dropin_path(unit: str, unit_dir: str = UNIT_DIR) -> str:
-    """Where our drop-in for unit goes.
-
-    Raises:
-        ServeCheckError: a unit name that would put it elsewhere (a `/`, or not a .service).
-    """
-    if "/" in unit or not unit.endswith(".service") or unit.startswith("."):
-        raise ServeCheckError(f"server.unit {unit!r} is not a NAME.service unit name")
-    return f"{unit_dir}/{unit}.d/{DROPIN_NAME}"
 
 
 def vllm_exec(cat_text: str, unit: str) -> ExecCommand:

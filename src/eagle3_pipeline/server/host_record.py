@@ -1,69 +1,59 @@
-"""The serve check on a systemd unit as a state machine with a durable record on the host: the unit
-restarted with the draft's drop-in (dropin.py), then, in every case, put back as it was and production
-verified.
+"""The serve check on a systemd host as a state machine with a durable record: the draft runs in a
+unit of its own (check_unit.py) that conflicts production; production's unit is never written, and no
+daemon-reload is ever issued. The restore is systemd's: the check unit's ExecStopPost starts
+production again (when it was running) however the check unit stops.
 
-- before any change: a unit with changes on disk systemd has not loaded (NeedDaemonReload=yes) is
-  refused; ActiveState (active, activating, reloading: running) and the ExecStart argv are read;
+- before any change: a production unit with changes on disk systemd has not loaded
+  (NeedDaemonReload=yes) is refused (the snapshot would not be what runs); production's ActiveState,
+  InvocationID and execution settings are read from `systemctl show`;
 - the lock is the host record `server.host_state_dir/UNIT.serve-check.json`, created atomically (`ln`)
-  and naming its owner (host, pid, process start time); each phase (`locked`, `dropin`, `draft`,
-  `restoring`) is recorded before its action;
-- the restore removes the drop-in, reloads, starts production only if the draft may have run (never
-  re-issuing a start already under way), verifies that production runs its own ExecStart, not the
-  draft, and answers with its model, and removes the record LAST: a run killed anywhere leaves the
-  record, and the next run (snapshot or serve check) resumes from its phase, unless its owner may
-  still be running (another pipeline's live check is never touched);
-- SIGTERM, SIGINT and SIGHUP become an exception while the check runs; during the restore they are
-  deferred (interrupts.py);
-- remote commands run in the C locale and nothing reads translated text (exit statuses, `systemctl
-  show` properties); what was written through sudo is read through sudo;
-- the drop-in text travels on stdin, never on a command line.
+  and naming its owner (host, boot id, PID namespace, pid, process start time), the check unit and
+  what to restore; each phase (`locked`, `starting`, `running`) is recorded BEFORE its action;
+- the check unit is started with `systemd-run --no-block`; after a lost link or a timeout the state is
+  read from systemd again before anything else: a check unit systemd knows is ours and running, one it
+  does not know never reached the host (the start is sent again: its unique name makes a duplicate
+  impossible);
+- the restore: stop the check unit if systemd still has it (ExecStopPost starts production), wait for
+  production, start production ONLY if it was running, is not running, and has not been started since
+  the check began (its InvocationID is still the one before: the pipeline's check stopped it and
+  nothing started it), verify production (its own command, health, model), remove the record LAST;
+- every SSH step reconnects on a transport error (remote.retry_transport) and re-reads before acting;
+- a record is recovered automatically only when its owner is provably gone (same host, boot and PID
+  namespace, and its pid no longer that process); otherwise the error says how to recover by hand.
 
-Needs on the host: `sudo -n` for mkdir, tee, ln, mv, rm, cat and systemctl (server.ssh.sudo).
+Needs on the host: `sudo -n` for systemd-run, systemctl, tee, ln, mv, rm and cat (server.ssh.sudo).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import posixpath
-import re
 import shlex
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.server import process_identity, secrets
-from eagle3_pipeline.server.dropin import (
-    MARKER,
-    RECOVERY_DIRS,
-    UNIT_DIR,
-    ServeCheckError,
-    dropin_path,
-    dropin_text,
-    new_run_id,
-    parse_marker,
-)
+from eagle3_pipeline.server import check_unit, process_identity, secrets
+from eagle3_pipeline.server.dropin import LEGACY_DIRS, LEGACY_DROPIN_NAME, ServeCheckError, new_run_id
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts
-from eagle3_pipeline.server.remote import HostError
+from eagle3_pipeline.server.remote import TransportError, retry_transport
 from eagle3_pipeline.server.unit_watch import RUNNING_STATES  # read from ActiveState, not `is-active`
 from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
-RESTORE_ATTEMPTS = 3
-RESTORE_RETRY_S = 2.0
-POLL_S = 1.0  # between two reads of ActiveState while production starts
+POLL_S = 1.0  # between two reads of a unit's state while it starts or stops
+START_ATTEMPTS = 3  # systemd-run sent again only when systemd, read again, does not know the unit
 # The record's phases, in order; each names what may have changed on the host once it is written.
-LOCKED, DROPIN, DRAFT, RESTORING = "locked", "dropin", "draft", "restoring"
+LOCKED, STARTING, RUNNING = "locked", "starting", "running"
 
 
 def _must(result: Any, what: str) -> Any:
     if not result.ok:
-        raise ServeCheckError(
-            f"{what} failed on the server host: {result.stderr.strip() or result.stdout.strip()}"
-        )
+        err = secrets.REDACTOR.scrub(result.stderr.strip() or result.stdout.strip())
+        raise ServeCheckError(f"{what} failed on the server host: {err}")
     return result
 
 
@@ -71,36 +61,37 @@ def _prefix(sudo: bool) -> str:
     return "sudo -n " if sudo else ""
 
 
-def unit_properties(host: Any, unit: str, *names: str) -> dict[str, str]:
-    """`systemctl show -p A,B` as a dict: machine-readable properties, never translated text."""
-    res = host.run(f"systemctl show --no-pager -p {','.join(names)} -- {shlex.quote(unit)}")
+def _run(host: Any, command: str, what: str, timeout: float | None = None) -> Any:
+    """A read (or a state-checked step): retried after a transport error, on a fresh connection."""
+    return retry_transport(lambda: host.run(command, timeout=timeout), what)
+
+
+def show(host: Any, unit: str, *names: str) -> dict[str, list[str]]:
+    """`systemctl show -p A,B` (machine-readable, never translated), read again after a lost link."""
+    res = _run(host, f"systemctl show --no-pager -p {','.join(names)} -- {shlex.quote(unit)}", "show")
     _must(res, f"systemctl show {unit}")
-    pairs = (line.partition("=") for line in res.stdout.splitlines() if "=" in line)
-    return {name: value for name, _, value in pairs}
+    return check_unit.parse_show(res.stdout)
 
 
-def exec_start_argv(prop: str) -> str:
-    """The `argv[]=` parts of `systemctl show -p ExecStart` (its pid and start-time parts change on
-    every start; the argv is what systemd will run)."""
-    return " | ".join(re.findall(r"argv\[\]=(.*?) ;", prop))
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()  # the argv may hold a secret: only its hash is kept
+def state(host: Any, unit: str) -> dict[str, str]:
+    """A unit's LoadState, ActiveState, InvocationID and MainPID (the last value of each)."""
+    props = show(host, unit, "LoadState", "ActiveState", "SubState", "InvocationID", "MainPID")
+    return {k: v[-1] for k, v in props.items()}
 
 
 def record_path(unit: str, record_dir: str) -> str:
     """The host record (and lock) of a serve check on unit: `record_dir` (server.host_state_dir: /run,
-    a tmpfs, which a reboot clears along with the runtime drop-in) / UNIT.serve-check.json."""
-    dropin_path(unit)  # the same unit-name check
+    a tmpfs, which a reboot clears along with transient units) / UNIT.serve-check.json."""
+    if "/" in unit or not unit.endswith(".service") or unit.startswith("."):
+        raise ServeCheckError(f"server.unit {unit!r} is not a NAME.service unit name")
     return f"{record_dir}/{unit}.serve-check.json"
 
 
 def read_record(host: Any, path: str, sudo: bool) -> dict[str, Any] | None:
     """The host record at path; None when there is none (told by `test`'s exit status, not by text)."""
-    if not host.run(f"test -e {shlex.quote(path)}").ok:
+    if not _run(host, f"test -e {shlex.quote(path)}", "test").ok:
         return None
-    text = _must(host.run(f"{_prefix(sudo)}cat -- {shlex.quote(path)}"), f"reading {path}").stdout
+    text = _must(_run(host, f"{_prefix(sudo)}cat -- {shlex.quote(path)}", "read"), f"reading {path}").stdout
     try:
         return json.loads(text)
     except ValueError:
@@ -108,227 +99,166 @@ def read_record(host: Any, path: str, sudo: bool) -> dict[str, Any] | None:
 
 
 def _put_record(host: Any, path: str, record: dict[str, Any], sudo: bool, exclusive: bool = False) -> bool:
-    """Write the record (world-readable: it holds no secret, only hashes) to a temporary file, then
-    move it into place, or, `exclusive`, hard-link it there, which fails when a record is already there:
-    that is the lock. One command. False when exclusive and held."""
+    """Write the record (world-readable: it holds no secret) to a temporary file, then move it into
+    place, or, `exclusive`, hard-link it there, which fails when a record is already there: that is
+    the lock. One command; repeating it after a lost link is safe (the same content, the same name).
+    False when exclusive and held by another run."""
     prefix, q_path = _prefix(sudo), shlex.quote(path)
     tmp = shlex.quote(f"{path}.{record['run']}.tmp")
     text = shlex.quote(json.dumps(record, sort_keys=True))
     write = f"umask 022 && printf '%s\\n' {text} | {prefix}tee -- {tmp} >/dev/null"
     if not exclusive:
-        _must(host.run(f"{write} && {prefix}mv -f -- {tmp} {q_path}"), f"writing {path}")
+        _must(_run(host, f"{write} && {prefix}mv -f -- {tmp} {q_path}", "write record"), f"writing {path}")
         return True
-    res = host.run(
-        f"{write} || exit 2; {prefix}ln -- {tmp} {q_path}; held=$?; {prefix}rm -f -- {tmp}; exit $held"
-    )
+    mine = f"{prefix}cmp -s -- {tmp} {q_path} && exit 0"  # a lost link after our own ln: ours
+    res = _run(
+        host, f"{write} || exit 2; {prefix}ln -- {tmp} {q_path} || {{ {mine}; held=1; }}; "
+        f"{prefix}rm -f -- {tmp}; exit ${{held:-0}}", "lock",
+    )  # fmt: skip
     if res.exited == 2:
         _must(res, f"writing {path}")
     return res.ok
+
+
+def _set(host: Any, path: str, record: dict[str, Any], sudo: bool, **fields: Any) -> None:
+    record.update(fields)
+    _put_record(host, path, record, sudo)
 
 
 def _owner_text(record: dict[str, Any]) -> str:
     owner = record.get("owner") or {}
     return (
         f"run {record.get('run')} by pid {owner.get('pid')} on {owner.get('host')} "
-        f"(process start {owner.get('start_ticks')} ticks after boot), phase {record.get('phase')}"
+        f"({owner.get('pid_ns')}), phase {record.get('phase')}, check unit {record.get('check_unit')}"
     )
 
 
-def _refuse_live(host: Any, path: str, record: dict[str, Any]) -> None:
-    """Raise when the record's owner may still run: alive on this machine, or on another machine."""
-    running = process_identity.is_running(record.get("owner") or {})
-    if running is False:
+def manual_recovery(record: dict[str, Any], path: str) -> str:
+    """What an operator runs by hand: stop the check unit (systemd then starts production if it was
+    running), start production only if it was running and is not, remove the record."""
+    check, unit = record.get("check_unit"), record.get("unit")
+    start = (
+        f"then, only if `systemctl is-active {unit}` is not active: sudo systemctl start {unit}; "
+        if record.get("was_active") else f"{unit} was not running before the check: leave it; "
+    )  # fmt: skip
+    return f"sudo systemctl stop {check} (nothing to undo on disk); {start}then sudo rm -f {path}"
+
+
+def _refuse_unproven(host: Any, path: str, record: dict[str, Any]) -> None:
+    """Raise unless the record's owner is provably gone (process_identity.is_running is False)."""
+    owner = record.get("owner") or {}
+    if process_identity.is_running(owner) is False:
         return
-    where = "is still running" if running else "ran on another machine, whose process cannot be checked"
     raise ServeCheckError(
-        f"{host.name}:{path}: the serve check of another pipeline ({_owner_text(record)}) {where}; "
-        "wait for it to finish. If it is gone for good, restore the unit by hand (see docs/validation.md) "
-        "and remove that file"
+        f"{host.name}:{path}: a serve check ({_owner_text(record)}) holds {record.get('unit')}; its "
+        f"owner {process_identity.where_text(owner)}, so it is not provably gone and nothing was changed. "
+        f"Wait for it to finish; if it is gone for good, recover by hand: {manual_recovery(record, path)}"
     )
 
 
-def _set(host: Any, path: str, record: dict[str, Any], sudo: bool, **fields: Any) -> None:
-    record.update(fields)
-    if not record.get("legacy"):  # a drop-in restored without a record (see `restore`) writes none
-        _put_record(host, path, record, sudo)
+@dataclass
+class CheckRun:
+    """A running check unit: what the caller needs to watch it and to trust its figures."""
+
+    host: Any
+    name: str
+    invocation: str | None
+    run_id: str
+
+    def still_serving(self) -> None:
+        """Raise unless the check unit still runs the same start: figures taken while production (or
+        another start) served are not the draft's."""
+        now = state(self.host, self.name)
+        if now.get("ActiveState") != "active" or now.get("InvocationID") != self.invocation:
+            raise ServeCheckError(
+                f"{self.name} stopped or restarted during the measurement ({now.get('ActiveState')}): "
+                "the figures may not be the draft's; rerun the check"
+            )
 
 
-class _StepFailed(RuntimeError):
-    """A restore step that did not reach its goal (the message says why)."""
+def _systemctl_path(host: Any) -> str:
+    res = _must(_run(host, "command -v systemctl", "command -v"), "finding systemctl")
+    return res.stdout.strip().splitlines()[-1]
 
 
-def _retried(host: Any, action: Callable[[], None], what: str) -> str | None:
-    """Run a restore step until it succeeds (RESTORE_ATTEMPTS tries, reconnecting after SSH errors);
-    None when it succeeded, else why it failed. Each step checks the state first, so a retry never
-    re-issues what already happened."""
-    why = ""
-    for attempt in range(1, RESTORE_ATTEMPTS + 1):
+def _reached(host: Any, record: dict[str, Any]) -> bool:
+    """After a lost link: did systemd-run reach systemd? Yes when systemd knows the check unit, or
+    (a check unit that already stopped and was collected) production is no longer the start it was."""
+    if state(host, record["check_unit"]).get("LoadState") not in (None, "not-found"):
+        return True
+    prod = state(host, record["unit"])
+    moved = prod.get("InvocationID") != record.get("invocation_before")
+    return bool(record.get("was_active")) and (moved or prod.get("ActiveState") not in RUNNING_STATES)
+
+
+def _start_check(
+    host: Any, record: dict[str, Any], argv: list[str], sudo: bool, timeout_s: float
+) -> str | None:
+    """Send systemd-run; after a lost link read systemd again and send it again only when it never
+    reached systemd (at most START_ATTEMPTS times). Then wait until the check unit runs (production's
+    stop comes first). Its InvocationID."""
+    name, command = record["check_unit"], f"{_prefix(sudo)}{shlex.join(argv)}"
+    for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            action()
-        except HostError as err:
-            why = str(err)
-            host.close()  # the next try reconnects
-        except (_StepFailed, ServeCheckError) as err:
-            why = str(err)
-        else:
-            return None
-        log.warning("restore step %s failed (attempt %d/%d): %s", what, attempt, RESTORE_ATTEMPTS, why)
-        if attempt < RESTORE_ATTEMPTS:
-            time.sleep(RESTORE_RETRY_S)
-    return why
+            _must(host.run(command), f"systemd-run {name}")
+            break
+        except TransportError as err:
+            log.warning("the link dropped while starting %s (%s): reading systemd again", name, err)
+            if _reached(host, record):
+                break
+            if attempt == START_ATTEMPTS:
+                raise ServeCheckError(f"starting {name} never reached {host.name}: {err}") from None
+    return _wait_running(host, name, timeout_s)
 
 
-def _command(host: Any, command: str, timeout: float | None = None) -> Callable[[], None]:
-    def run() -> None:
-        res = host.run(command, timeout=timeout)
-        if not res.ok:
-            raise _StepFailed(f"exit {res.exited}: {(res.stderr or res.stdout).strip()}")
-
-    return run
-
-
-def _ensure_production_started(host: Any, unit: str, record: dict[str, Any], path: str, sudo: bool,
-                               timeout_s: float) -> Callable[[], None]:  # fmt: skip
-    """A step: start production unless a start issued after the draft's is already under way (a
-    health-gated start can take longer than one try: re-issuing it would kill the load), then wait
-    for ActiveState=active."""
-
-    def step() -> None:
-        props = unit_properties(host, unit, "ActiveState", "InvocationID")
-        current = props.get("InvocationID") or None
-        draft = record.get("draft_invocation")
-        if props.get("ActiveState") in RUNNING_STATES and current is not None and draft and current != draft:
-            log.info("%s is %s since the draft: waiting for it", unit, props["ActiveState"])
-        else:
-            if current and not draft:
-                _set(host, path, record, sudo, draft_invocation=current)  # what runs now is not production
-            _command(host, f"{_prefix(sudo)}systemctl restart --no-block -- {shlex.quote(unit)}")()
-        deadline = time.monotonic() + timeout_s
-        while (state := unit_properties(host, unit, "ActiveState").get("ActiveState")) != "active":
-            if state in ("failed", "inactive") or time.monotonic() >= deadline:
-                raise _StepFailed(f"{unit} is {state} after its start (ActiveState)")
-            time.sleep(POLL_S)
-
-    return step
-
-
-def _verify_production(host: Any, unit: str, record: dict[str, Any], sudo: bool,
-                       verify: Callable[[], None] | None) -> None:  # fmt: skip
-    """Raise unless the unit is production again: the ExecStart systemd holds is production's (as
-    read before the check), the main process does not run the draft, and `verify` (health, model)."""
-    props = unit_properties(host, unit, "ExecStart", "MainPID", "ActiveState")
-    if (
-        record.get("production_exec")
-        and _digest(exec_start_argv(props.get("ExecStart", ""))) != record["production_exec"]
-    ):
-        raise ServeCheckError(f"{unit}'s ExecStart is not production's as it was before the check")
-    draft_path, pid = record.get("draft_path"), props.get("MainPID", "0")
-    if draft_path and pid.isdigit() and pid != "0":
-        res = host.run(f"{_prefix(sudo)}cat -- /proc/{pid}/cmdline")
-        if res.ok and draft_path in res.stdout:
-            raise ServeCheckError(f"{unit}'s main process (pid {pid}) still runs the draft {draft_path}")
-    if record.get("was_active") and verify is not None:
-        try:
-            verify()
-        except Exception as err:
-            raise _StepFailed(f"{unit} was restored but production is not back: {err}") from err
-
-
-def restore_from_record(
-    host: Any, record: dict[str, Any], path: str, sudo: bool = True, timeout_s: float = 720,
-    verify: Callable[[], None] | None = None,
-) -> None:  # fmt: skip
-    """Put the unit back as the record says it was: remove the drop-in, reload, and (only when the
-    draft may have run) restart production if it was running, else stop it; verify that production
-    runs again; remove the record LAST. Every step checks first and is retried.
-
-    Raises:
-        ServeCheckError: a step still failed; the record stays, so the next run resumes; the message
-            lists what to run by hand.
-    """
-    unit, dropin = record["unit"], record["dropin"]
-    prefix, q_unit, q_dropin = _prefix(sudo), shlex.quote(unit), shlex.quote(dropin)
-    draft_ran = record.get("phase") in (DRAFT, RESTORING)
-    steps: list[tuple[str, Callable[[], None]]] = [
-        (f"removing {dropin}", _command(host, f"{prefix}rm -f -- {q_dropin} && test ! -e {q_dropin}")),
-        ("systemctl daemon-reload", _command(host, f"{prefix}systemctl daemon-reload")),
-    ]
-    if draft_ran and record.get("was_active"):
-        steps.append(
-            (f"starting {unit}", _ensure_production_started(host, unit, record, path, sudo, timeout_s))
-        )
-    elif draft_ran:
-        steps.append(
-            (f"systemctl stop {unit}", _command(host, f"{prefix}systemctl stop -- {q_unit}", timeout_s))
-        )
-    steps.append((f"verifying {unit}", lambda: _verify_production(host, unit, record, sudo, verify)))
-    steps.append((f"removing {path}", _command(host, f"{prefix}rm -f -- {shlex.quote(path)}")))
-    with deferred_interrupts() as received:
-        if draft_ran and record.get("phase") != RESTORING:
-            _retried(host, lambda: _set(host, path, record, sudo, phase=RESTORING), "recording the restore")
-        for what, action in steps:
-            why = _retried(host, action, what)
-            if why is not None:
-                start = f"systemctl {'restart' if record.get('was_active') else 'stop'} {unit}"
-                manual = f"sudo rm -f -- {dropin} && sudo systemctl daemon-reload" + (
-                    f" && sudo {start}" if draft_ran else ""
-                )
-                raise ServeCheckError(
-                    f"restoring {unit} on {host.name} failed at {what} ({why}); production may still run "
-                    f"the draft. The record {path} stays: the next run resumes the restore. Run by hand: "
-                    f"{manual}, then check the unit and remove {path}"
-                )
-        log.info(
-            "serve check restore: %s removed, daemon-reload, %s; production verified, record removed",
-            dropin, (f"{unit} {'restarted' if record.get('was_active') else 'stopped'}" if draft_ran
-                     else "the draft never ran: production untouched"),
-        )  # fmt: skip
-    if received:
-        raise Interrupted(received[0])
-
-
-def restore(
-    host: Any, unit: str, path: str, was_active: bool, sudo: bool = True, timeout_s: float = 720,
-    verify: Callable[[], None] | None = None,
-) -> None:  # fmt: skip
-    """Restore a unit from a drop-in alone (one written before the host record existed): as if the
-    draft had run."""
-    record = {"unit": unit, "dropin": path, "phase": RESTORING, "was_active": was_active, "legacy": True}
-    no_record = f"{path}.no-record"  # never written: removing it is a no-op
-    restore_from_record(host, record | {"run": "legacy"}, no_record, sudo, timeout_s, verify)
+def _wait_running(host: Any, name: str, timeout_s: float) -> str | None:
+    """The check unit's InvocationID once it runs; ServeCheckError when it stopped (crashed: Restart=no)
+    or is not running within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = state(host, name)
+        if now.get("ActiveState") == "active" and now.get("MainPID", "0") != "0":
+            return now.get("InvocationID") or None
+        if now.get("ActiveState") == "failed" or now.get("LoadState") == "not-found":
+            raise ServeCheckError(
+                f"{name} stopped as it started (the draft's server exited: see its journal)"
+            )
+        if time.monotonic() > deadline:
+            raise ServeCheckError(f"{name} is not running {timeout_s:g} s after its start")
+        time.sleep(POLL_S)
 
 
 @contextlib.contextmanager
-def draft_dropin(
-    host: Any, unit: str, exec_start: str, *, record_dir: str, sudo: bool = True, timeout_s: float = 720,
-    unit_dir: str | None = None, before_restart: Callable[[], None] | None = None,
-    verify: Callable[[], None] | None = None, draft_path: str | None = None,
-) -> Iterator[str]:  # fmt: skip
-    """The serve check's state machine on the host. Before any change: refuse a unit with changes on
-    disk systemd has not loaded, read production's state, and take the lock by creating the host
-    record (`record_path`). Then, each phase recorded before its action: `dropin` (the drop-in written,
-    daemon-reload; `before_restart`, the checkpoint's hash check, runs here), `draft` (restart with the
-    draft; its InvocationID recorded). On exit, whatever happened, `restore_from_record`. Yields the
-    run id."""
-    prefix, q_unit = _prefix(sudo), shlex.quote(unit)
-    path, rpath = dropin_path(unit, unit_dir or UNIT_DIR), record_path(unit, record_dir)
-    props = unit_properties(host, unit, "ActiveState", "NeedDaemonReload", "ExecStart")
-    if props.get("NeedDaemonReload") == "yes":
+def serve_check_unit(
+    host: Any, unit: str, argv: list[str], *, record_dir: str, sudo: bool = True,
+    runtime_max_s: float = 3600, timeout_s: float = 720, draft_path: str | None = None,
+    before_start: Callable[[], None] | None = None, verify: Callable[[], None] | None = None,
+    expand_environment: bool = True,
+) -> Iterator[CheckRun]:  # fmt: skip
+    """The serve check's state machine on the host (see the module docstring). Yields the running
+    check unit; on exit, whatever happened, `restore_from_record`."""
+    props = show(host, unit, "NeedDaemonReload", "ActiveState", "InvocationID", *check_unit.SHOWN)
+    last = {k: v[-1] for k, v in props.items()}
+    if last.get("LoadState") not in (None, "loaded"):
+        raise ServeCheckError(f"{unit} on {host.name} is {last.get('LoadState')}, not a loaded unit")
+    if last.get("NeedDaemonReload") == "yes":
         raise ServeCheckError(
             f"{unit} on {host.name} has changes on disk that systemd has not loaded (NeedDaemonReload=yes): "
-            "a restore would start the edited unit, not what runs now. Load them yourself (systemctl "
-            "daemon-reload, then restart it) or revert the edit, then rerun; nothing was changed"
+            "the snapshot is not what runs. Load them yourself (systemctl daemon-reload, then restart it) "
+            "or revert the edit, then rerun; nothing was changed"
         )
-    was_active = props.get("ActiveState") in RUNNING_STATES
-    run_id = new_run_id()
+    rpath, run_id = record_path(unit, record_dir), new_run_id()
+    name = check_unit.unit_name(run_id)
+    env = check_unit.environment(props)
     record: dict[str, Any] = {
-        "unit": unit, "run": run_id, "owner": process_identity.identity(), "phase": LOCKED,
-        "was_active": was_active, "active_state_before": props.get("ActiveState"), "dropin": path,
-        "production_exec": _digest(exec_start_argv(props.get("ExecStart", ""))), "draft_path": draft_path,
-        "draft_invocation": None,
+        "unit": unit, "check_unit": name, "run": run_id, "owner": process_identity.identity(),
+        "phase": LOCKED, "was_active": last.get("ActiveState") in RUNNING_STATES,
+        "active_state_before": last.get("ActiveState"), "invocation_before": last.get("InvocationID") or None,
+        "draft_path": draft_path, "env_file": f"{record_dir}/{name}.env" if env else None,
     }  # fmt: skip
     _must(
-        host.run(f"{prefix}mkdir -p -- {shlex.quote(posixpath.dirname(rpath))}"), "mkdir of the record folder"
+        _run(host, f"{_prefix(sudo)}mkdir -p -- {shlex.quote(record_dir)}", "mkdir"),
+        "mkdir of the record folder",
     )
     if not _put_record(host, rpath, record, sudo, exclusive=True):
         held = read_record(host, rpath, sudo) or {}
@@ -336,23 +266,21 @@ def draft_dropin(
             f"another serve check holds {unit} on {host.name} ({_owner_text(held)}); nothing was changed"
         )
     try:
-        _set(host, rpath, record, sudo, phase=DROPIN)
-        _must(
-            host.run(f"{prefix}mkdir -p -- {shlex.quote(posixpath.dirname(path))}"),
-            "mkdir of the drop-in folder",
-        )
-        text = dropin_text(exec_start, run_id, was_active)
-        _must(secrets.write_secret_file(host, path, text, sudo), f"writing {path}")
-        if before_restart is not None:
-            before_restart()
-        _must(host.run(f"{prefix}systemctl daemon-reload"), "systemctl daemon-reload")
-        _set(host, rpath, record, sudo, phase=DRAFT)
-        _must(
-            host.run(f"{prefix}systemctl restart -- {q_unit}", timeout=timeout_s), f"systemctl restart {unit}"
-        )
-        invocation = unit_properties(host, unit, "InvocationID").get("InvocationID") or None
-        _set(host, rpath, record, sudo, draft_invocation=invocation)
-        yield run_id
+        if env:
+            text = check_unit.env_file_text(env)
+            _must(retry_transport(lambda: secrets.write_secret_file(host, record["env_file"], text, sudo),
+                                  "env file"), "writing the check unit's environment")  # fmt: skip
+        if before_start is not None:
+            before_start()
+        run_argv = check_unit.systemd_run_argv(
+            name, unit, argv, props, was_active=record["was_active"], runtime_max_s=runtime_max_s,
+            systemctl=_systemctl_path(host), own_env_file=record["env_file"],
+            expand_environment=expand_environment,
+        )  # fmt: skip
+        _set(host, rpath, record, sudo, phase=STARTING)
+        invocation = _start_check(host, record, run_argv, sudo, timeout_s)
+        _set(host, rpath, record, sudo, phase=RUNNING, check_invocation=invocation)
+        yield CheckRun(host, name, invocation, run_id)
     except BaseException as err:
         log.warning("serve check ends early (%s): restoring %s", type(err).__name__, unit)
         restore_from_record(host, record, rpath, sudo, timeout_s, verify)
@@ -361,61 +289,133 @@ def draft_dropin(
         restore_from_record(host, record, rpath, sudo, timeout_s, verify)
 
 
-def recover_leftover(
-    host: Any, unit: str, *, record_dir: str, sudo: bool = True, timeout_s: float = 720,
-    unit_dirs: tuple[str, ...] | None = None, verify: Callable[[], None] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Finish what a previous serve check left (killed, connection lost): first its host record
-    (refused while its owner may still run), then any drop-in of ours without one (older versions).
+def _stop_check(host: Any, record: dict[str, Any], sudo: bool, timeout_s: float) -> None:
+    """Stop the check unit while systemd still has it (its ExecStopPost starts production), and wait
+    until systemd has forgotten it."""
+    name = record["check_unit"]
+    deadline = time.monotonic() + timeout_s
+    sent = False
+    while (now := state(host, name)).get("LoadState") == "loaded" and now.get("ActiveState") != "inactive":
+        if not sent and now.get("ActiveState") != "deactivating":
+            _must(_run(host, f"{_prefix(sudo)}systemctl stop --no-block -- {shlex.quote(name)}", "stop"),
+                  f"systemctl stop {name}")  # fmt: skip
+            sent = True
+        if time.monotonic() > deadline:
+            raise ServeCheckError(f"{name} is still {now.get('ActiveState')} {timeout_s:g} s after its stop")
+        time.sleep(POLL_S)
 
-    Returns:
-        One {'path', 'run', 'was_active'} per check restored (empty when none was found).
+
+def _production_back(host: Any, record: dict[str, Any], sudo: bool, timeout_s: float) -> str:
+    """Wait for production after the check unit stopped (its ExecStopPost starts it); start it only
+    when the pipeline knows its check stopped it and nothing started it since. What was done."""
+    unit = record["unit"]
+    if not record.get("was_active"):
+        return f"{unit} was not running before the check: left as it is"
+    now = state(host, unit)
+    untouched = now.get("InvocationID") == record.get("invocation_before") and record.get("invocation_before")
+    if now.get("ActiveState") not in RUNNING_STATES and untouched and record.get("phase") != LOCKED:
+        log.warning("%s was stopped by the check and not started again: starting it once", unit)
+        _must(_run(host, f"{_prefix(sudo)}systemctl start --no-block -- {shlex.quote(unit)}", "start"),
+              f"systemctl start {unit}")  # fmt: skip
+    deadline, grace = time.monotonic() + timeout_s, time.monotonic() + 10 * POLL_S
+    while (now := state(host, unit)).get("ActiveState") != "active":
+        stopped = now.get("ActiveState") in ("failed", "inactive")
+        if (stopped and time.monotonic() > grace) or time.monotonic() > deadline:
+            raise ServeCheckError(f"{unit} is {now.get('ActiveState')} after the check unit stopped")
+        time.sleep(POLL_S)
+    return f"{unit} running again"
+
+
+def _verify_production(
+    host: Any, record: dict[str, Any], sudo: bool, verify: Callable[[], None] | None
+) -> None:
+    """Raise unless production's main process does not run the draft and `verify` (health, model)."""
+    pid = state(host, record["unit"]).get("MainPID", "0")
+    draft = record.get("draft_path")
+    if draft and pid.isdigit() and pid != "0":
+        res = _run(host, f"{_prefix(sudo)}cat -- /proc/{pid}/cmdline", "cmdline")
+        if res.ok and draft in res.stdout:
+            raise ServeCheckError(f"{record['unit']}'s main process (pid {pid}) runs the draft {draft}")
+    if verify is not None:
+        verify()
+
+
+def restore_from_record(
+    host: Any, record: dict[str, Any], path: str, sudo: bool = True, timeout_s: float = 720,
+    verify: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Undo the check as the record says: stop the check unit if systemd has it, production back only
+    as described in the module docstring, our env file removed, the record removed LAST.
 
     Raises:
-        ServeCheckError: a live check of another pipeline, a file at our path that we did not write,
-            or the restore failed.
+        ServeCheckError: a step failed; the record stays, and the message says what to run by hand.
     """
-    found = []
+    unit = record["unit"]
+    with deferred_interrupts() as received:
+        try:
+            if record.get("phase") in (STARTING, RUNNING):
+                _stop_check(host, record, sudo, timeout_s)
+            done = _production_back(host, record, sudo, timeout_s)
+            if record.get("was_active") and record.get("phase") in (STARTING, RUNNING):
+                _verify_production(host, record, sudo, verify)
+            if record.get("env_file"):
+                _run(host, f"{_prefix(sudo)}rm -f -- {shlex.quote(record['env_file'])}", "rm env")
+            _must(_run(host, f"{_prefix(sudo)}rm -f -- {shlex.quote(path)}", "rm record"), f"removing {path}")
+        except (ServeCheckError, TransportError) as err:
+            raise ServeCheckError(
+                f"restoring {unit} on {host.name} after the serve check failed ({err}). The record {path} "
+                f"stays: the next run resumes it. By hand: {manual_recovery(record, path)}"
+            ) from None
+        except Exception as err:  # verify(): production is not answering as before
+            raise ServeCheckError(
+                f"{unit} on {host.name} is not back as production after the serve check: {err}. "
+                f"The record {path} stays. By hand: {manual_recovery(record, path)}"
+            ) from err
+        log.info("serve check restore: %s stopped; %s; record removed", record.get("check_unit"), done)
+    if received:
+        raise Interrupted(received[0])
+
+
+def _refuse_legacy_dropin(host: Any, unit: str) -> None:
+    """A drop-in an older version left on the production unit: reported with what to run by hand
+    (removing it needs a daemon-reload, which would also load an operator's unloaded edits)."""
+    for folder in LEGACY_DIRS:
+        path = f"{folder}/{unit}.d/{LEGACY_DROPIN_NAME}"
+        if _run(host, f"test -e {shlex.quote(path)}", "test").ok:
+            raise ServeCheckError(
+                f"{host.name}:{path} is a serve-check drop-in left by an older eagle3-pipeline: production "
+                f"may run the draft. By hand: sudo rm {path} && sudo systemctl daemon-reload && sudo "
+                f"systemctl restart {unit} (if it should run), then rerun"
+            )
+
+
+def recover_leftover(
+    host: Any, unit: str, *, record_dir: str, sudo: bool = True, timeout_s: float = 720,
+    verify: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Finish what a previous serve check left (killed, connection lost), only when its owner is
+    provably gone; refuse a legacy drop-in.
+
+    Returns:
+        One {'check_unit', 'run', 'was_active'} per check recovered (empty when none was found).
+    """
+    _refuse_legacy_dropin(host, unit)
     rpath = record_path(unit, record_dir)
     record = read_record(host, rpath, sudo)
-    if record is not None:
-        _refuse_live(host, rpath, record)
-        log.warning(
-            "found the record of an unfinished serve check (%s) at %s:%s: restoring %s first",
-            _owner_text(record), host.name, rpath, unit,
-        )  # fmt: skip
-        restore_from_record(host, record, rpath, sudo, timeout_s, verify)
-        found.append({"path": record["dropin"], "run": record["run"], "was_active": record["was_active"]})
-    for unit_dir in unit_dirs or RECOVERY_DIRS:
-        path = dropin_path(unit, unit_dir)
-        if not host.run(f"test -e {shlex.quote(path)}").ok:
-            continue
-        res = host.run(f"{_prefix(sudo)}cat -- {shlex.quote(path)}")  # written through sudo: read so too
-        if not res.ok:
-            raise ServeCheckError(f"cannot read {host.name}:{path}: {res.stderr.strip()}")
-        marker = parse_marker(res.stdout)
-        if marker is None:
-            raise ServeCheckError(
-                f"{host.name}:{path} exists but was not written by eagle3-pipeline (no '{MARKER}' line): "
-                "it changes the unit the serve check would restore; move it away or rename it"
-            )
-        was_active = marker["was_active"]
-        if was_active is None:  # legacy: the state before is unknown; keep the unit as it is now
-            active = unit_properties(host, unit, "ActiveState").get("ActiveState")
-            was_active = active in RUNNING_STATES
-        log.warning(
-            "found the drop-in of an unfinished serve check (run %s) at %s:%s: restoring %s first",
-            marker["run"], host.name, path, unit,
-        )  # fmt: skip
-        restore(host, unit, path, was_active, sudo, timeout_s, verify)
-        found.append({"path": path, "run": marker["run"], "was_active": was_active})
-    return found
+    if record is None:
+        return []
+    _refuse_unproven(host, rpath, record)
+    log.warning("found the record of an unfinished serve check (%s): restoring %s", _owner_text(record), unit)
+    restore_from_record(host, record, rpath, sudo, timeout_s, verify)
+    return [
+        {"check_unit": record.get("check_unit"), "run": record["run"], "was_active": record["was_active"]}
+    ]
 
 
-def recover_leftover_dropin(server: ServerSettings) -> list[dict[str, Any]]:
+def recover_leftover_check(server: ServerSettings) -> list[dict[str, Any]]:
     """`recover_leftover` on the configured host; nothing to do where the pipeline runs the unit as a
-    local process (no systemd). Called first by snapshot_server, so that a draft command left in the
-    unit is never snapshotted as production."""
+    local process (no systemd). Called first by snapshot_server, so that a check in progress (or left
+    by a killed run) is never snapshotted as production."""
     from eagle3_pipeline.server.backend import uses_local_process
     from eagle3_pipeline.server.remote import open_host
 
@@ -431,6 +431,9 @@ def recover_leftover_dropin(server: ServerSettings) -> list[dict[str, Any]]:
         host.close()
 
 
+recover_leftover_dropin = recover_leftover_check  # the name scripts/snapshot_server.py imports
+
+
 def restart_timeout_s(server: ServerSettings) -> float:
-    """A blocking restart stops the old server first (minutes for a tensor-parallel one)."""
+    """A stop of a tensor-parallel server takes minutes, then production's start."""
     return server.stop_timeout_s + 120

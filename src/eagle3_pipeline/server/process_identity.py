@@ -51,11 +51,32 @@ def cmdline_sha256(pid: int) -> str | None:
         return None
 
 
+def boot_id() -> str | None:
+    """This kernel's boot id (a new random one at every boot; the same in every container of a
+    machine); None where /proc does not say."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (`pid:[INODE]`): two containers with host networking share a
+    hostname, not this; a pid means something only inside its namespace."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def identity(pid: int | None = None) -> dict[str, Any]:
-    """{'host', 'pid', 'start_ticks', 'cmdline_sha256'} of a process (this one by default)."""
+    """{'host', 'boot_id', 'pid_ns', 'pid', 'start_ticks', 'cmdline_sha256'} of a process (this one by
+    default): host, boot and PID namespace say where the pid can be looked up at all."""
     pid = os.getpid() if pid is None else pid
     return {
         "host": socket.gethostname(),
+        "boot_id": boot_id(),
+        "pid_ns": pid_namespace(),
         "pid": pid,
         "start_ticks": start_ticks(pid),
         "cmdline_sha256": cmdline_sha256(pid),
@@ -63,14 +84,31 @@ def identity(pid: int | None = None) -> dict[str, Any]:
 
 
 def is_running(record: dict[str, Any]) -> bool | None:
-    """True when the process a record names (`identity`) still runs on this machine, False when it is
-    gone (or its pid now belongs to another process), None when it ran on another machine (unknown)."""
-    if record.get("host") != socket.gethostname():
+    """True when the process a record names (`identity`) still runs, False when it is provably gone
+    (its pid is free, or now another process's), None when this process cannot tell: another machine,
+    another boot or another PID namespace (two containers sharing a hostname), or a record without
+    them (an older version's). Only False allows a recovery."""
+    here = (socket.gethostname(), boot_id(), pid_namespace())
+    there = (record.get("host"), record.get("boot_id"), record.get("pid_ns"))
+    if None in here or there != here:
         return None
     pid = record.get("pid")
     if not isinstance(pid, int) or record.get("start_ticks") is None:
-        return False
+        return None
     return start_ticks(pid) == record["start_ticks"]  # pid and start time name one process for good
+
+
+def where_text(record: dict[str, Any]) -> str:
+    """Why `is_running` cannot tell, in words, for an error message."""
+    if record.get("host") != socket.gethostname():
+        return f"ran on another machine ({record.get('host')})"
+    if record.get("boot_id") is None or record.get("pid_ns") is None:
+        return "was written by a version that did not record its boot and PID namespace"
+    if record.get("boot_id") != boot_id():
+        return "ran under another boot id (another machine with the same hostname, or before a reboot)"
+    if record.get("pid_ns") != pid_namespace():
+        return f"ran in another PID namespace ({record.get('pid_ns')}: another container with this hostname)"
+    return "is still running"
 
 
 def pid_alive(pid: int) -> bool:

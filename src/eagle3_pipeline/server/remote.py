@@ -12,12 +12,16 @@ what it understood, dropping comments and `@cert-authority`/`@revoked` lines. A 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import shlex
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import invoke
 import paramiko
@@ -26,7 +30,8 @@ from fabric import Config, Connection
 from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)
-
+T = TypeVar("T")
+NO_EXIT_STATUS = -1  # paramiko's exit status of a channel that closed without one: the link dropped
 
 C_LOCALE = "export LC_ALL=C; "  # prefixed to every remote command; sudo keeps LC_ALL (env_keep)
 MISSING_EXIT = 66  # read_file's exit status for a path that does not exist
@@ -34,6 +39,36 @@ MISSING_EXIT = 66  # read_file's exit status for a path that does not exist
 
 class HostError(RuntimeError):
     """The host could not be reached or a command on it failed; the message says what to do."""
+
+
+class TransportError(HostError):
+    """The SSH link failed (refused, dropped, half-dead: paramiko's `SSHException`, EOF, a socket
+    error, a channel closed with no exit status) or the command outlived its timeout: whether the
+    command ran on the host is UNKNOWN. The next call reconnects with a fresh connection; a caller
+    re-reads the host's state before acting again (`retry_transport`)."""
+
+
+TRANSPORT_ATTEMPTS = 4
+TRANSPORT_BACKOFF_S = 1.0  # doubled after each failed try: 1, 2, 4 s
+
+
+def retry_transport(action: Callable[[], T], what: str, attempts: int | None = None,
+                    backoff_s: float | None = None) -> T:  # fmt: skip
+    """`action()` again after a TransportError, with backoff, up to `attempts` tries. Only for an
+    action that is safe to repeat: a read, or a step that reads the state first and acts only when
+    the state says so (never a bare start or stop)."""
+    attempts = attempts or TRANSPORT_ATTEMPTS
+    delay = TRANSPORT_BACKOFF_S if backoff_s is None else backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except TransportError as err:
+            if attempt == attempts:
+                raise
+            log.warning("%s: %s (try %d/%d); reconnecting in %g s", what, err, attempt, attempts, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -62,7 +97,7 @@ class LocalHost:
                 command, hide=True, warn=True, in_stream=in_stream, timeout=timeout, env={"LC_ALL": "C"}
             )
         except invoke.CommandTimedOut as err:
-            raise HostError(f"local command timed out after {timeout} s: {command}") from err
+            raise TransportError(f"local command timed out after {timeout} s: {command}") from err
         return Result(res.exited, res.stdout, res.stderr)
 
     def read_file(self, path: str) -> str:
@@ -186,18 +221,32 @@ class RemoteHost:
         self.ssh = ssh
         self.connect_timeout = float(ssh.connect_timeout_s)
         self.command_timeout = float(ssh.command_timeout_s)
-        config = Config(runtime_ssh_path=ssh_config_path) if ssh_config_path else Config()
-        self.connection = Connection(
-            destination,
+        self.ssh_config_path = ssh_config_path
+        self.connection = self._connection()
+
+    def _connection(self) -> Connection:
+        """A fresh fabric Connection (and paramiko client) with our host-key policy on every hop."""
+        path = self.ssh_config_path
+        config = Config(runtime_ssh_path=path) if path else Config()
+        connection = Connection(
+            self.name,
             config=config,
             connect_timeout=self.connect_timeout,
             connect_kwargs={"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout},
         )
-        self.connection.client = self._client(ssh)
-        hop = self.connection.gateway  # ProxyJump: each bastion gets the same host-key policy
+        self.connection = connection  # _client reads its ssh config
+        connection.client = self._client(self.ssh)
+        hop = connection.gateway  # ProxyJump: each bastion gets the same host-key policy
         while isinstance(hop, Connection):
-            hop.client = self._client(ssh)
+            hop.client = self._client(self.ssh)
             hop = hop.gateway
+        return connection
+
+    def reconnect(self) -> None:
+        """Drop the connection (it may be half-dead) for a fresh one on the next command."""
+        with contextlib.suppress(Exception):
+            self.connection.close()
+        self.connection = self._connection()
 
     def _client(self, ssh: SshSettings) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -217,6 +266,8 @@ class RemoteHost:
         """Connect and authenticate within connect_timeout_s, or raise HostError saying why."""
         if self.connection.is_connected:
             return
+        if self.connection.transport is not None:  # it was open and died: never reuse its client
+            self.reconnect()
         where = f"{self.connection.user}@{self.connection.host}:{self.connection.port}"
         try:
             self.connection.open()
@@ -234,9 +285,13 @@ class RemoteHost:
                 "(IdentityFile in ~/.ssh/config, or an agent)"
             ) from None
         except TimeoutError as err:
-            raise HostError(f"SSH to {where}: no answer within {self.connect_timeout:g} s ({err})") from None
+            self.reconnect()
+            raise TransportError(
+                f"SSH to {where}: no answer within {self.connect_timeout:g} s ({err})"
+            ) from None
         except (paramiko.SSHException, OSError, EOFError) as err:
-            raise HostError(f"SSH to {where} failed within {self.connect_timeout:g} s: {err}") from None
+            self.reconnect()
+            raise TransportError(f"SSH to {where} failed within {self.connect_timeout:g} s: {err}") from None
         server_key = self.connection.transport.get_remote_server_key() if self.connection.transport else None
         if server_key is not None and (server_key.get_name(), server_key.get_base64()) in revoked_keys(
             _known_hosts_path(self.ssh)
@@ -259,7 +314,14 @@ class RemoteHost:
                 f"{C_LOCALE}{command}", hide=True, warn=True, in_stream=in_stream, timeout=timeout
             )
         except invoke.CommandTimedOut as err:
-            raise HostError(f"command on {self.name} timed out after {timeout:g} s: {command}") from err
+            self.reconnect()  # the command may still run there; its channel is abandoned
+            raise TransportError(f"command on {self.name} timed out after {timeout:g} s: {command}") from err
+        except (paramiko.SSHException, EOFError, OSError, invoke.exceptions.ThreadException) as err:
+            self.reconnect()
+            raise TransportError(f"the SSH link to {self.name} failed during `{command}`: {err!r}") from err
+        if res.exited == NO_EXIT_STATUS:
+            self.reconnect()
+            raise TransportError(f"the SSH link to {self.name} dropped during `{command}` (no exit status)")
         return Result(res.exited, res.stdout, res.stderr)
 
     def read_file(self, path: str) -> str:

@@ -8,7 +8,7 @@ import time
 
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.health import ServerError
-from eagle3_pipeline.server.remote import HostError, open_host
+from eagle3_pipeline.server.remote import HostError, TransportError, open_host, retry_transport
 from eagle3_pipeline.settings import ServerSettings
 
 JOURNAL_LINES = 50
@@ -26,8 +26,8 @@ class UnitWatch:
     `auto-restart`), ends the wait at once instead of after server.start_timeout_s.
     """
 
-    def __init__(self, server: ServerSettings, interval_s: float = 3.0) -> None:
-        self.unit = server.unit
+    def __init__(self, server: ServerSettings, interval_s: float = 3.0, unit: str | None = None) -> None:
+        self.unit = unit or server.unit  # `unit`: another unit on the same host (the serve check's)
         self.sudo = "sudo -n " if server.ssh.sudo else ""
         self.host = open_host(server)
         self.interval_s = interval_s
@@ -66,7 +66,10 @@ class UnitWatch:
         if time.monotonic() - self._checked_at < self.interval_s:
             return True
         self._checked_at = time.monotonic()
-        state = self.show("ActiveState", "SubState")
+        try:
+            state = self.show("ActiveState", "SubState")
+        except TransportError:  # unknown, not gone: the next poll reconnects
+            return True
         active, sub = state.get("ActiveState") or self.is_active(), state.get("SubState", "")
         self.state = f"{active}/{sub}" if sub else active
         return active not in ("failed", "inactive") and sub != "auto-restart"
@@ -86,9 +89,9 @@ class UnitWatch:
     def stop(self, timeout_s: float) -> str:
         """`systemctl stop --no-block`, then poll is-active until the unit is down (a tensor-parallel
         server can take minutes); its final state, or ServerError with the journal tail."""
-        self.systemctl("stop --no-block")
+        retry_transport(self._stop_once, f"stopping {self.unit}")
         deadline = time.monotonic() + timeout_s
-        while (state := self.is_active()) not in STOPPED_STATES:
+        while (state := retry_transport(self.is_active, "systemctl is-active")) not in STOPPED_STATES:
             if time.monotonic() >= deadline:
                 raise ServerError(
                     f"{self.unit} on {self.host.name} is still {state} {timeout_s:g} s after "
@@ -96,6 +99,12 @@ class UnitWatch:
                 )
             time.sleep(min(2.0, self.interval_s))
         return state
+
+    def _stop_once(self) -> None:
+        """`systemctl stop --no-block`, unless systemd, read first, says it is stopped or stopping
+        (safe to repeat after a lost link)."""
+        if self.is_active() not in (*STOPPED_STATES, "deactivating"):
+            self.systemctl("stop --no-block")
 
     def close(self) -> None:
         self.host.close()

@@ -1,6 +1,7 @@
 """The serve check on a systemd unit (production over SSH, or this machine when it runs systemd): the
-draft's checkpoint copied to the host (remote_checkpoint.py), the unit restarted with the draft's
-drop-in and restored after (server/host_record.py), the questions measured in between.
+draft's checkpoint copied to the host (remote_checkpoint.py), the draft served by a check unit of its
+own that conflicts production, whose stop systemd follows by starting production again
+(server/check_unit.py, server/host_record.py), the questions measured in between.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.server.dropin import exec_start_with_draft, vllm_exec
-from eagle3_pipeline.server.host_record import draft_dropin, recover_leftover, restart_timeout_s
+from eagle3_pipeline.server.dropin import draft_argv, vllm_exec
+from eagle3_pipeline.server.host_record import recover_leftover, restart_timeout_s, serve_check_unit
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 
@@ -77,20 +78,21 @@ def run_remote_serve_check(
                 sandbox = remote_checkpoint.unit_sandbox(cat_text, unit)
                 folder = checkpoint = remote_checkpoint.private_dir(host, validate.remote_dir, sandbox)
                 remote_checkpoint.upload(host, checkpoint_dir, folder)
-            exec_start = exec_start_with_draft(
-                command, checkpoint, validate.num_speculative_tokens, validate.enforce_eager
-            )
-            with draft_dropin(
-                host, unit, exec_start, record_dir=record_dir, sudo=sudo, timeout_s=timeout_s,
-                before_restart=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
-                draft_path=checkpoint,
-            ) as run_id:  # fmt: skip
+            argv = draft_argv(command, checkpoint, validate.num_speculative_tokens, validate.enforce_eager)
+            with serve_check_unit(
+                host, unit, argv, record_dir=record_dir, sudo=sudo, timeout_s=timeout_s,
+                runtime_max_s=check_time_limit_s(server, len(questions), concurrency, request_timeout_s,
+                                                 matched is not None),
+                before_start=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
+                draft_path=checkpoint, expand_environment=":" not in command.prefixes,
+            ) as check:  # fmt: skip
+                run_id = check.run_id
                 base_url = server_url(server_json, server, Path(state_dir))
-                watch = UnitWatch(server)
+                watch = UnitWatch(server, unit=check.name)
                 try:
                     wait_healthy(
                         base_url, server.start_timeout_s, watch.journal, watch.alive, auth_headers(server),
-                        lambda: f"{unit} with the draft stopped ({watch.state})", tls_verify(server),
+                        lambda: f"{check.name} (the draft) stopped ({watch.state})", tls_verify(server),
                     )  # fmt: skip
                 finally:
                     watch.close()
@@ -108,8 +110,18 @@ def run_remote_serve_check(
                     result["sampled"] = measure(
                         base_url, *matched, key, concurrency, request_timeout_s, ca_bundle=server.ca_bundle
                     )
+                check.still_serving()  # the figures are the draft's: its unit ran throughout
         finally:
             if folder is not None:
                 remote_checkpoint.remove(host, folder)
             host.close()
-    return result | {"mode": "systemd-dropin", "unit": unit, "host": server.host, "run_id": run_id}
+    return result | {"mode": "systemd-check-unit", "unit": unit, "host": server.host, "run_id": run_id}
+
+
+def check_time_limit_s(
+    server: ServerSettings, questions: int, concurrency: int, request_timeout_s: float, two_runs: bool
+) -> float:
+    """The check unit's RuntimeMaxSec: its start, every round of requests at their timeout (twice with
+    the matched run), and a margin; past it systemd stops the check and starts production again."""
+    rounds = -(-questions // max(1, concurrency)) * (2 if two_runs else 1)
+    return server.start_timeout_s + rounds * request_timeout_s + 600
