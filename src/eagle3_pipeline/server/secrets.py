@@ -23,23 +23,37 @@ Only fingerprints are shared between jobs, never values: the snapshot writes the
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import re
 import shlex
 from typing import Any
 
+from eagle3_pipeline.server._vllm_flags import MULTI_VALUE_FLAGS
+
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(
-    r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIALS?|APIKEY|AUTH)(_|\d|$)"  # HF_TOKEN2
-    r"|_(API_?)?KEYS(_|$)|SECRET|PASSWORD|^HF_TOKEN$"  # OPENAI_API_KEYS; not _TOKENS (batched tokens)
+# A name holds a secret when it contains one of these words, with any prefix or suffix (HF_TOKEN2,
+# GITHUBTOKEN, OPENAI_API_KEYS, DB_PASSWORD_OLD), once the words that only look alike are taken out.
+_SECRET_PART = re.compile(
+    r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|(?:^|_)(?:PASS|PWD|AUTH)(?:_|\d|$)"
 )
+_LOOKALIKES = re.compile(
+    r"TOKENI[SZ]"  # TOKENIZER, TOKENIZERS_PARALLELISM
+    r"|TOKENS(?=_|\d|$)|TOKEN_?(?:IDS?|THRESHOLD|BUDGET|COUNT|LIMIT|LEN|LENGTH)(?=_|\d|$)"  # counts
+    r"|(?:MON|DON|HOC|TUR|WHIS)KEY|KEY(?:BOARD|WORD|STROKE|FRAME|SPACE|MAP)"
+    r"|(?:KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)_?(?:FILE|PATH|DIR)S?(?=_|\d|$)"  # where, not what
+)
+_NOT_SECRET_NAMES = frozenset({"KEY", "KEYS", "PWD", "OLDPWD"})
+
+
 # Values shorter than this are hidden where they sit under a secret name, but not looked for in free
 # text: a 3-character secret would otherwise erase every such word of every log.
 MIN_SCRUB_LEN = 4
 _PART_MIN_LEN = 8  # a multi-word secret's words are remembered on their own from this length
 _WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
 
+_AUTH_SCHEMES = r"(?:basic|bearer|digest|token|negotiate|ntlm|apikey|aws4-hmac-sha256)"
 # Secrets recognised by their shape alone. Each pattern's group 1 (when present) is kept.
 _SHAPES = (
     re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
@@ -48,12 +62,22 @@ _SHAPES = (
     re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,}"),
     re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])"),
     re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
-    re.compile(r"(?i)(\bbearer\s+)(?!<redacted>)[A-Za-z0-9._~+/=-]+"),
-    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*:)(?!<redacted>@)[^/\s@'\"]+(?=@)"),
+    re.compile(r"(?i)(\bbearer(?:\s+|%20|\+))(?!<redacted>)[A-Za-z0-9._~+/=-]+"),
+    # an Authorization header in any form: `Authorization: Basic X`, `authorization=Bearer%20X`
+    # (OTEL_EXPORTER_OTLP_HEADERS), `Proxy-Authorization: X`; a header list goes on after a comma
+    re.compile(
+        rf"(?i)(\b(?:proxy-)?authorization\s*[:=]\s*(?:{_AUTH_SCHEMES}(?:\s+|%20|\+))?)"
+        rf"(?!<redacted>)(?!{_AUTH_SCHEMES}(?:\s|%20|\+|$))[^\s,'\";&|]+"
+    ),
+    # URL userinfo: the password up to the authority's last `@` (`http://u:p@ss@proxy`), or a lone
+    # user part that is a token (`https://ghp_...@github.com`, 20 characters or more)
+    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*:)(?!<redacted>@)[^/\s'\"]*(?=@[^/\s@'\"]*)"),
+    re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?!<redacted>@)[A-Za-z0-9._~%+-]{20,}(?=@)"),
     # by context: a header that carries a credential, `docker login -p`, `curl -u user:password`,
     # systemd's `SetCredential=ID:VALUE`
     re.compile(
-        r"(?i)(\b(?:x-api-key|api-key|x-auth-token)\s*:\s*|\bauthorization:\s*basic\s+)(?!<redacted>)[^\s'\"]+"
+        r"(?i)(\b(?:x-api-key|api-key|x-auth-token|x-goog-api-key|x-honeycomb-team|dd-api-key|"
+        r"signoz-access-token|lightstep-access-token|x-sf-token)\s*[:=]\s*)(?!<redacted>)[^\s,'\";&|]+"
     ),
     re.compile(
         r"(\b(?:docker|podman|nerdctl|helm)\b[^\n;&|]*?\blogin\b[^\n;&|]*?\s(?:-p|--password)[\s=]+)"
@@ -64,30 +88,48 @@ _SHAPES = (
     ),
     re.compile(r"(?m)(^\s*SetCredential(?:Encrypted)?=\s*[^:\s]+:)(?!<redacted>).+$"),
 )
-_NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
+_NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
+# quoted strings as shells and Python's repr write them (a backslash escapes the next character)
+_DQ, _SQ = r'"(?:[^"\\\n]|\\.)*"', r"'(?:[^'\\\n]|\\.)*'"
 _ASSIGNMENT = re.compile(
-    rf"""(?P<name>\b{_NAME})=(?P<value>"[^"]*"|'[^']*'|[^\s"'\[][^\s"']*)""",  # a list: _LIST_VALUE
+    rf"""(?P<name>\b{_NAME})=(?P<value>{_DQ}|{_SQ}|[^\s"'\[](?:[^\s"']*[^\s"',)])?)""",  # a list: _LIST_VALUE
     re.IGNORECASE,
 )
 _FLAG_VALUE = re.compile(
-    r"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>"[^"]*"|'[^']*'|[^\s"'\\-][^\s"']*)"""
+    rf"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>{_DQ}|{_SQ}|[^\s"'\\-][^\s"']*)"""
+)
+# a flag that takes several values (`--api-key k1 k2`, vLLM's nargs='+'): every word up to the next
+# flag, across a unit's backslash-newline continuations, but not past a shell operator
+_VALUE_WORD = rf"""(?:{_DQ}|{_SQ}|[^\s"'\\;&|<>()-][^\s"';&|<>()]*)"""
+_GAP = r"(?:[ \t]|\\\r?\n)+"
+_MULTI_FLAG = re.compile(
+    rf"(?P<flag>--[A-Za-z0-9_-]+)(?P<gap>{_GAP})(?P<values>{_VALUE_WORD}(?:{_GAP}{_VALUE_WORD})*)"
 )
 _KEY_VALUE = re.compile(
-    rf"""(?P<q>["'])(?P<name>-*{_NAME})(?P=q)(?P<sep>\s*:\s*\[?\s*)(?P<value>"[^"]*"|'[^']*')""",
+    rf"""(?P<q>["'])(?P<name>-*{_NAME})(?P=q)(?P<sep>\s*:\s*\[?\s*)(?P<value>{_DQ}|{_SQ})""",
     re.IGNORECASE,
 )
 # a secret-named key or attribute holding a list, in any dump: `'api_key': ['k1', 'k2']` (vLLM's
-# non-default args), `"API_KEYS": [...]` (JSON), `api_key=['k1']` (an argparse Namespace repr): every item
+# non-default args), `"API_KEYS": [...]` (JSON), `api_key=['k1']` (an argparse Namespace repr): every
+# item, quotes and escapes read as Python writes them (a `]` or `,` inside a key stays inside it)
 _LIST_VALUE = re.compile(
-    rf"""(?P<head>(?P<q>["']?)(?P<name>-*{_NAME})(?P=q)\s*[:=]\s*\[)(?P<items>[^\]\n]*)\]""",
+    rf"""(?P<head>(?P<q>["']?)(?P<name>-*{_NAME})(?P=q)\s*[:=]\s*\[)(?P<items>(?:{_DQ}|{_SQ}|[^\]\n'"])*)\]""",
     re.IGNORECASE,
 )
-_LIST_ITEM = re.compile(r""""[^"]*"|'[^']*'|[^\s,"'\[\]]+""")
+_LIST_ITEM = re.compile(rf"""{_DQ}|{_SQ}|[^\s,"'\[\]]+""")
+_NOT_VALUES = frozenset({"", "None", "null", "True", "False", "true", "false", "[]", "{}", "''", '""'})
+# `Basic X` where X is base64 of `user:password` (the shape itself: no header name needed)
+_BASIC = re.compile(r"(?i)(\bbasic(?:\s+|%20|\+))(?!<redacted>)([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 
 
 def is_secret_name(name: str) -> bool:
-    """True for environment variable or flag names that hold secrets (`--api-key`, `HF_TOKEN`)."""
-    return bool(_SECRET_NAME.search(name.lstrip("-").replace("-", "_").upper()))
+    """True for environment variable or flag names that hold secrets (`--api-key`, `HF_TOKEN`,
+    `HF_TOKEN2`); not for the names that only look alike (`--tokenizer`, `MAX_TOKENS`, `SSL_KEYFILE`:
+    a path is not the secret)."""
+    upper = name.lstrip("-").replace("-", "_").replace(".", "_").upper()
+    if upper in _NOT_SECRET_NAMES:
+        return False
+    return bool(_SECRET_PART.search(_LOOKALIKES.sub("_", upper)))
 
 
 def unit_salt(source_host: str, unit: str) -> str:
@@ -219,8 +261,8 @@ def scrub_patterns(text: str, redactor: Redactor | None = None) -> str:
 
     def named(match: re.Match[str]) -> str:
         name = match.group("name") if "name" in match.re.groupindex else match.group("flag")
-        value = match.group("value").strip("\"'")
-        if not is_secret_name(name) or value.startswith("$") or value == REDACTED:
+        value = _unquote(match.group("value"))
+        if not is_secret_name(name) or value.startswith("$") or value == REDACTED or value in _NOT_VALUES:
             return match.group(0)  # a reference such as $VLLM_API_KEY is no secret
         if redactor is not None:
             redactor.add(value)
@@ -228,29 +270,53 @@ def scrub_patterns(text: str, redactor: Redactor | None = None) -> str:
         head = match.group(0)[: match.start("value") - match.start(0)]
         return f"{head}{quote}{REDACTED}{quote}"
 
+    def several(match: re.Match[str]) -> str:
+        flag = "--" + match.group("flag")[2:].replace("_", "-")
+        if flag not in MULTI_VALUE_FLAGS or not is_secret_name(flag):
+            return match.group(0)
+        return (
+            match.group("flag") + match.group("gap") + re.sub(_VALUE_WORD, hide_item, match.group("values"))
+        )
+
+    def hide_item(found: re.Match[str]) -> str:
+        value, quote = _unquote(found.group(0)), found.group(0)[0] if found.group(0)[0] in "\"'" else ""
+        if value in _NOT_VALUES or value == REDACTED or value.startswith("$"):
+            return found.group(0)
+        if redactor is not None:
+            redactor.add(value)
+        return f"{quote}{REDACTED}{quote}"
+
+    def basic(match: re.Match[str]) -> str:
+        try:
+            decoded = base64.b64decode(match.group(2) + "=" * (-len(match.group(2)) % 4), validate=True)
+        except ValueError:
+            return match.group(0)
+        if b":" not in decoded:  # not user:password: the word "Basic" in prose
+            return match.group(0)
+        if redactor is not None:
+            redactor.add(match.group(2))
+        return match.group(1) + REDACTED
+
     def listed(match: re.Match[str]) -> str:
         if not is_secret_name(match.group("name")):
             return match.group(0)
-
-        def item(found: re.Match[str]) -> str:
-            value, quote = (
-                found.group(0).strip("\"'"),
-                found.group(0)[0] if found.group(0)[0] in "\"'" else "",
-            )
-            if not value or value == REDACTED or value.startswith("$") or value in {"None", "null"}:
-                return found.group(0)
-            if redactor is not None:
-                redactor.add(value)
-            return f"{quote}{REDACTED}{quote}"
-
-        return f"{match.group('head')}{_LIST_ITEM.sub(item, match.group('items'))}]"
+        return f"{match.group('head')}{_LIST_ITEM.sub(hide_item, match.group('items'))}]"
 
     for pattern in _SHAPES:
         text = pattern.sub(shape, text)
+    text = _BASIC.sub(basic, text)
     text = _LIST_VALUE.sub(listed, text)  # before the scalar forms, which would take `[` for the value
+    text = _MULTI_FLAG.sub(several, text)  # before the one-value form, which would stop at the first
     for pattern in (_ASSIGNMENT, _KEY_VALUE, _FLAG_VALUE):
         text = pattern.sub(named, text)
     return text
+
+
+def _unquote(word: str) -> str:
+    """A quoted word's content (a backslash escape undone); an unquoted word as it is."""
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
+        return re.sub(r"\\(.)", r"\1", word[1:-1])
+    return word
 
 
 REDACTOR = Redactor()
@@ -263,14 +329,16 @@ def learn(server_json: dict[str, Any], redactor: Redactor = REDACTOR) -> None:
 
 
 def redact_env(env: dict[str, str], redactor: Redactor = REDACTOR) -> dict[str, str]:
-    """Environment with secret values replaced (and remembered)."""
+    """Environment with secret values replaced (and remembered): a secret-named variable's whole
+    value, and in any other value the secrets found by shape (an `Authorization=Basic ...` header in
+    OTEL_EXPORTER_OTLP_HEADERS, a proxy URL's password)."""
     out = {}
     for name, value in env.items():
         if is_secret_name(name):
             redactor.add(value)
             out[name] = REDACTED
         else:
-            out[name] = value
+            out[name] = scrub_patterns(value, redactor)
     return out
 
 
