@@ -4,6 +4,7 @@ from pathlib import Path
 
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.hidden_states.engine import stop_all
+from eagle3_pipeline.hidden_states.vllm_backend import RUNTIME_KEYS
 from eagle3_pipeline.settings import as_params, runtime_only
 
 # The vllm backend's extraction engine (hidden_states/engine.py): one long-lived engine serves every
@@ -16,13 +17,9 @@ ENGINE_DIR = (
     f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
 )
 ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
-# hidden_states.vllm keys that pace or place the engine without changing a state: run-time only
-ENGINE_RUNTIME_KEYS = (
-    "staging_dir",
-    "max_in_flight_tokens",
-    "max_clients",
-    "idle_timeout_s",
-)
+# hidden_states.vllm keys that never change a state (memory, graphs, connector, interpreter, pacing):
+# run-time only, declared once in the package (vllm_backend.RUNTIME_KEYS, also out of the parts' key)
+ENGINE_RUNTIME_KEYS = RUNTIME_KEYS
 # the other hidden_states.vllm keys: recorded params of extract_hidden_states (rerun triggers)
 ENGINE_PARAMS = {
     key: value

@@ -207,6 +207,30 @@ def test_a_training_runtime_key_reruns_nothing(finished, name, key, monkeypatch)
     assert _planned(finished) == {}, f"{name}.{key}: {value!r}"
 
 
+# hidden_states.vllm keys that never change the states' bytes (vllm_backend.RUNTIME_KEYS): memory,
+# CUDA graphs / eager mode, the connector, the interpreter, the engine's sizing; all changed at once
+# plan nothing (one dry run: each key's part of the fingerprint is unit-tested, test_hidden_states_rerun_keys)
+ENGINE_RUNTIME_CHANGES = {
+    "gpu_memory_utilization": 0.5,  # lowered after an out-of-memory crash
+    "enforce_eager": False,
+    "cuda_graphs": True,
+    "connector": "sync",
+    "python": "/opt/vllm/bin/python",
+    "max_num_batched_tokens": 4096,
+}
+
+
+def test_the_engine_run_time_keys_rerun_no_extraction(finished):
+    _configure(finished, hidden_states={"vllm": ENGINE_RUNTIME_CHANGES})
+    assert _planned(finished) == {}
+
+
+def test_an_engine_key_that_changes_the_bytes_reruns_extraction(finished):
+    # the control: the vllm section's recorded keys are still triggers (bf16 served, fp16 here)
+    _configure(finished, hidden_states={"vllm": {"dtype": "float16"}})
+    assert _planned(finished)["extract_hidden_states"] == 4  # the baseline's: masked, as above
+
+
 def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finished):
     _configure(finished, generation={"concurrency": 4})  # the checks' tokens/s are measured at it
     assert _planned(finished) == {"serve_check": 2, "plot_validation": 1, "all": 1}

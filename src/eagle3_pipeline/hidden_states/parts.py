@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.hidden_states import storage
+from eagle3_pipeline.hidden_states import storage, vllm_backend
 from eagle3_pipeline.hidden_states.plan import ShardPlan
 from eagle3_pipeline.settings import HiddenStatesSettings
 
@@ -22,14 +22,15 @@ def fingerprint(
     hidden_states: HiddenStatesSettings, plan: ShardPlan, engine: dict[str, Any] | None = None
 ) -> str:
     """What the saved parts depend on: the target, layers, dtypes, batch size, the sequences' ids and
-    token ids, and (vllm) the backend and the engine's settings."""
+    token ids, and (vllm) the backend and the engine settings that change the bytes (never the
+    run-time ones: memory, graphs, connector, interpreter; vllm_backend.RUNTIME_KEYS)."""
     digest = hashlib.sha256()
     for seq in plan.seqs:
         digest.update(json.dumps([seq.id, seq.input_ids, seq.loss_mask]).encode())
     key = [str(Path(plan.job.target).resolve()), plan.info.config_sha, plan.layers, hidden_states.dtype]
     key += [hidden_states.compute_dtype, hidden_states.batch_tokens, digest.hexdigest()]
     if hidden_states.backend != "transformers":  # the transformers plan's fingerprint stays as it was
-        key += [hidden_states.backend, {k: v for k, v in (engine or {}).items() if k != "sources"}]
+        key += [hidden_states.backend, vllm_backend.bytes_settings(engine or {})]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()
 
 
