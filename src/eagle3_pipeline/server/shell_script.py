@@ -8,8 +8,9 @@ dropped) and its simple commands are followed in order, as bash(1) would on the 
   `+`), `$0` (NAME), `$1`..`${10}`, `"$@"` (one word per argument), `"$*"`, `$#`, `~`; an unquoted
   expansion is split into words on blanks, a quoted one is not; an empty unquoted one disappears;
 - `NAME=value` alone sets a shell variable (exported when it came from the environment), `export`
-  and `declare -x` export, `unset` removes, `cd DIR` moves, `source`/`.` are recorded (their effect
-  cannot be known), `exec [-a NAME]` runs what follows;
+  and `declare -x` export, `unset` removes, `cd DIR` moves, `shift` and `set -- ...` move the
+  arguments, `source`/`.` are recorded (their effect cannot be known), `exec [-a NAME]` runs what
+  follows;
 - `NAME=value cmd ...` sets NAME in cmd's environment only.
 
 What cannot be known (a command substitution, an unset variable, arithmetic) is reported as
@@ -493,6 +494,12 @@ def _builtin(
         target = next((a for a in argv[1:] if not a.startswith("-") or a == "-"), scope.vars.get("HOME"))
         if target and target != "-":
             scope.cwd = posixpath.normpath(posixpath.join(scope.cwd or "/", target))
+    elif head == "shift":
+        count = argv[1] if len(argv) > 1 else "1"
+        if count.isdigit() and int(count) <= len(scope.args):  # bash refuses a shift past the end
+            scope.args = scope.args[int(count) :]
+    elif head == "set" and "--" in argv:  # `set -- a b`: new positional parameters
+        scope.args = argv[argv.index("--") + 1 :]
     elif head in ("source", ".") and len(argv) > 1:
         sourced.append(argv[1])
 
