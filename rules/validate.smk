@@ -27,6 +27,34 @@ rule validate_offline:
         "../scripts/validate_offline.py"
 
 
+if SETTINGS.draft.init_from:
+
+    # draft.init_from: the starting draft through the same offline check, on the same states (the
+    # report shows it beside the trained draft)
+    rule validate_offline_init:
+        input:
+            **INIT_FROM,
+            states=get_validation_states(),
+            target=get_target_config(),
+        output:
+            f"{RESULTS}/validation/offline_init.json",
+        log:
+            f"{LOGS}/validate_offline_init.log",
+        conda:
+            "../envs/pipeline.yaml"
+        resources:
+            gpu=1,  # as validate_offline
+        params:
+            draft=DRAFT_PARAMS,  # the run's draft shape, which the starting draft must have
+            ttt_steps=SETTINGS.draft.ttt_steps,
+            context_buckets=SETTINGS.validate.context_buckets,
+            num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
+            served_max_tokens=served_max_tokens(SETTINGS),
+            work=f"{WORK}/init_draft",  # the starting draft as an EAGLE-format folder
+        script:
+            "../scripts/validate_offline_init.py"
+
+
 if KEPT_EPOCHS:
 
     rule select_checkpoint:
@@ -147,6 +175,8 @@ REPORT_INPUTS = {
     "history": variant_output(rules.train_draft.output.history, ""),
     "offline": variant_output(rules.validate_offline.output[0], ""),
 }
+if SETTINGS.draft.init_from:
+    REPORT_INPUTS["offline_init"] = rules.validate_offline_init.output[0]
 if SETTINGS.validate.serve_check:
     REPORT_INPUTS["serve_check"] = variant_output(rules.serve_check.output[0], "")
 # validate.select_every_epochs and validate.learning_curve: their curves, and a figure each

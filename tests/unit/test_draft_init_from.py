@@ -165,6 +165,17 @@ def test_another_attention_shape_is_refused_naming_the_draft_key(job, tmp_path):
         _started(wider, eagle)
 
 
+def test_an_mla_draft_is_refused_for_a_llama_run_naming_draft_architecture(job, tmp_path):
+    eagle, _ = _export(job, tmp_path)
+    mla = _edit_config(
+        eagle, tmp_path, architectures=["Eagle3DeepseekV2ForCausalLM"], model_type="deepseek_v2"
+    )
+    with pytest.raises(
+        ValueError, match=r"a deepseek_mla draft, this run's is llama: set draft\.architecture"
+    ):
+        _started(job, mla)
+
+
 def test_another_vocabulary_map_keeps_the_rows_of_shared_tokens(job, tmp_path, caplog):
     d2t, t2d = vocab_map(torch.arange(10, 74), 96)  # tokens 10..73: 54 shared with the run's map
     save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "other_vocab.safetensors"))
@@ -236,3 +247,45 @@ def test_the_starting_draft_is_written_for_the_offline_check_with_its_own_vocabu
     assert torch.equal(d2t_read, d2t)
     stored = load_file(speculators / "model.safetensors")
     assert torch.equal(draft.fc.weight, stored["fc.weight"].float())
+
+
+def test_the_report_shows_the_starting_draft_beside_the_trained_one(tmp_path):
+    from support.validate_results import write_finished_results
+
+    from eagle3_pipeline.validate.report import draw_report, read_figure_text
+
+    inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", True).items()}
+    trained = json.loads(Path(inputs["offline"]).read_text())
+    init = tmp_path / "results" / "validation" / "offline_init.json"
+    init.write_text(json.dumps(trained | {"acceptance_length": [1.25, 1.5, 1.625]}))
+    names = ("server.html", "trace_stats.html", "trace_lengths.png", "training.png", "acceptance.png")
+    keys = ("server", "trace_stats", "trace_lengths", "training", "acceptance", "comparison", "slices")
+    outputs = dict(
+        zip(keys, (str(tmp_path / n) for n in (*names, "comparison.png", "slices.png")), strict=True)
+    )
+    draw_report(inputs | {"offline_init": str(init)}, outputs)
+    panel = next(
+        p for p in read_figure_text(outputs["comparison"]) if p["title"].startswith("Acceptance length")
+    )
+    length = trained["acceptance_length"]
+    assert f"target's own traces, offline: {length[-1]:.2f} at k = {len(length)}" in panel["legend"]
+    assert "starting draft (draft.init_from), offline: 1.62 at k = 3" in panel["legend"]
+
+
+def test_the_starting_draft_gets_the_offline_check_of_the_trained_one(job, tmp_path):
+    from eagle3_pipeline.draft.init_from import validate_starting_draft
+    from eagle3_pipeline.validate.offline import validate_offline
+
+    eagle, speculators = _export(job, tmp_path)
+    common = {"shard_paths": job.validation_shards, "steps": 3}
+    direct = validate_offline(eagle, job.target, output_path=tmp_path / "offline.json", **common)
+    init = validate_starting_draft(
+        speculators,
+        job.target,
+        job.draft,
+        work=tmp_path / "work",
+        output_path=tmp_path / "init.json",
+        **common,
+    )
+    assert init["acceptance_length"] == direct["acceptance_length"] and init["anchors"] == direct["anchors"]
+    assert json.loads((tmp_path / "init.json").read_text())["acceptance_length"] == init["acceptance_length"]

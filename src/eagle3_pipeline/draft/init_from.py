@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,19 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig, rope_theta_of
+from eagle3_pipeline.draft.config import (
+    NUM_AUX_LAYERS,
+    DraftConfig,
+    draft_config_from_target,
+    read_target_config,
+    rope_theta_of,
+)
 from eagle3_pipeline.draft.export import aux_layers_from_metadata, checkpoint_config, sglang_layer_ids
 from eagle3_pipeline.draft.init_files import WEIGHT_FILES, weights_file
+from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import draft_ids as map_draft_ids
-from eagle3_pipeline.settings import DRAFT_NORM_KEYS
+from eagle3_pipeline.settings import DRAFT_NORM_KEYS, DraftSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,14 @@ SHAPE_KEYS: dict[str, str | None] = {
     "norm_before_fc": "draft.norm_before_fc",
     "fc_norm": "draft.fc_norm",
     "norm_output": "draft.norm_output",
+    # an MLA draft's (draft.architecture deepseek_mla): the target's ranks and head sizes
+    "q_lora_rank": None,
+    "kv_lora_rank": None,
+    "qk_nope_head_dim": None,
+    "qk_rope_head_dim": None,
+    "v_head_dim": None,
 }
+MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM's names
 
 
 @dataclass
@@ -70,6 +85,7 @@ class StartingDraft:
     Attributes:
         path: the folder.
         format: "eagle" or "speculators".
+        architecture: "llama" or "deepseek_mla" (draft.architecture's names).
         shape: the SHAPE_KEYS values its config states (a key it leaves out is absent).
         tensors: trained tensors, checkpoint names (midlayer.*), lm_head included, no d2t/t2d.
         token_ids: the target token id of each lm_head row [Vd] (arange(Vd) + d2t; arange without d2t).
@@ -79,6 +95,7 @@ class StartingDraft:
 
     path: Path
     format: str
+    architecture: str
     shape: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     token_ids: torch.Tensor
@@ -169,11 +186,16 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
     shape = _shape(layer, top)
     ids = _token_ids(folder, tensors, shape.get("vocab_size"))
     theta = rope_theta_of(layer) if "rope_theta" in layer or "rope_parameters" in layer else None
-    return StartingDraft(folder, kind, shape, tensors, ids, _aux_layers(top), theta)
+    mla = any(name in MLA_ARCHITECTURES for name in config.get("architectures") or ())
+    architecture = "deepseek_mla" if mla else "llama"
+    return StartingDraft(folder, kind, architecture, shape, tensors, ids, _aux_layers(top), theta)
 
 
 def _shape_errors(start: StartingDraft, config: DraftConfig) -> list[str]:
     """What in the starting draft's stated shape differs from this run's draft, with the key to set."""
+    theirs, ours = start.architecture, getattr(config, "architecture", "llama")
+    if theirs != ours:  # the other checks would only restate it
+        return [f"a {theirs} draft, this run's is {ours}: set draft.architecture: {theirs}"]
     errors = []
     for key, setting in SHAPE_KEYS.items():
         if key not in start.shape or not hasattr(config, key):
@@ -359,3 +381,25 @@ def write_eagle_checkpoint(
     io.write_json(checkpoint_config(own, aux_layers_vllm), out / "config.json", indent=1)
     log.info("starting draft %s written as %s for the offline check", start.path, out)
     return out
+
+
+def validate_starting_draft(
+    init_from: str | Path,
+    target_dir: str | Path,
+    draft: DraftSettings,
+    shard_paths: Sequence[str | Path],
+    work: str | Path,
+    output_path: str | Path,
+    **offline: Any,
+) -> dict[str, Any]:
+    """Rule validate_offline_init: the starting draft (its own vocabulary), checked against this run's
+    draft, written as an EAGLE folder under `work` and run through the offline check the trained draft
+    gets (validate/offline.py, `offline`: its keyword arguments), on the same validation states."""
+    from eagle3_pipeline.validate.offline import validate_offline  # validate reads the draft, not back
+
+    config = draft_config_from_target(
+        read_target_config(target_dir), draft.draft_vocab_size, **draft_shape(draft)
+    )
+    aux = aux_layers_from_metadata(Path(shard_paths[0]).with_suffix(".json"))
+    folder = write_eagle_checkpoint(init_from, config, aux, Path(work) / "checkpoint")
+    return validate_offline(folder, target_dir, shard_paths, output_path=output_path, **offline)

@@ -329,23 +329,24 @@ def comparison(
     baseline_offline: str | Path | None,
     baseline_serve: str | Path | None,
     output: str | Path,
+    init_offline: str | Path | None = None,
 ) -> None:
-    """Draft trained on the target's own outputs vs the baseline trained on the dataset's answers."""
+    """Draft trained on the target's own outputs vs the baseline trained on the dataset's answers, and
+    with draft.init_from the draft both started from (offline only: it is not served)."""
     runs = {
         "target's own traces": (offline_path, serve_path),
         "dataset answers (baseline)": (baseline_offline, baseline_serve),
+        "starting draft (draft.init_from)": (init_offline, None),
     }
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     series = {}
     for label, (off, srv) in runs.items():
         offline, served = _read_json(off), _read_json(srv)
         if offline:
-            axes[0].plot(
-                range(1, len(offline["acceptance_length"]) + 1),
-                offline["acceptance_length"],
-                "o-",
-                label=f"{label}, offline",
-            )
+            lengths = offline["acceptance_length"]
+            # in words too: the starting draft (offline only) beside the drafts trained from it
+            at_k = f"{lengths[-1]:.2f} at k = {len(lengths)}"
+            axes[0].plot(range(1, len(lengths) + 1), lengths, "o-", label=f"{label}, offline: {at_k}")
             series[label] = offline["conditional"]
         if served and served.get("acceptance_length") is not None:
             axes[0].plot(
@@ -355,7 +356,7 @@ def comparison(
                 markersize=14,
                 label=f"{label}, served: {served['acceptance_length']:.2f}",
             )
-    if len(series) < 2:
+    if not (baseline_offline and _read_json(baseline_offline)):
         axes[0].text(
             0.5, 0.5, "no baseline (validate.baseline: false)", transform=axes[0].transAxes, ha="center"
         )
@@ -433,5 +434,6 @@ def draw_report(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
         inputs.get("baseline_offline"),
         inputs.get("baseline_serve_check"),
         outputs["comparison"],
+        inputs.get("offline_init"),  # draft.init_from: the starting draft, offline
     )
     log.info("report figures written: %s", sorted(outputs.values()))
