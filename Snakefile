@@ -24,6 +24,8 @@
 
 from snakemake.utils import min_version
 
+from eagle3_pipeline.fixes import print_failures
+
 min_version("9.0")
 
 
@@ -46,3 +48,8 @@ rule all:
     default_target: True
     input:
         get_final_outputs(),
+
+
+# a failed job's last `ERROR: ... (fix: <config key or file>)` line, again after Snakemake's own report
+onerror:
+    print_failures(log)

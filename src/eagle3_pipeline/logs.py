@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from eagle3_pipeline import provenance
+from eagle3_pipeline.fixes import error_line
 from eagle3_pipeline.server.secrets import REDACTOR, protect_logging
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -67,7 +68,8 @@ def setup_logging(log_path: str | None, name: str) -> logging.Logger:
     """Route logging and warnings through the redacting filter, to `log_path` (else stderr).
 
     With a `log_path`, stderr (tqdm bars, library noise) goes there too. An uncaught error is logged
-    with its traceback and ends the process with a one-line, scrubbed message on the console.
+    with its traceback and ends the log and the console with one scrubbed line, `ERROR: ...`, naming
+    the config key or file to fix where the error comes from the user's input (fixes.error_line).
 
     Args:
         log_path: The job's log file, or None to log to stderr (already the job's log).
@@ -87,12 +89,14 @@ def setup_logging(log_path: str | None, name: str) -> logging.Logger:
     logging.captureWarnings(True)
     protect_logging()
     logger = logging.getLogger(name)
-    where = f" (log: {log_path})" if log_path else ""
 
     def excepthook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
         logger.error("%s failed", name, exc_info=(kind, err, tb))
-        if log_path is not None:  # else the traceback above is on the console already
-            console.write(f"{name} failed: {kind.__name__}: {REDACTOR.scrub(str(err))}{where}\n")
+        # the last line of the log and of the console: what failed and which key or file to fix
+        line = error_line(name, err, REDACTOR.scrub(str(err)), log_path)
+        if log_path is not None:  # else the console is the log
+            sys.stderr.write(line + "\n")
+        console.write(line + "\n")
 
     sys.excepthook = excepthook
     return logger
