@@ -90,7 +90,7 @@ class StartingDraft:
         tensors: trained tensors, checkpoint names (midlayer.*), lm_head included, no d2t/t2d.
         token_ids: the target token id of each lm_head row [Vd] (arange(Vd) + d2t; arange without d2t).
         aux_layers_vllm: the auxiliary layers it was trained on, vLLM's numbering (None: not stated).
-        rope_theta: its RoPE theta (None: not stated).
+        rope_theta: its RoPE theta (10,000 when its config states none, as its readers take it).
     """
 
     path: Path
@@ -100,7 +100,7 @@ class StartingDraft:
     tensors: dict[str, torch.Tensor]
     token_ids: torch.Tensor
     aux_layers_vllm: list[int] | None
-    rope_theta: float | None
+    rope_theta: float
 
 
 def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -185,7 +185,7 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
         raise ValueError(f"draft.init_from: {folder} has no lm_head.weight; is it an EAGLE-3 draft?")
     shape = _shape(layer, top)
     ids = _token_ids(folder, tensors, shape.get("vocab_size"))
-    theta = rope_theta_of(layer) if "rope_theta" in layer or "rope_parameters" in layer else None
+    theta = rope_theta_of(layer)  # unstated: 10,000, as transformers' LlamaConfig (and so vLLM) reads it
     mla = any(name in MLA_ARCHITECTURES for name in config.get("architectures") or ())
     architecture = "deepseek_mla" if mla else "llama"
     return StartingDraft(folder, kind, architecture, shape, tensors, ids, _aux_layers(top), theta)
@@ -288,12 +288,12 @@ def check_fits(
     errors = errors or _tensor_errors(start, expected)  # the stated shapes explain a tensor mismatch best
     if errors:
         raise ValueError(f"draft.init_from: {start.path} does not fit this run's draft: " + "; ".join(errors))
-    if start.rope_theta is not None and start.rope_theta != config.rope_theta:
+    if start.rope_theta != config.rope_theta:
         log.warning(
-            "draft.init_from: the starting draft states rope_theta %g, this run's draft uses the target's %g "
-            "(training adapts it; the exported draft states %g)",
+            "draft.init_from: the starting draft's rope_theta is %g (10,000 when its config states none), "
+            "this run's draft trains and exports the target's %g: its attention starts from weights fitted "
+            "to other rotary frequencies",
             start.rope_theta,
-            config.rope_theta,
             config.rope_theta,
         )
 
