@@ -84,6 +84,14 @@ def test_auto_is_llama_otherwise_and_either_can_be_forced():
         ValueError, match=r"draft.architecture deepseek_mla .*kv_lora_rank.*set draft.architecture"
     ):
         draft_config_from_target(LLAMA, 40, architecture="deepseek_mla")
+    # a Llama head asked for (the Kimi example's 64 heads of 128) keeps auto on llama
+    assert draft_config_from_target(KIMI_K25_TEXT, 40, 128, 64, 64).architecture == "llama"
+    with pytest.raises(ValueError, match="leave draft.head_dim"):
+        draft_config_from_target(KIMI_K25_TEXT, 40, 128, architecture="deepseek_mla")
+    with pytest.raises(ValueError, match=r"has no \['qk_nope_head_dim', 'v_head_dim'\]"):
+        draft_config_from_target(
+            {k: v for k, v in SMALL.items() if k not in ("qk_nope_head_dim", "v_head_dim")}, 40
+        )
     with pytest.raises(ValueError, match="draft.architecture 'mla'"):
         draft_config_from_target(SMALL, 40, architecture="mla")
 
@@ -105,7 +113,7 @@ def test_the_kimi_shape_is_the_targets_own_mla():
     assert 2 * (config.kv_lora_rank + config.qk_rope_head_dim) == 1152
     assert mla_scale(config) == pytest.approx(192**-0.5 * (0.1 * torch.tensor(64.0).log().item() + 1) ** 2)
     with pytest.raises(ValueError, match="leave draft.head_dim and draft.num_key_value_heads null"):
-        draft_config_from_target(KIMI_K25_TEXT, 32000, head_dim=128)
+        draft_config_from_target(KIMI_K25_TEXT, 32000, head_dim=128, architecture="deepseek_mla")
     with pytest.raises(ValueError, match="draft.norm_before_fc is not served for an MLA draft"):
         draft_config_from_target(KIMI_K25_TEXT, 32000, norm_before_fc=True)
     with pytest.raises(ValueError, match="not YaRN"):

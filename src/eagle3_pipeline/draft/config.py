@@ -11,8 +11,10 @@ SpecForge's Kimi-K2.5 draft uses 64 heads of 128).
 draft.architecture picks the attention: `llama` (above), or `deepseek_mla`, the target's own multi-head
 latent attention (draft/mla.py) with its q/kv LoRA ranks, its nope/rope/value head sizes and its YaRN
 rope, served by vLLM as Eagle3DeepseekV2ForCausalLM. `auto` takes MLA for the DeepseekV2/V3 family
-(Kimi-K2, Kimi-K2.5: MLA_MODEL_TYPES) and llama otherwise. Which one is `architecture` of the config,
-read from its MLA fields (kv_lora_rank > 0), so a config rebuilt from an exported config.json knows it.
+(Kimi-K2, Kimi-K2.5: MLA_MODEL_TYPES) and llama otherwise, or when the config asks for a Llama head
+(draft.head_dim or draft.num_key_value_heads set, as the Kimi example's 64 heads of 128 do). Which
+one a config is, is its `architecture`, read from its MLA fields (kv_lora_rank > 0), so that a config
+rebuilt from an exported config.json knows it.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ def draft_config_from_target(
     the target's rope scaling too, as vLLM's MLA attention applies it (deepseek_yarn).
     """
     hidden = int(target["hidden_size"])
-    if resolve_architecture(target, architecture) == "deepseek_mla":
+    llama_head = head_dim is not None or num_key_value_heads is not None
+    if resolve_architecture(target, architecture, llama_head) == "deepseek_mla":
         heads = mla_heads(target, head_dim, num_attention_heads, num_key_value_heads)
         mla = mla_fields(target)
         head_dim, kv_heads = mla["qk_rope_head_dim"], heads
@@ -213,23 +216,25 @@ def draft_config_from_target(
     )
 
 
-def resolve_architecture(target: dict[str, Any], architecture: str = "auto") -> str:
-    """'llama' or 'deepseek_mla' for config draft.architecture (`auto`: by the target's model_type).
+def resolve_architecture(target: dict[str, Any], architecture: str = "auto", llama_head: bool = False) -> str:
+    """'llama' or 'deepseek_mla' for config draft.architecture (`auto`: by the target's model_type, llama
+    whatever the target when `llama_head`, a Llama head size or kv heads set in the config).
 
     Raises:
-        ValueError: an unknown architecture, or deepseek_mla for a target without MLA dimensions.
+        ValueError: an unknown architecture, or MLA for a target without MLA dimensions.
     """
     if architecture not in ARCHITECTURES:
         raise ValueError(f"draft.architecture {architecture!r} is not one of {list(ARCHITECTURES)}")
     if architecture == "auto":
-        return "deepseek_mla" if target.get("model_type") in MLA_MODEL_TYPES else "llama"
+        mla = target.get("model_type") in MLA_MODEL_TYPES and not llama_head
+        architecture = "deepseek_mla" if mla else "llama"
     if architecture == "deepseek_mla":
         missing = [key for key in MLA_KEYS if not target.get(key)]
         if missing:
             raise ValueError(
-                f"draft.architecture deepseek_mla takes the target's multi-head latent attention, and the "
-                f"target config (model_type {target.get('model_type')!r}) has no {missing}: set "
-                "draft.architecture to llama (or auto)"
+                f"draft.architecture deepseek_mla (or auto on a {target.get('model_type')!r} target) takes "
+                f"the target's multi-head latent attention, and the target config has no {missing}: set "
+                "draft.architecture: llama"
             )
     return architecture
 
