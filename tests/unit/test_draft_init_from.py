@@ -289,3 +289,21 @@ def test_the_starting_draft_gets_the_offline_check_of_the_trained_one(job, tmp_p
     )
     assert init["acceptance_length"] == direct["acceptance_length"] and init["anchors"] == direct["anchors"]
     assert json.loads((tmp_path / "init.json").read_text())["acceptance_length"] == init["acceptance_length"]
+
+
+def test_windowed_training_starts_its_first_window_from_the_draft(job, tmp_path, monkeypatch):
+    """Under a disk cap only the very first window loads the starting draft; every later one starts
+    from the previous window's state."""
+    from test_draft_train import _windowed
+
+    import eagle3_pipeline.draft.train as train
+
+    eagle, _ = _export(job, tmp_path)
+    started = replace(job, draft=replace(job.draft, init_from=str(eagle)), train=replace(job.train, epochs=1))
+    loaded = []
+    real = train.start_training_from
+    monkeypatch.setattr(train, "start_training_from", lambda *a: loaded.append(a[1]) or real(*a))
+    jobs = _windowed(started, tmp_path / "windows", epochs=1)
+    for window_job in jobs:
+        assert main(window_job)
+    assert loaded == [str(eagle)]  # the first window's job only
