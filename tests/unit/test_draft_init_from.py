@@ -307,3 +307,54 @@ def test_windowed_training_starts_its_first_window_from_the_draft(job, tmp_path,
     for window_job in jobs:
         assert main(window_job)
     assert loaded == [str(eagle)]  # the first window's job only
+
+
+# A DeepseekV3-family target's config as the MLA draft reads it (tests/unit/test_draft_mla.py's shape, small)
+MLA_TARGET = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 48,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "vocab_size": 96,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 256,
+}
+
+
+def test_an_mla_draft_round_trips_through_its_export(tmp_path):
+    from eagle3_pipeline.draft.config import draft_config_from_target
+    from eagle3_pipeline.draft.init_from import load_into
+    from eagle3_pipeline.draft.model import Eagle3Draft
+    from eagle3_pipeline.draft.vocab import draft_ids
+
+    (tmp_path / "config.json").write_text(json.dumps(MLA_TARGET))
+    (tmp_path / "shard.json").write_text(json.dumps({"aux_layers_vllm": [1, 2, 3]}))
+    d2t, t2d = vocab_map(torch.arange(20, 60), 96)
+    save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "vocab.safetensors"))
+    config = draft_config_from_target(MLA_TARGET, 40)
+    assert config.architecture == "deepseek_mla"
+    torch.manual_seed(3)
+    trained = Eagle3Draft(config)
+    write_weights(trained.exported_state_dict(), config, tmp_path / "trained.safetensors")
+    out = tmp_path / "checkpoint"
+    export_checkpoint(
+        tmp_path / "trained.safetensors",
+        tmp_path / "vocab.safetensors",
+        tmp_path / "config.json",
+        tmp_path / "shard.json",
+        out / "config.json",
+        out / "model.safetensors",
+    )
+    torch.manual_seed(4)
+    fresh = Eagle3Draft(config)
+    assert load_into(fresh, read_starting_draft(out), draft_ids(d2t), [1, 2, 3]) == 40
+    exported = load_file(out / "model.safetensors")
+    for name, tensor in fresh.exported_state_dict().items():
+        assert torch.equal(tensor, exported[name].float()), name
