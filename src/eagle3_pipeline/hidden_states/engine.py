@@ -8,8 +8,10 @@ An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window
     process.json  {start_id, pid, host, fingerprint}: written by the client that started it
     heartbeat     touched every second by the engine process (its liveness, also across hosts)
     ready.json    the engine's record (vLLM version, runner, connector, settings, start_id) once up
-    queue/        requests: one JSON per client job (its batches and their part files)
+    queue/        requests: one JSON per client job (its batches, their part files, its host and pid)
     done/         one JSON per finished request ({ok, error, tokens, ...})
+    cancel/       one empty file per request its client gave up on (the engine drops its sequences)
+    failed.json   the stuck stage ({start_id, stage, error}) of an engine its watchdog stopped
     stats.json    busy seconds (time in engine steps), wall from ready to the last request done, idle
     engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
     stop          asks the engine to exit once its queue is empty
@@ -17,12 +19,14 @@ An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window
 The first extraction job that has batches to run starts the engine (`start_or_join`, detached from
 the job: it outlives it) and every job queues its batches (`enqueue`, at once: the engine takes them
 as soon as it is ready, so no client's poll delays its first step) and waits for its parts
-(`wait_done`), failing loudly when the engine dies (its log's tail in the error; the rerun starts a
-new engine and resumes from the parts saved). Rule `stop_extraction_engine` (after every extraction
-job of its scope; training waits on it) stops it (`stop_engine`), as does the workflow's
-onsuccess/onerror handler, and an engine idle for `hidden_states.vllm.idle_timeout_s` exits by
-itself. Inside a SLURM allocation an engine cannot outlive its job: there each job owns a private
-engine, stopped when it ends.
+(`wait_done`), failing loudly when the engine dies (its log's tail in the error, or the stage its
+watchdog found stuck: engine_health.py; the rerun starts a new engine and resumes from the parts
+saved). A client stopped by a signal cancels its request (`wait_or_cancel`), and the engine drops the
+requests of a client whose process is gone, so a rerun never computes a batch twice. Rule
+`stop_extraction_engine` (after every extraction job of its scope; training waits on it) stops it
+(`stop_engine`), as does the workflow's onsuccess/onerror handler, and an engine idle for
+`hidden_states.vllm.idle_timeout_s` exits by itself. Inside a SLURM allocation an engine cannot
+outlive its job: there each job owns a private engine, stopped when it ends.
 
 This module imports neither vLLM nor torch (the pipeline's side); the engine is
 `python -m eagle3_pipeline.hidden_states.vllm_worker serve DIR` in vLLM's interpreter.
@@ -39,6 +43,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.hidden_states import engine_health
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
 from eagle3_pipeline.server.process_identity import pid_alive
 
@@ -112,9 +118,9 @@ def log_tail(directory: Path, lines: int = 40, info: dict[str, Any] | None = Non
 
 def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """Start a detached engine process (a session of its own: it outlives the job that started it)."""
-    for name in ("ready.json", "heartbeat", "stop", "stats.json"):
+    for name in ("ready.json", "heartbeat", "stop", "stats.json", engine_health.FAILED_FILE):
         (directory / name).unlink(missing_ok=True)
-    for folder in ("queue", "done"):  # a dead engine's requests: their clients failed with it
+    for folder in ("queue", "done", engine_health.CANCEL_DIR):  # a dead engine's: its clients failed
         for stale in (directory / folder).glob("*"):
             stale.unlink(missing_ok=True)
         (directory / folder).mkdir(parents=True, exist_ok=True)
@@ -201,7 +207,8 @@ def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -
 def enqueue(directory: Path, request: dict[str, Any]) -> str:
     """Put one job's batches in the engine's queue (also before it is ready: it takes them first)."""
     name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    io.write_json({**request, "name": name}, Path(directory) / "queue" / f"{name}.json", indent=None)
+    data = {**request, "name": name, "client": engine_health.client_record()}
+    io.write_json(data, Path(directory) / "queue" / f"{name}.json", indent=None)
     return name
 
 
@@ -225,6 +232,12 @@ def wait_done(
                 failed = f"the extraction engine {info['start_id']} failed this job: {done['error']}"
                 raise EngineError(failed)
             return done
+        if failure := engine_health.read_failure(directory, info["start_id"]):
+            raise EngineError(
+                f"the extraction engine {info['start_id']} stopped itself: its {failure['stage']} made no "
+                f"progress: {failure['error']}. Rerun: a new engine starts and the parts saved are kept; "
+                f"its log: {log_path(directory, info)}"
+            )
         current = _read(directory / "process.json") or {}
         if current.get("start_id") != info["start_id"] or not engine_alive(directory, current):
             if not _ready(directory, info):
@@ -239,6 +252,29 @@ def wait_done(
         time.sleep(POLL_S)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def wait_or_cancel(directory: Path, info: dict[str, Any], name: str) -> dict[str, Any]:
+    """`wait_done`, cancelling the request when this client is stopped meanwhile (SIGTERM, as Snakemake
+    stops a job, or Ctrl-C): the engine then drops its sequences not yet run. A client killed outright
+    (SIGKILL) is noticed by the engine through its pid."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
+    try:
+        return wait_done(directory, info, name)
+    except EngineError:
+        raise  # the engine's failure: nothing of it to cancel
+    except BaseException:
+        engine_health.request_cancel(Path(directory), name)
+        log.info("request %s cancelled: its client stopped", name)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """Queue one job's batches on the engine and wait until every part is written.
 
@@ -247,7 +283,7 @@ def submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> di
         info: its process or ready record (start_or_join, wait_ready): its start_id.
         request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
     """
-    return wait_done(directory, info, enqueue(directory, request))
+    return wait_or_cancel(directory, info, enqueue(directory, request))
 
 
 def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def run_on_engine(
         # queued before the engine is ready: it takes the batches as soon as it is, with no wait
         name = engine_service.enqueue(directory, request)
         log.info("extraction engine %s: %d batches queued", info["start_id"], len(request["batches"]))
-        done = engine_service.wait_done(directory, info, name)
+        done = engine_service.wait_or_cancel(directory, info, name)
         log.info("extraction engine %s: %d tokens in %.1f s", info["start_id"], done["tokens"], done["s"])
         return done
     finally:
