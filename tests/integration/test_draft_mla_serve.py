@@ -1,0 +1,159 @@
+"""An MLA draft (draft.architecture auto on a DeepseekV3 target) trained by our code, exported, and served
+by the real vLLM CPU build as Eagle3DeepseekV2ForCausalLM beside its MLA target.
+
+vLLM's CPU build serves an MLA draft only beside an MLA target (beside the Llama demo target: "No common
+block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])"), so the target is a tiny random
+DeepseekV3 built offline (tests/support/mla_target.py: MLA with YaRN rope, noaux_tc routed + shared
+experts). The draft is trained on hidden states of the target's own greedy continuations (transformers),
+its offline replay measured on held-out prompts (validate/offline.py), and the same prompts served
+greedily: vLLM must load the draft's class, count drafts in /metrics, and its acceptance must agree with
+the replay (within the two engines' feature differences on MoE/MLA targets). One vLLM server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from support.mla_target import greedy_sequences, load_target, write_mla_target, write_shard
+from support.requirements import VLLM_PYTHON, require
+from support.vllm_server import VllmServer, cpu_vllm_env
+
+from eagle3_pipeline.draft.export import MLA_ARCHITECTURE, SPECULATORS_REFUSAL, export_checkpoint
+from eagle3_pipeline.draft.train import TrainJob, main
+from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.ports import free_port
+from eagle3_pipeline.settings import DraftSettings, TrainSettings
+from eagle3_pipeline.validate.offline import evaluate
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPT_LEN, NEW_TOKENS, STEPS = 8, 24, 3
+# the draft learns the few sequences it is then served on (about 40 steps): acceptance well above 1 in
+# both engines, so that the comparison measures something
+TRAIN = TrainSettings(epochs=20, lr=3e-3, warmup_ratio=0.1, batch_tokens=96, seed=0, save_every_steps=1000)
+# served and replayed acceptance of the same prompts: the engines' features differ by a few percent
+# on MoE/MLA targets (FACTS: 3.6-4.4% relative), so a few anchors may flip
+TOLERANCE = 0.5
+
+
+class MlaServer(VllmServer):
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(8, vocab, (PROMPT_LEN,), generator=generator).tolist() for _ in range(count)]
+
+
+def trained_mla_draft(root: Path) -> tuple[Path, Path, list[list[int]], list[list[int]]]:
+    """(target, exported checkpoint, the prompts, their transformers greedy sequences): trained, replayed
+    and served on the same few sequences."""
+    target = write_mla_target(root / "target")
+    model = load_target(target)
+    vocab = model.config.vocab_size
+    val_prompts = prompts(4, vocab, seed=1)
+    val_seqs = greedy_sequences(model, val_prompts, NEW_TOKENS)
+    train_shard = write_shard(model, val_seqs, PROMPT_LEN, root / "hs" / "train" / "shard-00000.safetensors")
+    val_shard = write_shard(
+        model, val_seqs, PROMPT_LEN, root / "hs" / "validation" / "shard-00000.safetensors"
+    )
+    metadata = train_shard.with_suffix(".json")
+    build_vocab_map([metadata], vocab, 256, root / "vocab_map.safetensors")
+    job = TrainJob(
+        train_shards=[str(train_shard)],
+        validation_shards=[str(val_shard)],
+        vocab_map=str(root / "vocab_map.safetensors"),
+        target=str(target),
+        draft=DraftSettings(ttt_steps=STEPS, draft_vocab_size=256),  # architecture auto: MLA here
+        train=TRAIN,
+        work=str(root / "work"),
+        weights=str(root / "trained" / "model.safetensors"),
+        history=str(root / "trained" / "history.json"),
+        cpu_threads=1,
+    )
+    assert main(job)
+    checkpoint = root / "checkpoint"
+    export_checkpoint(
+        job.weights,
+        job.vocab_map,
+        target / "config.json",
+        metadata,
+        checkpoint / "config.json",
+        checkpoint / "model.safetensors",
+        speculators_dir=root / "speculators",
+    )
+    return target, checkpoint, val_prompts, val_seqs
+
+
+def start(target: Path, draft: Path, log: Path) -> MlaServer:
+    port = free_port()
+    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": STEPS}
+    command = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "4",
+        "--speculative-config",
+        json.dumps(spec),
+    ]
+    env = os.environ | cpu_vllm_env() | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return MlaServer(command, env, port, log, str(target)).start()
+
+
+def counter(metrics: str, name: str) -> float:
+    lines = [line for line in metrics.splitlines() if line.startswith(name) and not line.startswith("#")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.split("{")[0].split(" ")[0] == name)
+
+
+def test_an_mla_draft_trained_here_is_served_by_vllm_and_matches_its_replay(tmp_path):
+    require("vllm")
+    torch.set_num_threads(1)
+    target, checkpoint, val_prompts, val_seqs = trained_mla_draft(tmp_path)
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"] == [MLA_ARCHITECTURE] and config["model_type"] == "deepseek_v2"
+    assert json.loads((tmp_path / "speculators" / "config.json").read_text())["error"] == SPECULATORS_REFUSAL
+    shard = tmp_path / "hs" / "validation" / "shard-00000.safetensors"
+    offline = evaluate(checkpoint, target, [shard], steps=STEPS, device="cpu")
+    replayed = offline["acceptance_length"][-1]
+
+    server = start(target, checkpoint, tmp_path / "vllm.log")
+    try:
+        served_tokens = []
+        for prompt in val_prompts:
+            body = {"model": str(target), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0}
+            body |= {"ignore_eos": True, "return_token_ids": True}
+            response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=300)
+            assert response.status_code == 200, response.text
+            served_tokens.append(response.json()["choices"][0].get("token_ids"))
+        metrics = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    finally:
+        server.stop()
+    log = (tmp_path / "vllm.log").read_text(errors="replace")
+    assert MLA_ARCHITECTURE in log, log[-3000:]
+    assert "Using auxiliary layers from speculative config: (1, 2, 3)" in log, log[-3000:]
+    drafts = counter(metrics, "vllm:spec_decode_num_drafts_total")
+    accepted = counter(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0, f"no drafts counted:\n{log[-3000:]}"
+    served = 1 + accepted / drafts
+    same = sum(s == v[PROMPT_LEN:] for s, v in zip(served_tokens, val_seqs, strict=True))
+    figures = f"served {served:.3f}, replayed {replayed:.3f}, continuations equal to transformers': {same}/4"
+    logging.getLogger(__name__).info(figures)  # -o log_cli=true --log-cli-level=INFO shows it
+    assert replayed > 1.5, figures  # the draft learnt its sequences
+    assert abs(served - replayed) <= TOLERANCE, figures
