@@ -44,8 +44,8 @@ SHARED_MODULES = {
     "tests/integration/test_speculators_serve.py": "served-draft",
     "tests/integration/test_demo_target.py": "demo-server",
 }
-# handed out first, the costliest first; tests/unit second, so that the other worker runs it while the
-# first fits the demo target; then the workflow tier (its modules take a minute or two). The modules
+# handed out first, the costliest first; tests/unit second (the other worker's first minute and a half);
+# then the workflow tier (its modules take a minute or two). The modules
 # that mostly wait (SSH round trips, a stand-in unit's restarts: under half a core) go between the
 # CPU-bound ones, so that the other worker's work fills the cores meanwhile; last, they left the
 # cores half idle for the run's last 3 minutes.

@@ -114,6 +114,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
         num_speculative_tokens=3,
         served_offline_tolerance=0.15,
         speedup=True,
+        speedup_repeats=1,  # the alternation and its figures, once: 3 repeats cost 10 minutes here
         enforce_eager=True,
     )
     args = (tmp_path / "validation.parquet", tmp_path / "server.json", server, generation, validate)
@@ -121,24 +122,19 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
         trained, *args, tmp_path / "work", tmp_path / "serve_check.json", tmp_path / "offline.json"
     )
 
-    # another checkpoint served in its place (an untrained draft of the same shape): refused. (The same
-    # weights fed the default layers instead were accepted at 3.68 against 3.76 here: this repetitive
-    # demo target cannot reveal a layer-numbering bug through acceptance; docs/validation.md.)
-    from support.validate_models import shift_vocab_map, write_untrained_draft
+    # another checkpoint served in its place, an earlier and worse epoch of the same training (the
+    # hardest wrong draft to tell apart: same shape, same vocabulary, partly trained): refused before
+    # the timing; the check is of the draft validated offline, not of any draft of the right shape. (The
+    # trained weights fed the default layers instead were accepted at 3.68 against 3.76 here: this
+    # repetitive demo target cannot reveal a layer-numbering bug through acceptance; docs/validation.md.)
+    from support.validate_models import shift_vocab_map
 
-    wrong = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
-    with pytest.raises(ServeCheckError, match="does not behave like the trained one") as refused:
-        serve_check(wrong, *args, tmp_path / "work-wrong", tmp_path / "wrong.json", tmp_path / "offline.json")
-    rejected = json.loads((tmp_path / "work-wrong" / "serve_check.rejected.json").read_text())
-    assert not (tmp_path / "wrong.json").exists() and "speedup" not in rejected  # failed before timing
-
-    # an earlier, worse epoch of the same training served in its place: refused (the check is of the
-    # draft that was validated offline, not of any draft of the right shape)
     early = tmp_path / "draft" / "checkpoint-early"
-    with pytest.raises(ServeCheckError, match="does not behave like the trained one"):
+    with pytest.raises(ServeCheckError, match="does not behave like the trained one") as refused:
         serve_check(early, *args, tmp_path / "work-early", tmp_path / "early.json", tmp_path / "offline.json")
     earlier = json.loads((tmp_path / "work-early" / "serve_check.rejected.json").read_text())
     assert earlier["acceptance_length"] < result["acceptance_length"], (earlier, result)
+    assert not (tmp_path / "early.json").exists() and "speedup" not in earlier  # failed before timing
 
     # the trained draft served with a wrong vocabulary map (its d2t shifted by one): refused by the
     # matched comparison, below the replay by more than the allowance at the first position
@@ -154,7 +150,6 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     figures = {
         "offline": offline,
         "served": result,
-        "wrong_checkpoint": rejected,
         "earlier_epoch": earlier,
         "refusal": str(refused.value),
     }
@@ -169,7 +164,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     assert set(result["by_source"]) == {q["source"] for q in asked}
     assert all(part["drafts"] > 0 for part in result["by_source"].values())
     speedup = result["speedup"]
-    assert speedup["speedup"] is not None and speedup["repeats"] == 3 and speedup["device"].startswith("cpu")
+    assert speedup["speedup"] is not None and speedup["repeats"] == 1 and speedup["device"].startswith("cpu")
     assert set(speedup["by_concurrency"]) == {"1", "4", "8"}  # 1, the check's, twice the check's
     for level in speedup["by_concurrency"].values():
         low, high = level["speedup"]["min"], level["speedup"]["max"]
@@ -177,7 +172,6 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
         assert level["with_draft"]["ttft_ms"] and level["without_draft"]["itl_ms"]  # per-request metrics
         for run in level["runs"]:  # greedy: the same text with and without the draft
             assert run["with_draft"]["completion_tokens"] == run["without_draft"]["completion_tokens"]
-    assert rejected["acceptance_length"] < 1.5 < result["acceptance_length"]
     # vLLM's runner logs the layers it captures for the draft: the trained ones, in its numbering
     served_log = (tmp_path / "work" / "serve-check.log").read_text()
     assert f"Using auxiliary layers from speculative config: {tuple(i + 1 for i in layers)}" in served_log
