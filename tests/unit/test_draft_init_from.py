@@ -358,3 +358,13 @@ def test_an_mla_draft_round_trips_through_its_export(tmp_path):
     exported = load_file(out / "model.safetensors")
     for name, tensor in fresh.exported_state_dict().items():
         assert torch.equal(tensor, exported[name].float()), name
+
+
+def test_a_folder_without_a_draft_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"draft\.init_from: .*config\.json does not exist"):
+        read_starting_draft(tmp_path / "nowhere")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(
+        FileNotFoundError, match=r"has none of \['model\.safetensors', 'pytorch_model\.bin'\]"
+    ):
+        read_starting_draft(tmp_path)

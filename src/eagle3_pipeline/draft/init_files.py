@@ -13,10 +13,10 @@ def weights_file(path: str | Path) -> Path:
     """The starting draft's weights: model.safetensors, else pytorch_model.bin (as EAGLE's own releases
     ship); model.safetensors when neither exists, so that a missing input names the file the export
     writes."""
-    folder = Path(path)
+    folder = Path(path).expanduser()
     return next((folder / f for f in WEIGHT_FILES if (folder / f).exists()), folder / WEIGHT_FILES[0])
 
 
 def checkpoint_files(path: str | Path) -> list[str]:
     """The starting draft's files that training reads: the rules' inputs (a new or changed one retrains)."""
-    return [str(Path(path) / "config.json"), str(weights_file(path))]
+    return [str(Path(path).expanduser() / "config.json"), str(weights_file(path))]

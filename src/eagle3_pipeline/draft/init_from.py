@@ -168,7 +168,7 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
         FileNotFoundError: no config.json or no weights in the folder.
         ValueError: no lm_head, or d2t/t2d that do not match it.
     """
-    folder = Path(path)
+    folder = Path(path).expanduser()
     if not (folder / "config.json").exists():
         raise FileNotFoundError(
             f"draft.init_from: {folder / 'config.json'} does not exist; point draft.init_from at an EAGLE-3 "
