@@ -90,11 +90,13 @@ class _Lexer:
         self.tokens: list[Word | str] = []  # a word, or an operator string
         self.word: Word | None = None
         self.drop_next = False  # the next word is a redirection's target
+        self.added = 0  # parts added so far (an empty `""` makes a word; a `"$@"` need not)
 
     def lit(self, text: str, quoted: bool) -> None:
         self.add(Part("lit", text, quoted))
 
     def add(self, part: Part) -> None:
+        self.added += 1
         if self.word is None:
             self.word = []
         last = self.word[-1] if self.word else None
@@ -155,7 +157,7 @@ class _Lexer:
 
     def double_quoted(self) -> None:
         s = self.s
-        self.lit("", True)  # `""` is a word of its own, even empty
+        added = self.added
         while self.i < len(s) and s[self.i] != '"':
             c = s[self.i]
             if c == "\\" and s[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`", "\n"):
@@ -169,6 +171,8 @@ class _Lexer:
             else:
                 self.lit(c, True)
                 self.i += 1
+        if self.added == added:
+            self.lit("", True)  # `""` is a word of its own, even empty (but `"$@"` may be none)
         self.i += 1
 
     def dollar(self, quoted: bool) -> None:

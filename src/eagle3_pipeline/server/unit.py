@@ -396,13 +396,16 @@ def _apply_exec(unit: ServiceUnit, key: str, value: str, what: str) -> None:
         else:  # ExecStop= and ExecStopPost= are kept in one list: reset only this key's own
             unit.exec_stop[:] = [c for c in unit.exec_stop if c.key != key]
         return
+    parts = _split_command_lines(value)
+    if len(parts) > 1:  # a lone `;` separates command lines, each with its own prefixes
+        for part in parts:
+            line = split_exec_prefixes(part)
+            words = _literal_semicolons(split_words(line.raw, what, unit.warnings))
+            target.append(_exec_command(line.prefixes, words, unit, what, key))
+        return
     command = split_exec_prefixes(value)
     command.key = key
-    words = split_words(command.raw, what, unit.warnings)
-    if ";" in words:  # a lone `;` separates command lines (config_parse_exec); `\;` is a literal
-        for part in _split_at_semicolons(words):
-            target.append(_exec_command(command.prefixes, part, unit, what, key))
-        return
+    words = _literal_semicolons(split_words(command.raw, what, unit.warnings))
     before = len(unit.unresolved)
     command.words = [expand_specifiers(w, unit.name, unit.unresolved, what) for w in words]
     command.unresolved_specifiers = [u.why for u in unit.unresolved[before:]]
@@ -410,14 +413,30 @@ def _apply_exec(unit: ServiceUnit, key: str, value: str, what: str) -> None:
     target.append(command)
 
 
-def _split_at_semicolons(words: list[str]) -> list[list[str]]:
-    parts: list[list[str]] = [[]]
-    for word in words:
-        if word == ";":
-            parts.append([])
-        else:
-            parts[-1].append(word)
-    return [part for part in parts if part]
+def _split_command_lines(value: str) -> list[str]:
+    """The command lines of an Exec*= value: split at each unquoted `;` that stands alone between
+    blanks (config_parse_exec); a quoted `";"` and an escaped `\\;` are words."""
+    parts, start, quote, i = [], 0, "", 0
+    while i < len(value):
+        char = value[i]
+        if char == "\\":
+            i += 2
+            continue
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ";" and (i == 0 or value[i - 1].isspace()) and value[i + 1 : i + 2] in ("", " ", "\t"):
+            parts.append(value[start:i])
+            start = i + 1
+        i += 1
+    parts.append(value[start:])
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _literal_semicolons(words: list[str]) -> list[str]:
+    """A lone `\\;` is the word `;` (config_parse_exec checks for it before unescaping)."""
+    return [";" if word == "\\;" else word for word in words]
 
 
 def _exec_command(
