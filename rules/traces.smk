@@ -42,8 +42,16 @@ rule merge_traces:
         traces=f"{RESULTS}/traces/traces.parquet",
         stats=f"{RESULTS}/traces/stats.json",
         conversations=f"{RESULTS}/traces/conversations.jsonl",
-        lengths_plot=report(f"{RESULTS}/traces/plots/lengths.png", category="Traces"),
-        counts_plot=report(f"{RESULTS}/traces/plots/counts.png", category="Traces"),
+        lengths_plot=report(
+            f"{RESULTS}/traces/plots/lengths.png",
+            category="2. Traces",
+            labels={"figure": "Trace lengths by source"},
+        ),
+        counts_plot=report(
+            f"{RESULTS}/traces/plots/counts.png",
+            category="2. Traces",
+            labels={"figure": "Trace counts"},
+        ),
     log:
         f"{LOGS}/merge_traces.log",
     conda:

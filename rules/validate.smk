@@ -1,6 +1,8 @@
 # Does the served model accept the draft? Offline acceptance on held-out hidden states, and the draft
 # actually served by vLLM with its spec-decode counters read from /metrics. Per {variant}: the main
 # draft and, with validate.baseline, the baseline (results/{run}/baseline/), on the same validation data.
+import os
+
 from eagle3_pipeline.settings import served_max_tokens
 
 
@@ -188,6 +190,7 @@ if KEPT_EPOCHS:
     CURVE_FIGURES["selection"] = report(
         f"{RESULTS}/report/selection.png",
         caption="../report/selection.rst",
+        labels={"figure": "Epoch selection"},
         category="3. Training",
     )
 if CURVE_POINTS:
@@ -195,6 +198,7 @@ if CURVE_POINTS:
     CURVE_FIGURES["learning_curve"] = report(
         f"{RESULTS}/report/learning_curve.png",
         caption="../report/learning_curve.rst",
+        labels={"figure": "Learning curve"},
         category="4. Validation",
     )
 if SETTINGS.validate.baseline:
@@ -206,44 +210,60 @@ if SETTINGS.validate.baseline:
         )
 
 
+# The report opens on this run's verdict (validate/report_front.py) once plot_validation has written it;
+# before that, on report/workflow.rst. A stat at parse time, nothing read.
+FRONT_PAGE = f"{RESULTS}/report/front.rst"
+
+
+report: os.path.abspath(FRONT_PAGE) if os.path.exists(FRONT_PAGE) else "../report/workflow.rst"
+
+
 rule plot_validation:
     input:
         **REPORT_INPUTS,
     output:
         **CURVE_FIGURES,
+        front=FRONT_PAGE,
         server=report(
             f"{RESULTS}/report/server.html",
             caption="../report/server.rst",
+            labels={"figure": "Server snapshot"},
             category="1. Server",
         ),
         trace_stats=report(
             f"{RESULTS}/report/trace_stats.html",
             caption="../report/trace_stats.rst",
+            labels={"figure": "Trace statistics"},
             category="2. Traces",
         ),
         trace_lengths=report(
             f"{RESULTS}/report/trace_lengths.png",
             caption="../report/trace_lengths.rst",
+            labels={"figure": "Trace lengths"},
             category="2. Traces",
         ),
         training=report(
             f"{RESULTS}/report/training.png",
             caption="../report/training.rst",
+            labels={"figure": "Training"},
             category="3. Training",
         ),
         acceptance=report(
             f"{RESULTS}/report/acceptance.png",
             caption="../report/acceptance.rst",
+            labels={"figure": "Acceptance"},
             category="4. Validation",
         ),
         comparison=report(
             f"{RESULTS}/report/comparison.png",
             caption="../report/comparison.rst",
+            labels={"figure": "Own traces vs baseline"},
             category="4. Validation",
         ),
         slices=report(
             f"{RESULTS}/report/slices.png",
             caption="../report/slices.rst",
+            labels={"figure": "Where the draft is accepted"},
             category="4. Validation",
         ),
     log:

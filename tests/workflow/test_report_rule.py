@@ -47,3 +47,10 @@ def test_report_builds_from_finished_results(tmp_path, baseline):
     ):
         assert name in html, f"{name} missing from the report"
     assert "4. Validation" in html and "Published Kimi-K2.5 drafts" in html
+    # the first page opens on the verdict (validate/report_front.py): what decided it, with intervals
+    front = (tmp_path / "results" / "report" / "report" / "front.rst").read_text()
+    assert front.startswith("Verdict: run report") and "Served check: " in front
+    assert "Decided by the sampled comparison" in front and "Greedy (a diagnostic, not enforced)" in front
+    assert ("Baseline (the same draft" in front) == baseline
+    assert "Verdict: run report" in html and "Served check: " in html and "acceptance.png" in html
+    assert '"Traces"' not in html  # one traces category ("2. Traces"), not two

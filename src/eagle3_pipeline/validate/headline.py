@@ -65,13 +65,18 @@ def offline_figures(offline: dict[str, Any] | None, k: int) -> dict[str, Any]:
         return {}
     replayed = offline.get("replayed") or {}
     return {
-        "every_anchor": _figure(offline["acceptance_length"][k - 1], offline["ci95"][k - 1]),
+        "every_anchor": _figure(offline["acceptance_length"][k - 1], _at(offline.get("ci95"), k)),
         "replayed": {
-            mode: _figure(run["acceptance_length"][k - 1], run["ci95"][k - 1])
+            mode: _figure(run["acceptance_length"][k - 1], _at(run.get("ci95"), k))
             for mode, run in replayed.items()
             if len(run.get("acceptance_length") or []) >= k
         },
     }
+
+
+def _at(intervals: list[list[float]] | None, k: int) -> list[float] | None:
+    """The interval at k draft tokens (results from before intervals have none)."""
+    return intervals[k - 1] if intervals and len(intervals) >= k else None
 
 
 def selection_figures(selection: dict[str, Any] | None) -> dict[str, Any]:
@@ -82,7 +87,11 @@ def selection_figures(selection: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "chosen_epoch": chosen["epoch"] + 1,
         "epochs": len(selection.get("candidates") or []) * selection.get("select_every_epochs", 1),
-        "gain_over_last": round(chosen["acceptance_length"] - chosen["last_epoch_acceptance_length"], 4),
+        "gain_over_last": round(
+            chosen["acceptance_length"]
+            - chosen.get("last_epoch_acceptance_length", chosen["acceptance_length"]),
+            4,
+        ),
         "reason": chosen.get("reason"),
         "optimism": _figure(optimism.get("optimism"), optimism.get("ci95")),
     }
@@ -93,9 +102,9 @@ def curve_figures(curve: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [
         {
             "shards": point["shards"],
-            "training_tokens": point["training_tokens"],
-            "optimizer_steps": point["optimizer_steps"],
-            "offline": _figure(point["mean_accepted_length"], point["ci95"]),
+            "training_tokens": point.get("training_tokens"),
+            "optimizer_steps": point.get("optimizer_steps"),
+            "offline": _figure(point.get("mean_accepted_length"), point.get("ci95")),
         }
         for point in (curve or {}).get("points", [])
     ]
@@ -111,23 +120,39 @@ def speedup_figures(serve_check: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+# where each validation JSON lies under results/{run}/ (plot_validation's input names)
+PATHS = {
+    "serve_check": "validation/serve_check.json",
+    "offline": "validation/offline.json",
+    "baseline_serve_check": "baseline/validation/serve_check.json",
+    "baseline_offline": "baseline/validation/offline.json",
+    "selection": "validation/selection.json",
+    "learning_curve": "validation/learning_curve.json",
+}
+
+
 def headline(results: str | Path) -> dict[str, Any]:
     """Every headline figure of the run under `results` (results/{run}), from its validation JSON."""
-    root = Path(results)
-    serve_check = _read(root / "validation" / "serve_check.json")
+    return headline_from({name: Path(results) / path for name, path in PATHS.items()})
+
+
+def headline_from(paths: dict[str, str | Path | None]) -> dict[str, Any]:
+    """The headline figures from the named validation files (PATHS' names; a missing one is left out)."""
+    read = {name: _read(Path(path)) if path else None for name, path in paths.items()}
+    serve_check = read.get("serve_check")
     served = served_figures(serve_check)
     k = served.get("k") or 3
     return {
         "epoch_numbering": EPOCH_NUMBERING,
         "spread": {"acceptance_length": SPREAD, "source": SPREAD_SOURCE},
         "served": served,
-        "offline": offline_figures(_read(root / "validation" / "offline.json"), k),
+        "offline": offline_figures(read.get("offline"), k),
         "baseline": {
-            "served": served_figures(_read(root / "baseline" / "validation" / "serve_check.json")),
-            "offline": offline_figures(_read(root / "baseline" / "validation" / "offline.json"), k),
+            "served": served_figures(read.get("baseline_serve_check")),
+            "offline": offline_figures(read.get("baseline_offline"), k),
         },
-        "selection": selection_figures(_read(root / "validation" / "selection.json")),
-        "learning_curve": curve_figures(_read(root / "validation" / "learning_curve.json")),
+        "selection": selection_figures(read.get("selection")),
+        "learning_curve": curve_figures(read.get("learning_curve")),
         "speedup": speedup_figures(serve_check),
     }
 

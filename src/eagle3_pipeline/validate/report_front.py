@@ -1,0 +1,116 @@
+"""The report's first page: the verdict before the pictures.
+
+`snakemake --report` opens on the workflow description (the `report:` directive in rules/validate.smk),
+which is this run's `results/{run}/report/front.rst` once plot_validation has written it: the served
+check's verdict and what decided it (the sampled comparison is enforced, greedy is a diagnostic), the
+headline figures with their 95% question-level intervals, the baseline comparison, the epoch shipped and
+why, and one line per figure. Every number comes from validate/headline.py, as README's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline import io
+from eagle3_pipeline.validate.headline import PATHS, headline_from
+
+# the report's figures in reading order: file name, item label, what it shows (one line each)
+FIGURES = (
+    ("acceptance.png", "Acceptance", "served against replayed per position (the check), by k, by source"),
+    ("comparison.png", "Own traces vs baseline", "trained on the target's own traces against the baseline"),
+    ("slices.png", "Where the draft is accepted", "offline by context length and thinking vs answer"),
+    ("selection.png", "Epoch selection", "offline acceptance per kept epoch, the one shipped starred"),
+    ("learning_curve.png", "Learning curve", "acceptance against training tokens at equal optimizer steps"),
+    ("training.png", "Training", "loss, teacher-forced acceptance and per-step accuracy by epoch"),
+    ("trace_lengths.png", "Trace lengths", "prompt, completion, thinking against answer"),
+    ("trace_stats.html", "Trace statistics", "prompts kept and dropped, split sizes"),
+    ("server.html", "Server snapshot", "the unit and vLLM flags the traces came from"),
+)  # fmt: skip
+
+
+def _fig(figure: dict[str, Any] | None) -> str:
+    if not figure:
+        return "not measured"
+    interval = figure.get("ci95")
+    return f"**{figure['value']:.2f}**" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def verdict_lines(figures: dict[str, Any]) -> list[str]:
+    """The served check's verdict, what decided it, and the greedy diagnostic."""
+    served, replayed = figures["served"], (figures["offline"].get("replayed") or {})
+    if not served:
+        return ["**Served check: not run** (validate.serve_check: false): offline figures only."]
+    check = served["sampled_check"]
+    passed = check.get("agree") and check.get("enforced")
+    state = "PASSED" if passed else ("FAILED" if check.get("enforced") else "reported, not enforced")
+    greedy = served["greedy_check"]
+    size = f"{served['questions']} questions, " if served.get("questions") else ""
+    return [
+        f"**Served check: {state}.** Decided by the sampled comparison: the draft served by vLLM at the "
+        f"generation's sampling, {_fig(served['sampled'])} tokens per target step ({size}k = "
+        f"{served['k']}), against the same run replayed offline along the traces, "
+        f"{_fig(replayed.get('sampled'))}, position by position under a paired question bootstrap.",
+        f"Greedy (a diagnostic, not enforced): served {_fig(served['greedy'])} against its replay "
+        f"{_fig(replayed.get('greedy'))}: the pair {'agrees' if greedy.get('agree') else 'DISAGREES'}.",
+    ]
+
+
+def baseline_lines(figures: dict[str, Any]) -> list[str]:
+    baseline = figures["baseline"]["served"]
+    if not baseline:
+        return ["Baseline: not trained (validate.baseline: false)."]
+    own, other = (figures["served"] or {}).get("sampled"), baseline.get("sampled")
+    gain = own["value"] - other["value"] if own and other else None
+    said = f": the target's own traces gain {gain:+.2f} sampled" if gain is not None else ""
+    return [
+        "Baseline (the same draft trained on the dataset's own answers): "
+        f"sampled {_fig(baseline['sampled'])}, greedy {_fig(baseline['greedy'])}{said}."
+    ]
+
+
+def selection_lines(figures: dict[str, Any]) -> list[str]:
+    selection = figures["selection"]
+    lines = [f"Offline over every anchor: {_fig(figures['offline'].get('every_anchor'))}."]
+    if selection:
+        lines.append(
+            f"Epoch shipped: **{selection['chosen_epoch']} of {selection['epochs']}** (counted from 1), "
+            f"{selection['gain_over_last']:+.3f} over the last epoch; selection optimism "
+            f"{_fig(selection['optimism'])}. Why: {selection['reason'] or 'not recorded'}."
+        )
+    curve = figures["learning_curve"]
+    if curve:
+        points = " / ".join(_fig(p["offline"]) for p in curve)
+        shards = " / ".join(str(p["shards"]) for p in curve)
+        lines.append(
+            f"Learning curve at equal optimizer steps: {points} offline for {shards} training shards."
+        )
+    for concurrency, speedup in figures["speedup"].items():
+        lines.append(
+            f"Served speedup at concurrency {concurrency}: {speedup['median']:.2f}x "
+            f"[{speedup['min']:.2f}, {speedup['max']:.2f}] (median and range of alternating repeats)."
+        )
+    return lines
+
+
+def front_page(paths: dict[str, str | Path | None], run: str, present: set[str]) -> str:
+    """The first page as reStructuredText (`present`: the figure files this report holds)."""
+    figures = headline_from(paths)
+    items = [f"* `{name}`_ ({label}): {what}" for name, label, what in FIGURES if name in present]
+    sections = [
+        f"Verdict: run {run}\n{'=' * (len(run) + 13)}",
+        *verdict_lines(figures),
+        *baseline_lines(figures),
+        *selection_lines(figures),
+        "Figures (click one; its caption says what is drawn and how):",
+        "\n".join(items),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def write_front_page(inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
+    """Rule plot_validation: results/{run}/report/front.rst from the run's validation JSON."""
+    run = Path(outputs["front"]).parent.parent.name
+    present = {Path(path).name for name, path in outputs.items() if name != "front"}
+    paths = {name: inputs.get(name) for name in PATHS}  # the validation JSON only
+    io.write_text(front_page(paths, run, present), outputs["front"])
