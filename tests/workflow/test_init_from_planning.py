@@ -29,3 +29,14 @@ def test_init_from_plans_its_offline_check_and_retrains_on_its_files(tmp_path):
         assert train.params.draft["init_from"] == str(draft)
     (plot,) = by_rule["plot_validation"]
     assert any(Path(p).name == "offline_init.json" for p in plot.input)
+
+
+def test_unset_init_from_changes_no_training_job(tmp_path):
+    """Left null, the key is not a param of training (its jobs are those from before it existed) and the
+    extra rule is not planned."""
+    config = write_config(tmp_path / "demo.yaml", run=f"test-{tmp_path.name}")
+    jobs, _ = planned_jobs(["--configfile", str(config), "--cores", "2"], "local")
+    assert not any(job.rule.name == "validate_offline_init" for job in jobs)
+    for job in jobs:
+        if job.rule.name == "train_draft":
+            assert "init_from" not in job.params.draft and "init_from" not in dict(job.input.items())
