@@ -143,7 +143,7 @@ def test_stop_times_out_on_its_own_timeout_with_the_journal(sshd_server, unit, t
     cfg, state = _cfg(sshd_server, unit.port, stop_timeout_s=2), tmp_path / "work-server"
     ensure_running(_server_json(unit.port), cfg, state)
     with pytest.raises(
-        ServerError, match=r"still active 2 s after `systemctl stop` \(server.stop_timeout_s\)"
+        ServerError, match=r"still deactivating 2 s after `systemctl stop` \(server.stop_timeout_s\)"
     ):
         stop(_server_json(unit.port), cfg, state)
 
