@@ -122,14 +122,17 @@ def _stated_shape(config: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str
     return "eagle", config, config
 
 
-def _shape(layer: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def _shape(layer: dict[str, Any], top: dict[str, Any], mla: bool) -> dict[str, Any]:
     """SHAPE_KEYS as the config states them, with the readers' defaults (head_dim hidden/heads, kv heads
-    the heads, target_hidden_size the hidden size, the norms off)."""
+    the heads, target_hidden_size the hidden size, the norms off). An MLA draft's head sizes are its MLA
+    keys: head_dim and kv heads, which its readers do not take from a Llama head, are not compared."""
     shape = {k: layer[k] for k in SHAPE_KEYS if k in layer}
     shape |= {k: top[k] for k in ("target_hidden_size", *DRAFT_NORM_KEYS) if k in top}
+    if mla:
+        shape = {k: v for k, v in shape.items() if k not in ("head_dim", "num_key_value_heads")}
     if "hidden_size" in shape:
         shape.setdefault("target_hidden_size", shape["hidden_size"])
-        if "num_attention_heads" in shape:
+        if "num_attention_heads" in shape and not mla:
             shape.setdefault("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
             shape.setdefault("num_key_value_heads", shape["num_attention_heads"])
     return shape | {k: bool(shape.get(k, False)) for k in DRAFT_NORM_KEYS}
@@ -183,10 +186,10 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
     }
     if "lm_head.weight" not in tensors:
         raise ValueError(f"draft.init_from: {folder} has no lm_head.weight; is it an EAGLE-3 draft?")
-    shape = _shape(layer, top)
+    mla = any(name in MLA_ARCHITECTURES for name in config.get("architectures") or ())
+    shape = _shape(layer, top, mla)
     ids = _token_ids(folder, tensors, shape.get("vocab_size"))
     theta = rope_theta_of(layer)  # unstated: 10,000, as transformers' LlamaConfig (and so vLLM) reads it
-    mla = any(name in MLA_ARCHITECTURES for name in config.get("architectures") or ())
     architecture = "deepseek_mla" if mla else "llama"
     return StartingDraft(folder, kind, architecture, shape, tensors, ids, _aux_layers(top), theta)
 
