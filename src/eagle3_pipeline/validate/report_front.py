@@ -29,6 +29,14 @@ FIGURES = (
 )  # fmt: skip
 
 
+# Snakemake's report centres its content pane vertically ("items-center" in a scrolling flex box): a page
+# taller than the window loses its top, here the verdict, out of reach. Aligned to the top instead; the
+# style lives as long as this page is shown.
+TOP_ALIGNED = """.. raw:: html
+
+   <style>div.items-center.justify-center.h-screen.overflow-auto{align-items:flex-start}</style>"""
+
+
 def _fig(figure: dict[str, Any] | None) -> str:
     if not figure:
         return "not measured"
@@ -99,6 +107,7 @@ def front_page(paths: dict[str, str | Path | None], run: str, present: set[str])
     items = [f"* `{name}`_ ({label}): {what}" for name, label, what in FIGURES if name in present]
     sections = [
         f"Verdict: run {run}\n{'=' * (len(run) + 13)}",
+        TOP_ALIGNED,
         *verdict_lines(figures),
         *baseline_lines(figures),
         *selection_lines(figures),
