@@ -279,3 +279,23 @@ def test_command_lines_split_only_at_a_lone_unquoted_semicolon_each_with_its_pre
         ("-", ["/bin/a", ";", "x;", ";"]),
         ("@", ["/bin/b", "bee", "y"]),
     ]
+
+
+def test_scripts_that_run_scripts_are_followed(tmp_path: Path) -> None:
+    """`bash -c 'exec ./start.sh "$@"'` in WorkingDirectory, the script run by `bash FILE` (no
+    shebang needed), its exports and positional parameters carried through each level."""
+    (tmp_path / "start.sh").write_text('export VLLM_X=outer\nexec bash inner.sh --port "$1"\n')
+    (tmp_path / "inner.sh").write_text(
+        'set -e\nnvidia-smi -L || true\nexec vllm serve /models/nested "$@" --served-model-name "$VLLM_X"\n'
+    )
+    _, env, _, command = _service(
+        f"[Service]\nWorkingDirectory={tmp_path}\nExecStart=/bin/bash -c 'exec ./start.sh \"$@\"' x 8009\n"
+    )
+    assert command.model == "/models/nested"
+    assert command.flags == {"--port": "8009", "--served-model-name": ["outer"]}
+    assert env["VLLM_X"] == "outer"
+
+
+def test_a_binary_after_the_shell_is_not_taken_for_a_script(tmp_path: Path) -> None:
+    _, _, _, command = _service("[Service]\nExecStart=/bin/sh -c '/bin/true; exec vllm serve /m'\n")
+    assert command.found and command.model == "/m"

@@ -215,7 +215,7 @@ def parse_command(
     )  # fmt: skip
     if shell is not None and run is None:  # the script's own assignments and exports win
         command.env = {**_changed(shell.env, unit_env), **set_env}
-        command.env_unset = [*shell.unset, *unset]
+        command.env_unset = [*(v for v in unit_env if v not in shell.env), *unset]
     if run is not None:  # the container sees its -e/--env-file variables, not the unit's
         command.env = {**run.env, **set_env}
         command.unresolved.extend(run.unresolved)
@@ -234,53 +234,114 @@ def _changed(env: dict[str, str], before: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if before.get(name) != value}
 
 
+MAX_SCRIPT_DEPTH = 4  # scripts that run scripts: followed this deep
+
+
 def _through_shell(
-    argv: list[str], env: dict[str, str], read_file: Any, cwd: str | None
+    argv: list[str], env: dict[str, str], read_file: Any, cwd: str | None, depth: int = 0
 ) -> tuple[list[str], shell_script.ShellRun | None, list[str]]:
     """(the command line that runs the server, the shell run that led to it, the words before it for
-    the launcher: the shell, `-c` and what the script sourced). A `SHELL -c SCRIPT NAME ARGS` in argv
-    and a shell wrapper script argv runs are followed; argv is returned as it is otherwise."""
-    at = shell_script.shell_c_at(argv)
-    if at is not None:
-        run = _follow_shell(argv, at[0], at[1], env, cwd)
-        head = argv[: at[1] + 1]
-    elif _may_be_wrapper_script(argv):
-        run = _follow_wrapper(argv, read_file, env, cwd)
-        head = argv[:1]
-    else:
+    the launcher: the shell, `-c` and what the scripts sourced). `SHELL -c SCRIPT NAME ARGS`, `SHELL
+    FILE ARGS` and a shell script argv runs are followed, and so are the scripts they run in turn;
+    argv is returned as it is otherwise."""
+    step = _shell_step(argv, env, read_file, cwd, depth)
+    if step is None:
         return argv, None, []
-    if run is None or run.argv is None:
+    run, head, before = step
+    if run.argv is None:
         return argv, run, []
     sourced = [word for path in run.sourced for word in ("source", path, "&&")]
-    before_shell = head[: at[0]] if at else []  # `numactl -N 0 bash -c ...`: the launchers stay
-    return [*before_shell, *run.argv], run, [*head, *sourced]
+    inner_line, inner, inner_head = (
+        _through_shell(run.argv, run.env, read_file, run.cwd or cwd, depth + 1)
+        if depth < MAX_SCRIPT_DEPTH
+        else (run.argv, None, [])
+    )
+    if inner is None or inner.argv is None:
+        return [*before, *run.argv], run, [*head, *sourced]
+    merged = shell_script.ShellRun(
+        inner.argv, inner.env, [], inner.cwd or run.cwd, [*run.sourced, *inner.sourced],
+        [*run.unresolved, *inner.unresolved],
+    )  # fmt: skip
+    return [*before, *inner_line], merged, [*head, *sourced, *inner_head]
 
 
-def _follow_wrapper(
-    argv: list[str], read_file: Any, env: dict[str, str], cwd: str | None
-) -> shell_script.ShellRun | None:
-    """The shell wrapper script argv[0] followed with argv[1:] as its arguments; None when it cannot
-    be read or is not a shell script."""
+def _shell_step(
+    argv: list[str], env: dict[str, str], read_file: Any, cwd: str | None, depth: int
+) -> tuple[shell_script.ShellRun, list[str], list[str]] | None:
+    """Follow one shell level of argv: (the run, the words of the shell call, the launcher words
+    before the shell); None when argv runs no shell script."""
+
+    def matches(words: list[str]) -> bool:
+        return _leads_to_server(words, read_file, cwd, depth)
+
+    at = shell_script.shell_c_at(argv)
+    if at is not None:
+        script = argv[at[1] + 1] if at[1] + 1 < len(argv) else ""
+        name = argv[at[1] + 2] if at[1] + 2 < len(argv) else argv[at[0]]
+        where = f"{os.path.basename(argv[at[0]])} -c script"
+        run = shell_script.follow(script, name, argv[at[1] + 3 :], env, matches, where, cwd)
+        return run, argv[: at[1] + 1], argv[: at[0]]
+    call = _script_call(argv, cwd)
+    if call is None:
+        return None
+    path, args, by_shell = call
+    # systemd runs a file by path only with a `#!` line; a shell runs one without it itself
+    text = _script_text(path, read_file, need_shebang=not by_shell and depth == 0)
+    if text is None:
+        return None
+    run = shell_script.follow(text, path, args, env, matches, f"wrapper script {path}", cwd)
+    return run, argv[: len(argv) - len(args)], []
+
+
+def _leads_to_server(words: list[str], read_file: Any, cwd: str | None, depth: int) -> bool:
+    """True when words run vLLM or a container, or a script that does (read as data)."""
+    if runs_server(words):
+        return True
+    if depth >= MAX_SCRIPT_DEPTH:
+        return False
+    call = _script_call(words, cwd)
+    if shell_script.shell_c_at(words) is None and (call is None or not (call[2] or call[0].endswith(".sh"))):
+        return False  # inside a script, only `*.sh` and shell-named calls are read (not every binary)
+    _, run, _ = _through_shell(words, {}, read_file, cwd, depth + 1)
+    return run is not None and run.argv is not None
+
+
+def _script_call(argv: list[str], cwd: str | None) -> tuple[str, list[str], bool] | None:
+    """(the script's path, its arguments, whether a shell is named) for `SHELL [-opts] FILE ARGS` or a
+    script run by path (`/opt/start.sh`, `./start.sh` against cwd); None otherwise."""
+    if not argv or find_vllm(argv) is not None or containers.engine_at(argv) is not None:
+        return None
+    if posixpath.basename(argv[0]) in SHELLS:
+        k = 1
+        while k < len(argv) and argv[k].startswith("-") and argv[k] not in ("-", "--"):
+            if not argv[k].startswith("--") and "c" in argv[k][1:]:
+                return None  # `-c`: a script string, not a file
+            k += 1
+        k += k < len(argv) and argv[k] == "--"
+        return (_against(argv[k], cwd), argv[k + 1 :], True) if k < len(argv) else None
+    if argv[0].startswith(("/", "./", "../")):
+        return _against(argv[0], cwd), argv[1:], False
+    return None
+
+
+def _against(path: str, cwd: str | None) -> str:
+    return path if path.startswith("/") or not cwd else posixpath.normpath(posixpath.join(cwd, path))
+
+
+def _script_text(path: str, read_file: Any, need_shebang: bool) -> str | None:
+    """The text of a shell script (read as data), or None: unreadable, binary, or (run by path) a file
+    whose `#!` line names no shell."""
     try:
-        text = read_file(argv[0])
+        text = read_file(path)
     except (OSError, UnicodeDecodeError):
         return None
-    first = text.splitlines()[0] if text else ""
-    if not first.startswith("#!") or not any(os.path.basename(w) in SHELLS for w in first[2:].split()[:2]):
+    if "\0" in text[:4096]:
         return None
-    where = f"wrapper script {argv[0]}"
-    return shell_script.follow(text, argv[0], argv[1:], env, runs_server, where, cwd)
-
-
-def _may_be_wrapper_script(argv: list[str]) -> bool:
-    """True when argv runs an absolute path that is neither vLLM, a container nor a shell."""
-    return (
-        bool(argv)
-        and argv[0].startswith("/")
-        and os.path.basename(argv[0]) not in SHELLS
-        and find_vllm(argv) is None
-        and containers.engine_at(argv) is None
-    )
+    first = text.splitlines()[0] if text else ""
+    shebang = first[2:].split()[:2] if first.startswith("#!") else []
+    if need_shebang and not any(os.path.basename(word) in SHELLS for word in shebang):
+        return None
+    return text
 
 
 def _container(
