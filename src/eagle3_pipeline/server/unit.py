@@ -2,12 +2,16 @@
 
 Input is what `systemctl cat --no-pager UNIT` prints (each file introduced by a `# /path` line, the
 fragment first, then its drop-ins) or a single unit file. Lines, words, C escapes and specifiers follow
-systemd's own rules (see `unit_syntax`). Handled here: ExecStart prefixes (`-@:+!|`, `!!`), an empty
-`ExecStart=` resetting the list, `$VAR` (split into words when it is a word of its own) and `${VAR}`
-(one word) with `$$` for `$`, drop-ins overriding the fragment, `Environment=` (last wins per
-variable; an empty one resets the list; a word without `=` is ignored with a warning) and
-`EnvironmentFile=` (`-` meaning optional). What cannot be resolved is recorded in `Unresolved`
-entries, never guessed; what systemd would warn about is recorded in `ServiceUnit.warnings`.
+systemd's own rules (see `unit_syntax`). Handled here: Exec* prefixes (`-@:|` once each, one of `+`,
+`!`, `!!`, in any order; `@` makes the second word argv[0]), an empty assignment resetting a list, a
+lone unquoted `;` separating command lines, `$VAR` (split into words when it is a word of its own) and
+`${VAR}` (one word) with `$$` for `$`, drop-ins overriding the fragment, `Environment=` (last wins per
+variable; an empty one resets the list; a word without `=` is ignored with a warning),
+`EnvironmentFile=` (`-` meaning optional, a glob allowed, expanded by the snapshot on the host) and
+env files read by systemd's own state machine (a double-quoted value may span lines), ExecStop= and
+ExecStopPost= (for `exec_stop`), WorkingDirectory= and User= as written (the snapshot resolves `~`).
+What cannot be resolved is recorded in `Unresolved` entries, never guessed; what systemd would warn
+about is recorded in `ServiceUnit.warnings`. docs/units.md describes each class.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """Reading a vLLM server's command line: which words are vLLM's, and what its flags say.
 
 Recognised launchers: `vllm serve MODEL ...`, `python -m vllm.entrypoints.openai.api_server --model
-...` (also `vllm.entrypoints.cli.main serve`), behind `env` (`NAME=V`, `-u NAME`, `-i`), `bash -c
-"..."`/`sh -c` (with `exec`), `uv run`, `conda run`, `numactl`, `taskset`, `nice`, `ionice`, `stdbuf`
-and the like (anything before the vLLM words is the launcher), inside a shell wrapper script, or in a
-container (`docker run` / `podman run`, see `container.py`). Flags: `--flag value`,
-`--flag=value`, underscores for dashes, short aliases (`-tp`), `--no-` booleans, multi-value flags,
-and `--config args.yaml` (values from the file, the command line wins).
+...` (also `vllm.entrypoints.cli.main serve`), behind `env` (`NAME=V`, `-u NAME`, `-i`), `uv run`,
+`conda run`, `numactl`, `taskset`, `nice`, `ionice`, `stdbuf` and the like (anything before the vLLM
+words is the launcher), in a shell: `bash -c 'SCRIPT' NAME ARGS`, `bash FILE ARGS` or a script run by
+path, followed as bash runs it (`shell_script.py`: positional parameters, assignments, `cd`) through
+scripts that run scripts, or in a container (`docker run` / `podman run`, see `container.py`).
+Flags: `--flag value`, `--flag=value`, underscores for dashes, short aliases (`-tp`), `--no-`
+booleans, multi-value flags, and `--config args.yaml` (values from the file, the command line wins; a
+relative path against the folder vLLM runs in).
 """
 
 from __future__ import annotations
