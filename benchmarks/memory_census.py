@@ -5,10 +5,12 @@ AdamW) runs on the CPU at a reduced shape whose sizes are all distinct (REDUCED)
 TorchDispatchMode that sees every tensor each op allocates and a weak reference that sees it freed
 (torch keeps one Python object per storage). Each allocation's dimensions are named by their size
 (T, H, 2H, 3H, I, nh, hd, nh*hd, V, Vd and the three block sizes, which the census sets to distinct
-small values), so the same timeline can be replayed with every dimension at the named shape's size:
-the peak of that replay is the step's peak of live tensor bytes at the named shape, and the tensors
-live at that moment give its breakdown. Loops over blocks run more often at the real shape than in
-the census; their live set per iteration is what counts and is replayed at the real block size.
+small values; for an MLA draft the q/kv LoRA ranks, the nope/rope/value head sizes and their sums and
+per-head products instead of hd and nh*hd), so the same timeline can be replayed with every
+dimension at the named shape's size: the peak of that replay is the step's peak of live tensor bytes
+at the named shape, and the tensors live at that moment give its breakdown.
+Loops over blocks run more often at the real shape than in the census; their live set per iteration
+is what counts and is replayed at the real block size.
 The largest block of causal attention scores reaches the last key (its key dimension is replayed
 as T).
 
@@ -23,7 +25,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,6 +46,9 @@ class Shape:
     draft_vocab: int
     seq: int  # tokens of the batch: one sample of train.batch_tokens (rows x longest <= batch_tokens)
     steps: int
+    # an MLA draft (draft.architecture deepseek_mla): (q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+    # qk_rope_head_dim, v_head_dim); head_dim is then the rope's size, as in DraftConfig
+    mla: tuple[int, int, int, int, int] | None = None
 
 
 # the Kimi-K2.5 example (config/examples/kimi-k2.5-8gpu.yaml): target width and vocabulary, draft.*
@@ -52,6 +57,12 @@ KIMI = Shape(7168, 64, 128, 18432, 163840, 32000, 16384, 7)
 # every named size distinct (and none of them a size that is not named: 5 stat rows, <= 7 steps, hd/2,
 # nor a multiple of the attention block's rows, which a block's causal keys can be)
 REDUCED = Shape(hidden=40, heads=3, head_dim=16, intermediate=46, vocab=200, draft_vocab=72, seq=67, steps=7)
+# the Kimi-K2.5 example with an MLA draft (its target's own attention): q/kv LoRA 1,536 / 512, nope 128,
+# rope 64, values 128, 64 heads
+KIMI_MLA = replace(KIMI, head_dim=64, mla=(1536, 512, 128, 64, 128))
+# REDUCED with MLA sizes that keep every named size distinct (qk 23, kv_a 34, kv_b 25, nh*qk 69, nh*v 30,
+# nh*kv_b 75; none a multiple of 11, none in T's slack, rope/2 = 4 unnamed)
+REDUCED_MLA = replace(REDUCED, head_dim=8, mla=(29, 26, 15, 8, 10))
 CENSUS_BLOCKS = {"attention": 11, "loss": 13, "head": 17}  # rows per block in the census run
 SEQ_SLACK = 12  # sizes T - SEQ_SLACK..T are T less a few rows (a step's counted rows: T - 2 - k)
 
@@ -67,11 +78,16 @@ def block_rows(shape: Shape) -> dict[str, int]:
 
 def symbols(shape: Shape, blocks: dict[str, int]) -> dict[str, int]:
     h = shape.hidden
-    return {
-        "H": h, "2H": 2 * h, "3H": 3 * h, "I": shape.intermediate, "nh": shape.heads, "hd": shape.head_dim,
-        "q": shape.heads * shape.head_dim, "V": shape.vocab, "Vd": shape.draft_vocab,
-        "Ca": blocks["attention"], "Cl": blocks["loss"], "Ch": blocks["head"],
+    named = {
+        "H": h, "2H": 2 * h, "3H": 3 * h, "I": shape.intermediate, "nh": shape.heads, "V": shape.vocab,
+        "Vd": shape.draft_vocab, "Ca": blocks["attention"], "Cl": blocks["loss"], "Ch": blocks["head"],
     }  # fmt: skip
+    if shape.mla is None:
+        return named | {"hd": shape.head_dim, "q": shape.heads * shape.head_dim}
+    rq, rkv, dn, dr, dv = shape.mla
+    mla = {"rq": rq, "rkv": rkv, "dn": dn, "dr": dr, "dv": dv, "qk": dn + dr, "kv_a": rkv + dr}
+    mla |= {"kv_b": dn + dv, "nh_qk": shape.heads * (dn + dr), "nh_v": shape.heads * dv}
+    return named | mla | {"nh_kv_b": shape.heads * (dn + dv)}
 
 
 class Scaler:

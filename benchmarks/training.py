@@ -30,7 +30,9 @@ shape (`--shape kimi`: the Kimi-K2.5 example's width, vocabularies, 7 TTT steps 
 `peak_gib_per_gpu`, its breakdown and the batch_tokens assumed, and one for train.py's path with
 train.fsdp over `--gpus` processes (default 8; the same timeline with the weights and AdamW state
 sharded, Census.sharded_peak); then the demo shape tracked directly beside its replay from the reduced
-shape (a check of the method), and the peak against T.
+shape (a check of the method), and the peak against T. `--draft deepseek_mla` takes the census with the
+MLA draft (draft.architecture deepseek_mla: the Kimi target's q/kv LoRA 1,536 / 512, nope 128, rope 64,
+values 128, 64 heads; memory_census.KIMI_MLA, replayed from REDUCED_MLA).
 
 `--shape kimi` (without --census) runs one training step at the real Kimi-K2.5 draft shape (H 7,168,
 64 heads of 128, MLP 18,432, vocabulary 163,840, draft vocabulary 32,000, T 10,240, 7 TTT steps, bf16
@@ -41,6 +43,7 @@ the first CUDA device and prints its peak GPU memory (torch.cuda.max_memory_allo
     .venv/bin/python benchmarks/training.py --hidden 1024 --heads 8 --intermediate 2816 --vocab 32000
     .venv/bin/python benchmarks/training.py --memory              # H 256, 8 heads, T 1k..8k, 7 steps
     .venv/bin/python benchmarks/training.py --census --shape kimi # no GPU: peak per GPU, breakdown
+    .venv/bin/python benchmarks/training.py --census --shape kimi --draft deepseek_mla  # the MLA draft's
     .venv/bin/python benchmarks/training.py --shape kimi          # needs a GPU (about 80 GB)
 Prints one JSON line per measurement.
 """
@@ -60,7 +63,19 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
-from memory_census import KIMI, REDUCED, Census, Scaler, Shape, block_rows, census_blocks, gib, run_census
+from memory_census import (
+    KIMI,
+    KIMI_MLA,
+    REDUCED,
+    REDUCED_MLA,
+    Census,
+    Scaler,
+    Shape,
+    block_rows,
+    census_blocks,
+    gib,
+    run_census,
+)
 
 from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
@@ -188,12 +203,7 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
     on a GPU (chunked loss, checkpointed steps, frozen tensors in bf16), "former" the path before them."""
 
     def setup(census: Census) -> Callable[[str], None]:
-        c = DraftConfig(
-            hidden_size=shape.hidden, target_hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-            num_attention_heads=shape.heads, num_key_value_heads=shape.heads, head_dim=shape.head_dim,
-            rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=shape.seq, vocab_size=shape.vocab,
-            draft_vocab_size=shape.draft_vocab,
-        )  # fmt: skip
+        c = census_config(shape)
         torch.manual_seed(0)
         training = path == "training"
         model = Eagle3Draft(c, checkpointing=training)
@@ -235,6 +245,22 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
     return setup
 
 
+def census_config(shape: Shape) -> DraftConfig:
+    """The draft at a census shape (Llama, or MLA with Kimi-K2's YaRN rope when shape.mla is set)."""
+    mla = {}
+    if shape.mla is not None:
+        names = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        yarn = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096}
+        yarn |= {"beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+        mla = dict(zip(names, shape.mla, strict=True)) | {"rope_scaling": yarn}
+    return DraftConfig(
+        hidden_size=shape.hidden, target_hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.heads, head_dim=shape.head_dim,
+        rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=shape.seq, vocab_size=shape.vocab,
+        draft_vocab_size=shape.draft_vocab, **mla,
+    )  # fmt: skip
+
+
 def census_peak(
     shape: Shape, path: str, target: Shape | None, phases: tuple[str, ...] = ()
 ) -> tuple[int, dict[str, int], list[str]]:
@@ -258,15 +284,17 @@ def census_of(shape: Shape, path: str, target: Shape | None) -> Census:
 def census(a: argparse.Namespace) -> None:
     """The --census lines (see the module docstring)."""
     torch.set_num_threads(a.threads_memory)
-    target = replace(KIMI, seq=a.batch_tokens or KIMI.seq)
+    mla = a.draft == "deepseek_mla"
+    named, reduced = (KIMI_MLA, REDUCED_MLA) if mla else (KIMI, REDUCED)
+    target = replace(named, seq=a.batch_tokens or named.seq)
     trainable = trainable_bytes(target)
     for path in ("training", "former"):
-        tracked = census_of(REDUCED, path, target)
+        tracked = census_of(reduced, path, target)
         peak, parts, largest = tracked.peak()
         if path == "training":  # train.fsdp over the example's GPUs
             sharded, sharded_parts = tracked.sharded_peak(a.gpus)
             emit(
-                {"measure": "train_step_census", "path": "training_fsdp", "gpus": a.gpus}
+                {"measure": "train_step_census", "path": "training_fsdp", "gpus": a.gpus, "draft": a.draft}
                 | {"shape": a.shape, "batch_tokens": target.seq, "peak_gib_per_gpu": gib(sharded)}
                 | {"ddp_peak_gib_per_gpu": gib(peak)}
                 | {
@@ -279,7 +307,13 @@ def census(a: argparse.Namespace) -> None:
             peak, parts = peak + trainable, parts | {"ddp_buckets": trainable}
         emit(
             {"measure": "train_step_census", "path": path, "shape": a.shape, "batch_tokens": target.seq}
-            | {"ttt_steps": target.steps, "hidden": target.hidden, "heads": target.heads}
+            | {
+                "draft": a.draft,
+                "mla": target.mla,
+                "ttt_steps": target.steps,
+                "hidden": target.hidden,
+                "heads": target.heads,
+            }
             | {"head_dim": target.head_dim, "intermediate": target.intermediate, "vocab": target.vocab}
             | {"draft_vocab": target.draft_vocab, "peak_gib_per_gpu": gib(peak)}
             | {"breakdown_gib": {k: gib(v) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
@@ -287,24 +321,25 @@ def census(a: argparse.Namespace) -> None:
         )
     demo = Shape(hidden=128, heads=2, head_dim=64, intermediate=384, vocab=1024, draft_vocab=1024, seq=1024,
                  steps=7)  # fmt: skip
+    demo = replace(demo, head_dim=16, mla=(96, 64, 32, 16, 32)) if mla else demo
     tracked = census_peak(demo, "training", None)[0]
-    replayed = census_peak(REDUCED, "training", demo)[0]
+    replayed = census_peak(reduced, "training", demo)[0]
     emit({"measure": "train_step_census_check", "shape": "demo", "batch_tokens": demo.seq}
          | {"tracked_peak_mib": round(tracked / 2**20, 2)}
          | {"replayed_peak_mib": round(replayed / 2**20, 2)})  # fmt: skip
     for seq in [int(t) for t in a.lengths.split(",")]:
         at = replace(target, seq=seq)
-        peak, parts, _ = census_peak(REDUCED, "training", at, ("activations", "backward"))
+        peak, parts, _ = census_peak(reduced, "training", at, ("activations", "backward"))
         fixed = sum(parts.get(k, 0) for k in ("trainable", "grads", "optimizer_state", "frozen"))
         emit({"measure": "train_step_census_by_length", "shape": a.shape, "seq": seq}
              | {"forward_backward_peak_gib": gib(peak), "beyond_weights_gib": gib(peak - fixed)})  # fmt: skip
 
 
 def trainable_bytes(shape: Shape) -> int:
-    """fp32 bytes of the draft's trained tensors at `shape`."""
-    h, q = shape.hidden, shape.heads * shape.head_dim
-    count = 3 * h * h + 2 * h * 3 * q + q * h + 3 * h * shape.intermediate + shape.draft_vocab * h + 4 * h
-    return 4 * count
+    """fp32 bytes of the draft's trained tensors at `shape` (the model built on the meta device)."""
+    with torch.device("meta"):
+        model = Eagle3Draft(census_config(shape))
+    return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def maxrss_mb() -> float:
@@ -409,11 +444,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--census", action="store_true", help="peak memory per GPU at --shape, without a GPU")
     p.add_argument("--batch-tokens", type=int, default=None, help="--census: default the example's 16,384")
     p.add_argument("--gpus", type=int, default=8, help="--census: processes train.fsdp shards over")
+    p.add_argument("--draft", choices=["llama", "deepseek_mla"], default="llama", help="--census: the draft")
     a = p.parse_args(argv)
     if a.census:
         if a.shape != "kimi":
             raise SystemExit("--census needs --shape kimi")
         return census(a)
+    if a.draft != "llama":
+        raise SystemExit("--draft deepseek_mla is measured by --census only (--census --shape kimi)")
     if a.point:
         return memory_point(a)
     if a.memory:
