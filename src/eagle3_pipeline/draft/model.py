@@ -15,6 +15,10 @@ them under the same names): `norm_before_fc` puts one RMSNorm (input_norm) over 
 aux_high) before fc; `fc_norm` one RMSNorm per auxiliary state (fc_norm.0-2) instead; `norm_output`
 feeds norm(h') back as the next step's h instead of h'.
 
+With draft.architecture deepseek_mla the layer's attention is the target's multi-head latent attention
+(mla.py: MLAAttention, its own decoupled YaRN rope), everything else unchanged, as vLLM's
+deepseek_eagle3.py runs it; each attention module gives its own rope tables (`rotary`).
+
 Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
 keys causally and, at its own position only, the key of each step 1..k (attention.py: `ttt_attention`,
 in memory linear in T, and `ttt_attention_dense`, the quadratic reference).
@@ -38,16 +42,6 @@ from eagle3_pipeline.draft.attention import KVCache, ttt_attention, ttt_attentio
 from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
 from eagle3_pipeline.draft.mla import MLAAttention
 from eagle3_pipeline.draft.norm import RMSNorm
-
-__all__ = [
-    "ATTENTION",
-    "DraftAttention",
-    "DraftDecoderLayer",
-    "DraftMLP",
-    "Eagle3Draft",
-    "RMSNorm",
-    "shift_left",
-]
 
 # "linear" for training; "dense" is the quadratic reference (tests, benchmarks/training.py)
 ATTENTION: dict[str, Callable[..., torch.Tensor]] = {  # (q, cache, scale=None) -> output
