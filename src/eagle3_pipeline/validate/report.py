@@ -39,6 +39,11 @@ SERVER_KEYS = (
 )
 
 
+# Three panels one above the other, each the width of a two-panel row: a 1 x 3 row shrank to fit the
+# report's pane until its legends were about 5 px high.
+STACKED_3 = (8, 12)
+
+
 def _read_json(path: str | Path | None) -> Any:
     return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
 
@@ -118,7 +123,7 @@ def trace_stats_page(stats_path: str | Path, output: str | Path) -> None:
 def trace_lengths(traces_path: str | Path, output: str | Path) -> None:
     """Histograms of prompt and completion tokens (by finish reason) and thinking vs answer length."""
     frame = pl.read_parquet(traces_path)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(3, 1, figsize=STACKED_3)
     if "prompt_tokens" in frame.columns:
         axes[0].hist(frame["prompt_tokens"].drop_nulls().to_list(), bins=30, color="tab:gray")
     axes[0].set(title="Prompt tokens", xlabel="tokens", ylabel="traces")
@@ -140,6 +145,9 @@ def trace_lengths(traces_path: str | Path, output: str | Path) -> None:
             pl.col("content").fill_null("").str.len_chars().alias("c"),
         )
         axes[2].scatter(chars["r"].to_list(), chars["c"].to_list(), s=8, alpha=0.6)
+        top = max([*chars["r"].to_list(), *chars["c"].to_list(), 1])
+        axes[2].plot([0, top], [0, top], "k--", linewidth=1, label="answer = thinking")
+        axes[2].legend()
     axes[2].set(title="Thinking vs answer", xlabel="thinking characters", ylabel="answer characters")
     fig.suptitle(f"{len(frame)} traces")
     _save(fig, output)
@@ -149,7 +157,7 @@ def training_curves(
     history_path: str | Path, output: str | Path, baseline_path: str | Path | None = None
 ) -> None:
     """Loss, simulated acceptance length and per-step accuracy by epoch (train and validation)."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(3, 1, figsize=STACKED_3)
     for label, path, style in (("trained", history_path, "-"), ("baseline", baseline_path, ":")):
         history = _read_json(path)
         if not history:
@@ -174,9 +182,11 @@ def training_curves(
             steps = range(1, len(last["step_accuracy"]) + 1)
             axes[2].plot(steps, last["step_accuracy"], style + "o", label=f"{label} accuracy")
             axes[2].plot(steps, last["conditional_accuracy"], style + "s", label=f"{label} conditional")
-    axes[0].set(title="TTT loss (weighted over steps)", xlabel="epoch")
-    axes[1].set(title="Simulated acceptance length (teacher-forced)", xlabel="epoch")
-    axes[2].set(title="Per-step accuracy, last epoch", xlabel="draft step", ylim=(0, 1))
+    axes[0].set(title="TTT loss (weighted over steps)", xlabel="epoch", ylabel="loss")
+    axes[1].set(
+        title="Simulated acceptance length (teacher-forced)", xlabel="epoch", ylabel="tokens per target step"
+    )
+    axes[2].set(title="Per-step accuracy, last epoch", xlabel="draft step", ylabel="accuracy", ylim=(0, 1))
     for ax in axes:
         if ax.lines:
             ax.legend(fontsize=8)
@@ -197,7 +207,7 @@ def acceptance(offline_path: str | Path, serve_path: str | Path | None, output: 
     """Acceptance per position (offline and served, with the serve check's allowance), acceptance length
     against k, and the served acceptance length by dataset source with the served speedup."""
     offline, served = _read_json(offline_path), _read_json(serve_path)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
+    fig, axes = plt.subplots(3, 1, figsize=STACKED_3)
     _served_vs_offline(axes[0], offline, served)
     ks = range(1, len(offline["acceptance_length"]) + 1)
     intervals = offline.get("ci95") or [None] * len(ks)
@@ -291,7 +301,11 @@ def _served_vs_offline(ax: plt.Axes, offline: dict[str, Any], served: dict[str, 
             )
         verdict = "agree" if comparison["agree"] else "DISAGREE"
         which = comparison.get("reference") or "served"
-        ax.set_title(f"First i+1 draft tokens accepted\nchecked pair ({which}) {verdict} (whiskers: allowed)")
+        title = f"First i+1 draft tokens accepted\nchecked pair ({which}) {verdict} (whiskers: allowed)"
+        for other in (p for p in pairs if p and p is not comparison and not p.get("enforced")):
+            state = "agree" if other.get("agree") else "DISAGREE"
+            title += f"\n{other.get('reference') or 'other'} pair (diagnostic, not enforced) {state}"
+        ax.set_title(title)
 
 
 def enforced_comparison(served: dict[str, Any]) -> dict[str, Any] | None:
@@ -315,9 +329,10 @@ def _by_source(ax: plt.Axes, served: dict[str, Any] | None) -> None:
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
     figures = (served or {}).get("speedup") or {}
-    title = "Served acceptance length by source"
+    title = "Served acceptance length by source (greedy)"
     if figures.get("speedup") is not None:
-        title += f"\nspeedup {figures['speedup']:.2f}x"
+        at = f" at concurrency {figures['concurrency']}" if figures.get("concurrency") else ""
+        title += f"\nspeedup {figures['speedup']:.2f}x{at}"
         rates = figures["tokens_per_s_with_draft"], figures["tokens_per_s_without_draft"]
         title += " ({:.0f} vs {:.0f} tok/s)".format(*rates)
     ax.set(title=title, ylabel="tokens per target step", ylim=(1, None))
