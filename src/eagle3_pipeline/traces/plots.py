@@ -48,8 +48,12 @@ def plot_counts(stats: dict[str, Any], path: str | Path) -> None:
     left.scatter(kept, sources, marker="|", s=400, color="black", label="kept", zorder=3)
     left.set_title("prompts by source and status")
     left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06), ncols=4, frameon=False)
-    reasons = stats["dropped"]
-    right.barh(list(reasons), list(reasons.values()), color="#8172b2")
+    reasons = {reason: n for reason, n in stats["dropped"].items() if n}
     right.set_title(f"dropped by reason ({sum(reasons.values()):,} of {stats['prompts']:,} prompts)")
+    if reasons:
+        right.barh(list(reasons), list(reasons.values()), color="#8172b2")
+    else:  # in words, not an empty panel on a -0.04..0.04 axis
+        right.text(0.5, 0.5, "no prompt dropped", transform=right.transAxes, ha="center", va="center")
+        right.set_axis_off()
     fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
