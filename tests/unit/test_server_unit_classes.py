@@ -299,3 +299,24 @@ def test_scripts_that_run_scripts_are_followed(tmp_path: Path) -> None:
 def test_a_binary_after_the_shell_is_not_taken_for_a_script(tmp_path: Path) -> None:
     _, _, _, command = _service("[Service]\nExecStart=/bin/sh -c '/bin/true; exec vllm serve /m'\n")
     assert command.found and command.model == "/m"
+
+
+def test_a_script_extending_path_leaves_the_defaults_standing() -> None:
+    """`export PATH=/opt/venv/bin:$PATH` reads systemd's own $PATH; an unknown elsewhere in the script
+    does not make vLLM's flags unknown."""
+    server = _server_json(
+        "[Service]\nExecStart=/bin/bash -c "
+        "'export PATH=/opt/venv/bin:$PATH; echo $(date); exec vllm serve /m'\n"
+    )
+    assert (server["port"], server["tensor_parallel_size"]) == (8000, 1) and server["unresolved"] == []
+    assert server["env"]["PATH"] == "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+def test_an_unknown_in_the_vllm_line_makes_the_defaults_unknown() -> None:
+    server = _server_json("[Service]\nExecStart=/bin/bash -c 'exec vllm serve /m $(cat /etc/vllm.args)'\n")
+    assert server["port"] is None and server["tensor_parallel_size"] is None
+
+
+def test_a_working_directory_with_an_unresolved_specifier_is_unknown() -> None:
+    unit, _, _, command = _service("[Service]\nWorkingDirectory=%h/vllm\nExecStart=/usr/bin/vllm serve m\n")
+    assert command.cwd is None and any("%h" in u.why for u in unit.unresolved)

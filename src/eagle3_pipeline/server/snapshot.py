@@ -162,13 +162,9 @@ def parse_service(
     env = resolve_environment(unit, host)
     index = _select_exec(unit)
     argv = command_argv(unit.exec_start[index], env, unit.unresolved) if index is not None else []
-    home = user_home(unit, host)
+    home = user_home(unit, host) if unit.working_directory == "~" or _may_use_home(argv) else None
     cwd = working_directory(unit, home)
-    shell_env = {
-        **({"HOME": home, "USER": unit.user, "LOGNAME": unit.user} if unit.user and home else {}),
-        **env,
-    }
-    command = parse_command(argv, host.read_file, cwd, shell_env)
+    command = parse_command(argv, host.read_file, cwd, {**_systemd_variables(unit, home), **env})
     env.update(command.env)
     return unit, env, argv, command
 
@@ -178,12 +174,17 @@ def _may_use_home(argv: list[str]) -> bool:
     return any(posixpath.basename(w) in SHELLS for w in argv[:3]) or bool(argv and argv[0].endswith(".sh"))
 
 
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"  # systemd.exec(5), merged /usr
+
+
 def _systemd_variables(unit: ServiceUnit, home: str | None) -> dict[str, str]:
     """What systemd itself puts in a service's environment and a shell may read (systemd.exec(5),
-    "Environment Variables in Spawned Processes"): $USER, $LOGNAME and $HOME where User= is set."""
-    if not unit.user or home is None:
-        return {}
-    return {"USER": unit.user, "LOGNAME": unit.user, "HOME": home}
+    "Environment Variables in Spawned Processes"): $PATH (the system manager's fixed value), and
+    $USER, $LOGNAME and $HOME where User= is set."""
+    variables = {"PATH": SYSTEM_PATH}
+    if unit.user and home is not None:
+        variables.update({"USER": unit.user, "LOGNAME": unit.user, "HOME": home})
+    return variables
 
 
 def user_home(unit: ServiceUnit, host: Host) -> str | None:
@@ -211,6 +212,8 @@ def working_directory(unit: ServiceUnit, home: str | None) -> str | None:
     value = unit.working_directory
     if value is None:
         return "/"
+    if "%" in value:  # a specifier the snapshot does not resolve (`%h`): already listed unresolved
+        return None
     if value == "~":
         if home is None:
             unit.unresolved.append(
