@@ -4,7 +4,8 @@ reads of it: production's starts, its command line, the unit files' bytes, the c
 
 The production unit's process is a small HTTP server answering /health and /v1/models; the words
 systemd would pass are its arguments, so /proc/MAINPID/cmdline shows what "runs". Started with
-`--speculative-config` while @STATE@/draft-crashes exists, it exits 1 at once (a crashing draft).
+`--speculative-config` while @STATE@/draft-crashes exists, it exits 1 at once (a crashing draft);
+without it, the same with @STATE@/production-crashes.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ PRODUCTION = "/usr/bin/vllm serve /models/kimi --port 8000 --served-model-name k
 SERVER = (
     "import functools, http.server, os, sys\n"
     "port, folder, state = int(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
-    "if '--speculative-config' in sys.argv and os.path.exists(state + '/draft-crashes'):\n"
-    "    sys.exit('draft: CUDA error (scripted crash)')\n"
+    "draft = '--speculative-config' in sys.argv\n"
+    "if os.path.exists(state + ('/draft-crashes' if draft else '/production-crashes')):\n"
+    "    sys.exit('CUDA error (scripted crash)')\n"
     "handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=folder)\n"
     "http.server.ThreadingHTTPServer(('127.0.0.1', port), handler).serve_forever()\n"
 )

@@ -128,7 +128,7 @@ class SystemdUnitBackend(ServerBackend):
                 break
             except TransportError as err:
                 now = retry_transport(lambda: watch.show("ActiveState", "InvocationID"), "systemctl show")
-                if now.get("InvocationID") != before or now.get("ActiveState") in RUNNING_STATES:
+                if (now.get("InvocationID") or None) != before or now.get("ActiveState") in RUNNING_STATES:
                     break  # it reached systemd
                 if attempt == START_ATTEMPTS:
                     raise

@@ -187,7 +187,7 @@ def _reached(host: Any, record: dict[str, Any]) -> bool:
     if state(host, record["check_unit"]).get("LoadState") not in (None, "not-found"):
         return True
     prod = state(host, record["unit"])
-    moved = prod.get("InvocationID") != record.get("invocation_before")
+    moved = (prod.get("InvocationID") or None) != record.get("invocation_before")
     return bool(record.get("was_active")) and (moved or prod.get("ActiveState") not in RUNNING_STATES)
 
 
