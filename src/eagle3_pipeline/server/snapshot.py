@@ -58,6 +58,17 @@ IDENTITY_FLAGS = (
     "--logits-processors",
     "--max-logprobs",
 )
+# Fields server.json fills from vLLM's defaults when the flag is not seen (listed as possibly wrong
+# when some source of flags could not be read).
+DEFAULTED_FLAGS = (
+    "--served-model-name",
+    "--max-model-len",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--trust-remote-code",
+    "--chat-template",
+    "--ssl-certfile",
+)
 MODEL_SMALL_FILES = ("*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py")
 
 
@@ -362,6 +373,20 @@ def build_server_json(
     unknown = _unknown_sources(unit, command)
     container_port = _number(flags, "--port", 8000 if command.found else None, unresolved, unknown)
     bind, port = _published(command, flags.get("--host"), container_port, unresolved)
+    address_unknown = bool(unknown) and "--host" not in flags and port is not None
+    if address_unknown:  # no base_url from a guessed address (a config may bind one interface)
+        unresolved.append(
+            Unresolved("--host", f"not on the command line as read, and {unknown[0]}: set server.base_url")
+        )
+    if unknown:
+        unseen = [f for f in DEFAULTED_FLAGS if f not in flags]
+        unresolved.append(
+            Unresolved(
+                "flags",
+                f"{', '.join(unseen)} may be set where the snapshot could not read ({unknown[0]}); "
+                "server.json shows vLLM's defaults for them",
+            )
+        )
     cwd = command.cwd
     template = flags.get("--chat-template") if isinstance(flags.get("--chat-template"), str) else None
     template_path = command.host_path(template, cwd) if template else None
@@ -373,7 +398,8 @@ def build_server_json(
         "served_model_name": served_name,
         "host": bind,
         "port": port,
-        "base_url": server.base_url or _base_url(host, bind, port, flags, unresolved),
+        "base_url": server.base_url
+        or (None if address_unknown else _base_url(host, bind, port, flags, unresolved)),
         "tensor_parallel_size": _number(
             flags, "--tensor-parallel-size", 1 if command.found else None, unresolved, unknown
         ),
