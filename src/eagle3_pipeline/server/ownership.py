@@ -1,7 +1,9 @@
 """Who started the server: `ownership.json` in the state folder says whether the pipeline did
 (`started_by_pipeline`) and which start it was (systemd's InvocationID, or the local pid), so that
 after generation only a server the pipeline started, and still that start, is stopped (unless
-`server.stop_foreign`): a server that was already serving users stays up. A file lock beside it makes
+`server.stop_foreign`): a server that was already serving users stays up. It is written BEFORE a
+start is sent (`pending`, with `invocation_before`), so a job that dies or loses its link while the
+start is under way still leaves a record the next job can resolve. A file lock beside it makes
 parallel jobs start the server exactly once."""
 
 from __future__ import annotations
