@@ -1,8 +1,8 @@
 """An MLA draft (draft.architecture auto on a DeepseekV3 target) trained by our code, exported, and served
 by the real vLLM CPU build as Eagle3DeepseekV2ForCausalLM beside its MLA target.
 
-vLLM's CPU build serves an MLA draft only beside an MLA target (beside the Llama demo target: "No common
-block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])"), so the target is a tiny random
+vLLM's CPU build serves an MLA draft only beside an MLA target (beside the Llama demo target: "ValueError:
+No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])"), so the target is a tiny random
 DeepseekV3 built offline (tests/support/mla_target.py: MLA with YaRN rope, noaux_tc routed + shared
 experts). The draft is trained on hidden states of the target's own greedy continuations (transformers),
 its offline replay measured on held-out prompts (validate/offline.py), and the same prompts served
