@@ -160,12 +160,8 @@ def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dic
 def mla_checkpoint_config(config: DraftConfig, llama: dict[str, Any]) -> dict[str, Any]:
     """The Llama config.json turned into vLLM's Eagle3DeepseekV2ForCausalLM's (module docstring): the
     auxiliary ids, vocabulary, norms and widths are the same keys."""
-    dropped = (
-        "attention_bias",
-        "mlp_bias",
-        "rope_parameters",
-    )  # rope_scaling below: transformers 4 and 5 read it
-    mla = {k: v for k, v in llama.items() if k not in dropped}
+    # Llama-only keys out; the rope goes in rope_scaling (with rope_theta), which transformers 4 and 5 read
+    mla = {k: v for k, v in llama.items() if k not in ("attention_bias", "mlp_bias", "rope_parameters")}
     return mla | {
         "architectures": [MLA_ARCHITECTURE],
         "model_type": "deepseek_v2",
