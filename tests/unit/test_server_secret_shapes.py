@@ -155,3 +155,10 @@ def test_no_secret_shape_reaches_server_json_or_the_unit(tmp_path: Path) -> None
 def test_unit_text_keeps_variable_references_for_several_values() -> None:
     text = redact_unit_text("ExecStart=/x --api-key $VLLM_API_KEY ${SECOND_KEY} --port 1\n", Redactor())
     assert text == "ExecStart=/x --api-key $VLLM_API_KEY ${SECOND_KEY} --port 1\n"
+
+
+def test_an_export_in_a_bash_c_script_is_hidden_whole() -> None:
+    found = Redactor("t")
+    out = scrub_patterns("ExecStart=/bin/bash -c 'export HF_TOKEN=abc123secret; exec vllm serve /m'", found)
+    assert out == "ExecStart=/bin/bash -c 'export HF_TOKEN=<redacted>; exec vllm serve /m'"
+    assert found.matches("abc123secret")

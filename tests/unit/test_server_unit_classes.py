@@ -320,3 +320,10 @@ def test_an_unknown_in_the_vllm_line_makes_the_defaults_unknown() -> None:
 def test_a_working_directory_with_an_unresolved_specifier_is_unknown() -> None:
     unit, _, _, command = _service("[Service]\nWorkingDirectory=%h/vllm\nExecStart=/usr/bin/vllm serve m\n")
     assert command.cwd is None and any("%h" in u.why for u in unit.unresolved)
+
+
+def test_a_variable_from_the_managers_environment_leaves_the_defaults_unknown() -> None:
+    server = _server_json(
+        "[Service]\nPassEnvironment=VLLM_ARGS\nExecStart=/usr/bin/vllm serve /m $VLLM_ARGS\n"
+    )
+    assert server["port"] is None and server["tensor_parallel_size"] is None

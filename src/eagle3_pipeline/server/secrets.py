@@ -91,10 +91,10 @@ _SHAPES = (
 _NAME = r"[A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD|CREDENTIAL|AUTH)[A-Za-z0-9_]*"
 # quoted strings as shells and Python's repr write them (a backslash escapes the next character)
 _DQ, _SQ = r'"(?:[^"\\\n]|\\.)*"', r"'(?:[^'\\\n]|\\.)*'"
-_ASSIGNMENT = re.compile(
-    rf"""(?P<name>\b{_NAME})=(?P<value>{_DQ}|{_SQ}|[^\s"'\[](?:[^\s"']*[^\s"',)])?)""",  # a list: _LIST_VALUE
-    re.IGNORECASE,
-)
+# an unquoted value ends before a shell operator, and a trailing `,` or `)` (a repr's) is not part of
+# it; a list is _LIST_VALUE's
+_BARE = r"""[^\s"'\[;&|](?:[^\s"';&|]*[^\s"',);&|])?"""
+_ASSIGNMENT = re.compile(rf"""(?P<name>\b{_NAME})=(?P<value>{_DQ}|{_SQ}|{_BARE})""", re.IGNORECASE)
 _FLAG_VALUE = re.compile(
     rf"""(?P<flag>--[A-Za-z0-9_-]+)(?P<sep>=|\s+)(?P<value>{_DQ}|{_SQ}|[^\s"'\\-][^\s"']*)"""
 )

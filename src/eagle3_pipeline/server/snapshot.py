@@ -514,10 +514,13 @@ def _unknown_sources(unit: ServiceUnit, command: VllmCommand) -> list[str]:
         if u.what == "--config" or u.what.endswith("-c script") or u.what.startswith("wrapper script")
     ]
     env_file_unread = any(u.what.startswith("EnvironmentFile") for u in unit.unresolved)
+    passed = tuple(f"${name} " for name in unit.pass_environment)  # the manager's values: not seen
     reasons += [
         u
         for u in unit.unresolved
-        if env_file_unread and u.what.startswith("ExecStart") and "is not set by the unit" in u.why
+        if u.what.startswith("ExecStart")
+        and "is not set by the unit" in u.why
+        and (env_file_unread or u.why.startswith(passed))
     ]
     return [f"{u.what}: {u.why}" for u in reasons]
 

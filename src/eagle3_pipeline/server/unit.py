@@ -84,6 +84,7 @@ class ServiceUnit:
     working_directory_optional: bool = False  # `WorkingDirectory=-/path`: a missing folder is fine
     user: str | None = None
     exec_stop: list[ExecCommand] = field(default_factory=list)  # ExecStop= then ExecStopPost=
+    pass_environment: list[str] = field(default_factory=list)  # PassEnvironment= names
     service_type: str = "simple"  # Type=
     unresolved: list[Unresolved] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what systemd would log as a warning
@@ -374,6 +375,8 @@ def _apply(unit: ServiceUnit, key: str, value: str, path: str) -> None:
         unit.user = spec or None
     elif key == "Type":
         unit.service_type = spec or "simple"
+    elif key == "PassEnvironment":  # values from the service manager's own environment: unknown here
+        unit.pass_environment = [*unit.pass_environment, *spec.split()] if spec else []
 
 
 def _apply_environment_file(unit: ServiceUnit, spec: str, what: str) -> None:
