@@ -165,6 +165,9 @@ def test_every_readme_command_runs_as_written(scratch):
             assert result.returncode == 0, f"README.md's `{command}` failed as `{run}`:\n{text[-3000:]}"
         if "--set-resources" in command:  # the plan the README counts on the line before
             total = sum(job_counts(result.stdout).values())
-            assert f"{total:,} jobs planned" in README.read_text(), f"README's job count is not {total:,}"
+            assert f"{total:,} jobs planned" in README.read_text(), (
+                f"the plan has {total:,} jobs: update README's 'N jobs planned' (and the total in "
+                "tests/workflow/test_planning_without_weights.py)"
+            )
         ran.append(run)
     assert "make -n demo" in ran and "snakemake -n" in ran and "snakemake -n --cores all" in ran
