@@ -15,6 +15,7 @@ import pytest
 from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.snapshot import build_server_json, parse_service
 from eagle3_pipeline.server.unit import (
+    command_argv,
     env_file_assignments,
     merge_unit,
     parse_environment_file,
@@ -327,3 +328,10 @@ def test_a_variable_from_the_managers_environment_leaves_the_defaults_unknown() 
         "[Service]\nPassEnvironment=VLLM_ARGS\nExecStart=/usr/bin/vllm serve /m $VLLM_ARGS\n"
     )
     assert server["port"] is None and server["tensor_parallel_size"] is None
+
+
+def test_an_expanded_word_keeps_its_dollars_literal() -> None:
+    line = "ExecStart=" + exec_line(["/usr/bin/vllm", "serve", "--chat-template", "{{ '$HOME' }}"], "", True)
+    unit = merge_unit([("u.service", f"[Service]\n{line}\n")], "u.service")
+    argv = command_argv(unit.exec_start[0], {"HOME": "/root"}, [])
+    assert argv[-1] == "{{ '$HOME' }}"

@@ -227,14 +227,17 @@ _WORD_ESCAPES = {"\\": "\\\\", '"': '\\"', "%": "%%", "\n": "\\n", "\t": "\\t", 
                  "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}  # fmt: skip
 
 
-def exec_word(word: str) -> str:
+def exec_word(word: str, literal_dollars: bool = False) -> str:
     """One ExecStart= word written so that systemd reads it back as exactly `word`: double-quoted,
     `\\` and `"` escaped, `%` doubled (no specifier), a newline or other control character as a C
     escape (a raw newline would end the line: an inline `--chat-template` holding `\\n` stays one
-    word), a byte that is not UTF-8 as `\\xNN`. `$VAR` is left for systemd to expand."""
+    word), a byte that is not UTF-8 as `\\xNN`. `$VAR` is left for systemd to expand, unless
+    `literal_dollars` (a word already expanded, such as a resolved argv's): then `$` is written `$$`."""
     out = []
     for char in word:
-        if char in _WORD_ESCAPES:
+        if char == "$" and literal_dollars:
+            out.append("$$")
+        elif char in _WORD_ESCAPES:
             out.append(_WORD_ESCAPES[char])
         elif "\udc80" <= char <= "\udcff":  # a raw byte kept by surrogateescape
             out.append(f"\\x{ord(char) - 0xDC00:02x}")
@@ -245,6 +248,6 @@ def exec_word(word: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def exec_line(words: list[str], prefixes: str = "") -> str:
+def exec_line(words: list[str], prefixes: str = "", literal_dollars: bool = False) -> str:
     """An ExecStart= value that runs `words` (see `exec_word`), after its prefixes (`-@:+!`)."""
-    return prefixes + " ".join(exec_word(word) for word in words)
+    return prefixes + " ".join(exec_word(word, literal_dollars) for word in words)
