@@ -125,12 +125,16 @@ def learning_curve_figure(curve_path: str | Path, output: str | Path) -> None:
         ax.set_xlim(min(xs) / 1.4, max(xs) * 1.4)
     compute = curve.get("compute") or {}
     full = compute.get("full_draft_optimizer_steps")
-    title = "Acceptance length against training data, " + (
-        f"every point at {full} optimizer steps" if full else "at equal optimizer steps"
-    )
+    steps = sorted({p["optimizer_steps"] for p in points if p.get("optimizer_steps")} or ({full} - {None}))
+    # the steps as trained (whole shards make them differ by a few percent), not only the target
+    if len(steps) > 1:
+        compute_text = f"{steps[0]}-{steps[-1]} optimizer steps per point (the full draft's {full})"
+    else:
+        compute_text = f"every point at {steps[0]} optimizer steps" if steps else "at equal optimizer steps"
+    title = f"Acceptance length against training data, {compute_text}"
     gains = [_gain_text(g) for g in curve.get("gains") or []]
     if gains:
-        title += "\n" + "; ".join(gains)
+        title += "\n" + "\n".join(gains)  # one line each: side by side they ran off the figure
     ax.set(
         title=title,
         xlabel="training tokens (loss tokens of the point's shards, log scale)",
