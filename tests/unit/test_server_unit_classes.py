@@ -335,3 +335,23 @@ def test_an_expanded_word_keeps_its_dollars_literal() -> None:
     unit = merge_unit([("u.service", f"[Service]\n{line}\n")], "u.service")
     argv = command_argv(unit.exec_start[0], {"HOME": "/root"}, [])
     assert argv[-1] == "{{ '$HOME' }}"
+
+
+def test_su_c_runs_its_string_in_a_shell() -> None:
+    _, _, _, command = _service("[Service]\nExecStart=/bin/su - vllm -c 'exec vllm serve /m --port 8010'\n")
+    assert command.found and command.model == "/m" and command.flags == {"--port": "8010"}
+
+
+def test_an_env_file_this_user_cannot_read_is_unknown_not_missing(tmp_path: Path) -> None:
+    class NoRead(LocalHost):
+        def read_file(self, path: str) -> str:
+            raise PermissionError(f"{path}: permission denied")
+
+    unit, _, _, _ = parse_service(
+        "[Service]\nEnvironmentFile=-/etc/vllm/secret.env\nExecStart=/usr/bin/vllm serve /m\n",
+        "v.service",
+        NoRead(),
+    )
+    assert [u.why for u in unit.unresolved] == [
+        "cannot be read here (/etc/vllm/secret.env: permission denied): its variables are unknown"
+    ]

@@ -74,10 +74,16 @@ def script_option_at(argv: list[str], shell_at: int) -> int | None:
 
 
 def shell_c_at(argv: list[str]) -> tuple[int, int] | None:
-    """(index of the shell, index of its `-c`) for the first shell in argv that runs a script string."""
+    """(index of the shell, index of its `-c`) for the first shell in argv that runs a script string;
+    `su USER -c '...'` and `runuser -u USER -c '...'` count (the user's shell runs the string)."""
     for i, word in enumerate(argv):
-        if posixpath.basename(word) in SHELLS and (c_at := script_option_at(argv, i)) is not None:
+        base = posixpath.basename(word)
+        if base in SHELLS and (c_at := script_option_at(argv, i)) is not None:
             return i, c_at
+        if base in ("su", "runuser"):
+            c_at = next((j for j in range(i + 1, len(argv)) if argv[j] in ("-c", "--command")), None)
+            if c_at is not None:
+                return i, c_at
     return None
 
 

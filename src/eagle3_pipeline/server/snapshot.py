@@ -123,13 +123,19 @@ def resolve_environment(unit: ServiceUnit, host: Host) -> dict[str, str]:
         for path in paths:
             try:
                 env.update(parse_environment_file(host.read_file(path), unit.warnings, path))
-            except (OSError, UnicodeDecodeError) as err:
+            except FileNotFoundError as err:
                 if not optional:
                     unit.unresolved.append(
                         Unresolved(
                             f"EnvironmentFile={path}", f"cannot read it ({err}); systemd would not start"
                         )
                     )
+            except (OSError, UnicodeDecodeError) as err:  # systemd (root) may read what this user cannot
+                unit.unresolved.append(
+                    Unresolved(
+                        f"EnvironmentFile={path}", f"cannot be read here ({err}): its variables are unknown"
+                    )
+                )
     return env
 
 
