@@ -145,7 +145,7 @@ def test_the_link_drops_before_the_draft_start_reaches_the_host(host, box):
     with _check(host, box):
         assert len(box.check_units()) == 1, (box.check_units(), box.calls())
     _production_is_back(box, files, starts=2)
-    box.set("drop-run", "9")
+    box.set("drop-run", "3")  # every try of START_ATTEMPTS
     invocation = box.invocation()
     with pytest.raises(ServeCheckError, match="never reached"), _check(host, box):
         pass

@@ -63,7 +63,8 @@ def parse_show(text: str) -> dict[str, list[str]]:
 
 def environment(props: dict[str, list[str]]) -> list[tuple[str, str]]:
     """Production's Environment= as (name, value), read from `systemctl show`: one line of entries,
-    each quoted by systemd when it holds spaces or quotes."""
+    an entry with spaces or quotes double-quoted with backslash escapes (systemd >= 246, PR 15345;
+    a C escape such as `\\n` inside one is kept as written)."""
     entries = []
     for line in props.get("Environment", []):
         for entry in shlex.split(line):
@@ -122,9 +123,9 @@ def systemd_run_argv(
     """`systemd-run` starting the check unit `name` with `argv` (no wait: the start of a unit that
     conflicts production first waits for production's stop, minutes for a large model).
 
-    `systemctl`: the host's own (its absolute path), run by ExecStopPost with full privileges (`+`)
-    whatever User= the check unit has; `--no-block`: a blocking start queued while this unit
-    deactivates would wait on its own stop."""
+    `systemctl`: run by ExecStopPost with full privileges (`+`) whatever User= the check unit has (a
+    bare name: systemd >= 239 looks it up in its own PATH); `--no-block`: a blocking start queued while
+    this unit deactivates would wait on its own stop."""
     about = f"--description=eagle3-pipeline serve check of {production} (a draft; stops by itself)"
     run = ["systemd-run", f"--unit={name}", "--collect", "--no-block", "--quiet", about]
     if not expand_environment:  # ExecStart's `:` prefix: no $VAR expansion

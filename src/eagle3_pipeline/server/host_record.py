@@ -176,11 +176,6 @@ class CheckRun:
             )
 
 
-def _systemctl_path(host: Any) -> str:
-    res = _must(_run(host, "command -v systemctl", "command -v"), "finding systemctl")
-    return res.stdout.strip().splitlines()[-1]
-
-
 def _reached(host: Any, record: dict[str, Any]) -> bool:
     """After a lost link: did systemd-run reach systemd? Yes when systemd knows the check unit, or
     (a check unit that already stopped and was collected) production is no longer the start it was."""
@@ -274,7 +269,7 @@ def serve_check_unit(
             before_start()
         run_argv = check_unit.systemd_run_argv(
             name, unit, argv, props, was_active=record["was_active"], runtime_max_s=runtime_max_s,
-            systemctl=_systemctl_path(host), own_env_file=record["env_file"],
+            systemctl="systemctl", own_env_file=record["env_file"],
             expand_environment=expand_environment,
         )  # fmt: skip
         _set(host, rpath, record, sudo, phase=STARTING)
@@ -309,20 +304,23 @@ def _production_back(host: Any, record: dict[str, Any], sudo: bool, timeout_s: f
     """Wait for production after the check unit stopped (its ExecStopPost starts it); start it only
     when the pipeline knows its check stopped it and nothing started it since. What was done."""
     unit = record["unit"]
+    if record.get("phase") == LOCKED:
+        return f"the check unit never started: {unit} untouched"
     if not record.get("was_active"):
         return f"{unit} was not running before the check: left as it is"
     now = state(host, unit)
     untouched = now.get("InvocationID") == record.get("invocation_before") and record.get("invocation_before")
-    if now.get("ActiveState") not in RUNNING_STATES and untouched and record.get("phase") != LOCKED:
+    if now.get("ActiveState") not in RUNNING_STATES and untouched:  # a start queued by systemd merges
         log.warning("%s was stopped by the check and not started again: starting it once", unit)
         _must(_run(host, f"{_prefix(sudo)}systemctl start --no-block -- {shlex.quote(unit)}", "start"),
               f"systemctl start {unit}")  # fmt: skip
     deadline, grace = time.monotonic() + timeout_s, time.monotonic() + 10 * POLL_S
-    while (now := state(host, unit)).get("ActiveState") != "active":
+    while now.get("ActiveState") != "active":
         stopped = now.get("ActiveState") in ("failed", "inactive")
         if (stopped and time.monotonic() > grace) or time.monotonic() > deadline:
             raise ServeCheckError(f"{unit} is {now.get('ActiveState')} after the check unit stopped")
         time.sleep(POLL_S)
+        now = state(host, unit)
     return f"{unit} running again"
 
 
