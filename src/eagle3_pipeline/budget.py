@@ -123,6 +123,20 @@ def shard_bound_bytes(settings: Settings, hidden_size: int) -> int:
     return settings.dataset.shard_size * hs.max_seq_len * bytes_per_token(hidden_size, hs.dtype)
 
 
+def part_bound_bytes(settings: Settings, hidden_size: int) -> int:
+    """The most one batch's part takes (a batch holds up to batch_tokens, or one longer sequence)."""
+    hs = settings.hidden_states
+    return max(hs.batch_tokens, hs.max_seq_len) * bytes_per_token(hidden_size, hs.dtype)
+
+
+def shard_peak_bytes(settings: Settings, hidden_size: int) -> int:
+    """The most one shard takes on disk while it is extracted: its states once (the parts are moved
+    into the packed file one at a time, each deleted once written: hidden_states/packing.py), plus the
+    part being moved."""
+    bound = shard_bound_bytes(settings, hidden_size)
+    return bound + min(part_bound_bytes(settings, hidden_size), bound)
+
+
 def state_file_bytes(draft: DraftSettings, model_config: Mapping[str, Any]) -> int:
     """Bytes of one training state file for the draft (config draft.*) of the target whose parsed
     config.json is `model_config`: STATE_BYTES_PER_PARAMETER per trained parameter, plus
@@ -163,10 +177,11 @@ def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:
 def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
-    Decided from the config alone, at parse time: floor((cap - 2S) / 2B), B one shard's upper bound and
-    S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of them). Twice B: an extraction
-    job holds its per-batch parts and its packed file at once until it ends, and on a cluster every
-    shard of a window may be extracted at the same time.
+    Decided from the config alone, at parse time: floor((cap - 2S) / (B + P)), B one shard's upper
+    bound, P one batch's part and S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of
+    them). A shard is counted once: its parts are moved into the packed file one at a time and each
+    deleted once written (shard_peak_bytes), and on a cluster every shard of a window may be extracted
+    at the same time.
 
     Raises:
         DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
@@ -176,8 +191,9 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
     if cap_gb is None:
         return None
     bound = shard_bound_bytes(settings, hidden_size)
+    peak = shard_peak_bytes(settings, hidden_size)
     states = STATE_FILES_AT_ONCE * state_bytes
-    shards = int(max(0, cap_gb * GB - states) // (2 * bound))
+    shards = int(max(0, cap_gb * GB - states) // peak)
     if shards < 1:
         held = (
             f" plus {STATE_FILES_AT_ONCE} training state files of {format_bytes(state_bytes)}"
@@ -189,10 +205,9 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
             f"hidden states while it is extracted{held}: one shard is at most dataset.shard_size "
             f"{settings.dataset.shard_size:,} samples x hidden_states.max_seq_len {hs.max_seq_len:,} "
             f"tokens x {bytes_per_token(hidden_size, hs.dtype):,} B/token (4 states x hidden size "
-            f"{hidden_size:,} x {hs.dtype} + id/mask) = {format_bytes(bound)}, counted twice while it "
-            f"is extracted (its per-batch parts and packed file exist together until the job ends): "
-            f"{format_bytes(2 * bound)}. Raise max_disk_gb to at least "
-            f"{math.ceil((2 * bound + states) / GB * 1000) / 1000:g} (rounded up), or lower "
+            f"{hidden_size:,} x {hs.dtype} + id/mask) = {format_bytes(bound)}, plus the batch part being "
+            f"packed while it is extracted: {format_bytes(peak)}. Raise max_disk_gb to at least "
+            f"{math.ceil((peak + states) / GB * 1000) / 1000:g} (rounded up), or lower "
             "dataset.shard_size or hidden_states.max_seq_len."
         )
     return shards
@@ -385,19 +400,19 @@ def on_disk_at_once(settings: Settings, budget: Budget) -> tuple[int, str]:
     """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
 
     Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
-    2 x window_shards x one shard's upper bound (and never more than the whole corpus), plus the
-    training state files held at once (STATE_FILES_AT_ONCE).
+    window_shards x one shard's peak (its upper bound once, plus the part being packed; never more
+    than the whole corpus), plus the training state files held at once (STATE_FILES_AT_ONCE).
     """
     window = capped_window_shards(settings, budget.hidden_size)
     if window is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
     state = parse_time_state_bytes(settings, budget.hidden_size)
-    bound = 2 * window * shard_bound_bytes(settings, budget.hidden_size)
+    bound = window * shard_peak_bytes(settings, budget.hidden_size)
     epochs = settings.train.epochs
     why = (
         f"capped by hidden_states.max_disk_gb = {settings.hidden_states.max_disk_gb} GB: windows of "
         f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
-        f"over the corpus); at most {format_bytes(bound)} (a window, its parts counted while extracted) "
+        f"over the corpus); at most {format_bytes(bound)} (a window, each shard once plus a part) "
         f"and {STATE_FILES_AT_ONCE} training state files of {format_bytes(state)}"
     )
     return min(budget.total_bytes, bound) + STATE_FILES_AT_ONCE * state, why

@@ -31,6 +31,7 @@ from eagle3_pipeline.budget import (
     parse_time_hidden_size,
     parse_time_state_bytes,
     shard_bound_bytes,
+    shard_peak_bytes,
     tokens_from_lengths,
     window_shards,
 )
@@ -153,9 +154,9 @@ def test_cli_prints_the_kimi_budget_and_says_it_does_not_fit(tmp_path, capsys):
     code = main([KIMI_CONFIG, "--hidden-size", "7168", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert "174,080,000 tokens" in out and "57,353 B" in out and "9.98 TB" in out
-    # the example caps the states on disk at 4,100 GB: windows of 17 shards with the two training state
-    # files counted, at most 3.99 TB of states and 2 x 16.93 GB of state files (+5%)
-    assert "windows of 17 shards" in out and "10 extraction passes" in out
+    # the example caps the states on disk at 4,100 GB: windows of 34 shards with the two training state
+    # files counted (a shard once, plus the part being packed), 4.06 TB of states and 2 x 16.93 GB
+    assert "windows of 34 shards" in out and "10 extraction passes" in out
     assert "2 training state files of 16.93 GB" in out
     assert code == (0 if free_bytes(tmp_path) > 4.3e12 else 1)
 
@@ -216,45 +217,51 @@ def _capped(cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048)
     )
 
 
-def test_windows_are_sized_from_the_config_counting_each_shard_twice():
+def test_windows_are_sized_from_the_config_counting_each_shard_once():
     bound = shard_bound_bytes(_capped(None), 128)
     assert bound == 64 * 2048 * (4 * 128 * 2 + 9) == 135_397_376  # the demo: one shard's upper bound
+    # while it is extracted a shard is on disk once, plus the batch part being moved into it (up to
+    # hidden_states.batch_tokens 16,384 tokens): parts are deleted as they are packed
+    part = 16384 * (4 * 128 * 2 + 9)
+    assert shard_peak_bytes(_capped(None), 128) == bound + part == 152_322_048
     assert window_shards(_capped(None), 128) is None  # no cap: no windows
     assert window_shards(_capped(2 * bound / GB), 128) == 1
-    assert window_shards(_capped(5 * bound / GB), 128) == 2  # floor(5B / 2B)
+    assert window_shards(_capped(5 * bound / GB), 128) == 4  # floor(5B / (B + part))
     peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_settings(_capped(None), 128))
     state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
-    assert peak == 4 * bound + 2 * state <= 5 * bound and "windows of 2 shards" in why
+    assert peak == 4 * (bound + part) + 2 * state <= 5 * bound and "windows of 4 shards" in why
     assert "3 extraction passes" in why
 
 
 def test_a_cap_below_one_shard_is_refused_with_the_numbers():
     with pytest.raises(DiskBudgetError) as error:
-        window_shards(_capped(0.2), 128)
+        window_shards(_capped(0.1), 128)
     message = str(error.value)
-    assert "hidden_states.max_disk_gb: 0.2 GB (200.00 MB) cannot hold one shard's hidden states" in message
+    assert "hidden_states.max_disk_gb: 0.1 GB (100.00 MB) cannot hold one shard's hidden states" in message
     assert "64 samples x hidden_states.max_seq_len 2,048 tokens x 1,033 B/token" in message
-    assert "135.40 MB" in message and "270.79 MB" in message and "at least 0.271" in message
+    assert "135.40 MB" in message and "152.32 MB" in message and "at least 0.153" in message
 
 
-def test_the_kimi_example_cap_holds_windows_of_17_shards():
+def test_the_kimi_example_cap_holds_windows_of_34_shards():
     config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
     settings = build_settings(config)
     assert settings.hidden_states.max_disk_gb == 4100
-    assert window_shards(settings, 7168) == 17  # 4,100 GB / (2 x 117.46 GB), without state files
+    shard = 200 * 10240 * 57353 + 32768 * 57353  # 117.46 GB once, plus a 1.88 GB part being packed
+    assert window_shards(settings, 7168) == 34  # 4,100 GB / 119.34 GB, without state files
     state = parse_time_state_bytes(settings, 7168)  # no weights at hand: the bound from the hidden size
-    assert capped_window_shards(settings, 7168) == 17  # (4,100 GB - 2 x 16.93 GB) / (2 x 117.46 GB)
-    with_4000 = check_config(
-        {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4000}}, SCHEMA
+    assert capped_window_shards(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB) / 119.34 GB
+    with_4080 = check_config(
+        {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4080}}, SCHEMA
     )
-    assert capped_window_shards(build_settings(with_4000), 7168) == 16  # the state files cost a shard
+    assert window_shards(build_settings(with_4080), 7168) == 34
+    assert capped_window_shards(build_settings(with_4080), 7168) == 33  # the state files cost a shard
     peak, _ = on_disk_at_once(settings, estimate_from_settings(settings, 7168))
-    assert peak == 2 * 17 * 200 * 10240 * 57353 + 2 * state <= 4100 * GB
+    assert peak == 34 * shard + 2 * state <= 4100 * GB
 
 
 def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp_path):
     # planned where the weights are not, a training state file is bounded from the hidden size (an MLP
-    # 4 x 7,168 wide: 16.93 GB); with Kimi-K2.5's own shape (text_config) it is 14.29 GB: 17 shards both
+    # 4 x 7,168 wide: 16.93 GB); with Kimi-K2.5's own shape (text_config) it is 14.29 GB: 34 shards both
     config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
     settings = build_settings(config)
     shape = {"hidden_size": 7168, "intermediate_size": 18432, "vocab_size": 163840, "num_attention_heads": 64}
@@ -262,7 +269,7 @@ def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp
     with_weights = replace(settings, target=replace(settings.target, model=str(tmp_path)))
     assert parse_time_state_bytes(settings, 7168) == 16_934_797_888
     assert parse_time_state_bytes(with_weights, 7168) == 14_292_386_368
-    assert capped_window_shards(settings, 7168) == capped_window_shards(with_weights, 7168) == 17
+    assert capped_window_shards(settings, 7168) == capped_window_shards(with_weights, 7168) == 34
 
 
 def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
@@ -295,17 +302,17 @@ def test_a_shard_beyond_the_cap_is_refused_by_its_check(tmp_path):
 def test_the_cap_counts_two_training_state_files():
     from eagle3_pipeline.budget import STATE_FILES_AT_ONCE
 
-    bound = shard_bound_bytes(_capped(None), 128)
+    shard = shard_peak_bytes(_capped(None), 128)  # one shard while extracted: once, plus a part
     state = parse_time_state_bytes(_capped(None), 128)  # the demo's draft: 12 B per trained parameter
     assert 5 * 10**6 < state < 7 * 10**6
-    assert window_shards(_capped(4 * bound / GB), 128, state) == 1  # (4B - 2S) / 2B
-    assert window_shards(_capped((4 * bound + 2 * state) / GB), 128, state) == 2
+    assert window_shards(_capped(2 * shard / GB), 128, state) == 1  # (2P - 2S) / P
+    assert window_shards(_capped((2 * shard + 2 * state + 1) / GB), 128, state) == 2
     with pytest.raises(DiskBudgetError, match="plus 2 training state files"):
-        window_shards(_capped((2 * bound + state) / GB), 128, state)
-    config = _capped((4 * bound + 2 * state) / GB)
+        window_shards(_capped((shard + state) / GB), 128, state)
+    config = _capped((2 * shard + 2 * state + 1) / GB)
     assert capped_window_shards(config, 128) == 2
     peak, why = on_disk_at_once(config, estimate_from_settings(_capped(None), 128))
-    assert peak == 4 * bound + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
+    assert peak == 2 * shard + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
     assert "2 training state files" in why
 
 

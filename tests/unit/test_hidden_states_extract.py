@@ -14,7 +14,7 @@ import torch
 from support.hidden_states import trace_rows, write_traces
 from transformers import AutoModelForCausalLM
 
-from eagle3_pipeline.hidden_states import HiddenStateShard, capture, extract, parts, plan, sequences
+from eagle3_pipeline.hidden_states import HiddenStateShard, capture, extract, packing, parts, plan, sequences
 from eagle3_pipeline.hidden_states import transformers_extraction as backend
 from eagle3_pipeline.hidden_states.job import ShardJob, rule_jobs, write_jobs
 from eagle3_pipeline.settings import HiddenStatesSettings
@@ -258,13 +258,44 @@ def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
     monkeypatch.setattr(backend, "run_batch", dies_in_validation)
     with pytest.raises(KeyboardInterrupt):
         extract.extract_shards(HS, jobs)
-    train_bytes = jobs[0].output.read_bytes()
-    jobs[0].output.unlink()  # what Snakemake does to a failed job's outputs
-    jobs[0].metadata.unlink()
-    assert list((jobs[0].work / "parts").glob("*.safetensors"))  # the train split's parts survive
+    # nothing committed (Snakemake would delete it): the train split packed in its work folder, once
+    assert not jobs[0].output.exists() and not jobs[0].metadata.exists()
+    train_bytes = packing.packed_path(jobs[0]).read_bytes()
+    assert not list((jobs[0].work / "parts").glob("*.safetensors"))  # each part deleted once packed
     monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
     first_attempt = len(calls)
     extract.extract_shards(HS, jobs)
     assert sorted(i for b in calls[first_attempt:] for i in b) == [0, 1]  # only validation's 2 samples ran
-    assert jobs[0].output.read_bytes() == train_bytes  # re-packed from the saved parts
+    assert jobs[0].output.read_bytes() == train_bytes  # the packed file committed as it was
     assert jobs[1].metadata.exists() and not jobs[0].work.exists() and not jobs[1].work.exists()
+
+
+def test_a_shard_is_on_disk_once_while_it_is_packed(traces, hs_target, tmp_path, monkeypatch):
+    """The parts are moved into the packed file one at a time: the work folder never holds the states
+    twice (budget.py counts a shard once, plus one batch), and a job killed while packing resumes."""
+    s = job_for(traces, hs_target, tmp_path / "out")
+    real_move, peaks, moved = packing._move_part, [], []
+
+    def measured(shard, parts_dir, b, *args):
+        allocated = sum(p.stat().st_blocks * 512 for p in s.work.rglob("*") if p.is_file())
+        peaks.append(allocated)
+        if len(moved) == 2:
+            raise KeyboardInterrupt("killed while packing")
+        moved.append(b)
+        real_move(shard, parts_dir, b, *args)
+
+    monkeypatch.setattr(packing, "_move_part", measured)
+    with pytest.raises(KeyboardInterrupt):
+        extract.extract_shard(HS, s)
+    assert len(list((s.work / "parts").glob("*.packed"))) == 2  # two parts moved, then killed
+    monkeypatch.setattr(packing, "_move_part", lambda *a: measured(*a) if len(moved) < 2 else real_move(*a))
+    calls = []
+    real_run_batch = backend.run_batch
+    monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(1) or real_run_batch(*a))
+    extract.extract_shard(HS, s)
+    assert calls == []  # the resume packs the rest: no batch computed again
+    states = s.output.stat().st_size
+    part_bound = 100 * 4 * 128 * 2 + 64 * 1024  # one batch (batch_tokens 100, 4 x H bf16) + headers, blocks
+    assert max(peaks) <= states + part_bound, (max(peaks), states)
+    with HiddenStateShard(s.output) as shard:
+        assert len(shard) == 7

@@ -32,8 +32,9 @@ from eagle3_pipeline.settings import DraftSettings
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 SAMPLES, SHARD_SIZE, MAX_SEQ_LEN, EPOCHS = 96, 32, 96, 2  # the session run's shards (e2e_overrides)
-# one shard's bound B = 32 x 96 x 1,033 B; the cap also holds the two training state files S (budget.py):
-# windows of floor((cap - 2S) / 2B) = 1 shard (1 kB over, against rounding), 3 windows per epoch
+# one shard's bound B = 32 x 96 x 1,033 B; while extracted it is on disk once plus the part being packed
+# (batch_tokens 1,024 below: P = B + 1,024 x 1,033 B); the cap also holds the two training state files
+# S (budget.py): windows of floor((cap - 2S) / P) = floor(2B / P) = 1 shard, 3 windows per epoch
 STATE_BYTES = STATE_FILES_AT_ONCE * state_file_bytes(DraftSettings(), DEMO_TARGET_SHAPE)
 CAP_GB = (2 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) + STATE_BYTES + 1000) / GB
 

@@ -55,11 +55,11 @@ def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
     assert "build_demo_target" not in counts  # demo disabled
     # the weights' config.json is here: the jobs read it (tests/workflow/test_planning_without_weights.py)
     assert "require_target_weights" not in counts
-    # hidden_states.max_disk_gb: 4100 -> windows of 17 shards (the cap also holds two training state
-    # files, budget.py), every shard extracted once per epoch
+    # hidden_states.max_disk_gb: 4100 -> windows of 34 shards (a shard counted once, plus the part being
+    # packed; the cap also holds two training state files, budget.py), every shard extracted once per epoch
     assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 100 * 10
-    assert counts["train_draft_window"] == 10 * 6 and counts["train_draft"] == 1
-    assert counts["stop_extraction_engine"] == 10 * 6  # one engine per epoch and window, not per shard
+    assert counts["train_draft_window"] == 10 * 3 and counts["train_draft"] == 1
+    assert counts["stop_extraction_engine"] == 10 * 3  # one engine per epoch and window, not per shard
     assert "gpu-box" not in result.stderr  # nothing tried to reach the host
 
 
@@ -68,15 +68,16 @@ def test_kimi_example_plans_on_the_slurm_profile(tmp_path, kimi_target):
         tmp_path / "kimi.yaml", KIMI_CONFIG, run=f"test-{tmp_path.name}", target={"model": str(kimi_target)}
     )
     counts = job_counts(dry_run(config, "--workflow-profile", "profiles/slurm").stdout)
-    assert counts["extract_hidden_states"] == 100 * 10 and counts["train_draft_window"] == 60
+    assert counts["extract_hidden_states"] == 100 * 10 and counts["train_draft_window"] == 30
 
 
 def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
-    # the demo's shard bound B = 64 x 1024 x 1,033 B = 67.7 MB; 0.3 GB = 4.4 B: windows of 2 shards
+    # the demo's shard bound B = 64 x 1024 x 1,033 B = 67.7 MB, plus a part of 8,192 tokens being packed:
+    # 76.2 MB; 0.2 GB less two training state files of 6.3 MB: windows of 2 shards
     config = write_config(
         tmp_path / "capped.yaml",
         run=f"test-{tmp_path.name}",
-        hidden_states={"max_disk_gb": 0.3},
+        hidden_states={"max_disk_gb": 0.2},
         train={"epochs": 3},
         validate={"baseline": False, "learning_curve": []},  # neither is trained under a cap
     )
@@ -88,12 +89,13 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
-    config = write_config(tmp_path / "tiny.yaml", run="t", hidden_states={"max_disk_gb": 0.1})
+    config = write_config(tmp_path / "tiny.yaml", run="t", hidden_states={"max_disk_gb": 0.05})
     result = snakemake("-n", "--configfile", str(config))
     output = result.stdout + result.stderr  # Snakemake prints the parse error on stdout
     assert result.returncode != 0
-    assert "max_disk_gb: 0.1 GB (100.00 MB) cannot hold one shard's hidden states" in output
-    assert "67.70 MB" in output and "at least 0.149" in output  # 2 x 67.70 MB + 2 state files of 6.31 MB
+    assert "max_disk_gb: 0.05 GB (50.00 MB) cannot hold one shard's hidden states" in output
+    # 67.70 MB once, plus a part of 8,192 tokens being packed (76.16 MB), + 2 state files of 6.31 MB
+    assert "67.70 MB" in output and "76.16 MB" in output and "at least 0.089" in output
     baseline = write_config(tmp_path / "b.yaml", run="t", hidden_states={"max_disk_gb": 1.0})
     refused = snakemake("-n", "--configfile", str(baseline))
     assert refused.returncode != 0 and "set validate.baseline: false" in refused.stdout + refused.stderr

@@ -89,13 +89,13 @@ def test_the_production_dry_run_plans_without_the_weights(scratch, command):
     result = shell(scratch, documented(command))
     assert result.returncode == 0, output(result)[-5000:]
     counts = job_counts(result.stdout)
-    # the plan of docs/cluster.md: 100 shards, windows of 17 shards (from target.hidden_size 7168), so
-    # 6 windows x 10 epochs, each window's engine started once; and the one job standing in for the weights
+    # the plan of docs/cluster.md: 100 shards, windows of 34 shards (from target.hidden_size 7168), so
+    # 3 windows x 10 epochs, each window's engine started once; and the one job standing in for the weights
     assert counts["generate_shard"] == counts["check_disk_budget"] == 100
     assert counts["extract_hidden_states"] == 100 * 10
-    assert counts["train_draft_window"] == counts["stop_extraction_engine"] == 6 * 10
+    assert counts["train_draft_window"] == counts["stop_extraction_engine"] == 3 * 10
     assert counts["require_target_weights"] == 1 and "build_demo_target" not in counts
-    assert sum(counts.values()) == 1539
+    assert sum(counts.values()) == 1479
     line = f"the target's weights are not on this machine ({WEIGHTS}/config.json: target.model)"
     assert line in result.stdout  # that job's line in the plan (its message)
     # the jobs that read the target wait on it (its stand-in output), none on the absent file
@@ -108,7 +108,7 @@ def test_the_budget_and_make_cost_plan_from_target_hidden_size(scratch):
     budget = shell(scratch, documented(f"python -m eagle3_pipeline.budget {EXAMPLE}"))
     text = output(budget)
     assert "total: 9.98 TB" in text and "4 states x 7,168 x bfloat16" in text, text
-    assert "windows of 17 shards" in text and "2 training state files of 16.93 GB" in text
+    assert "windows of 34 shards" in text and "2 training state files of 16.93 GB" in text
     # exit 1 only when results/ cannot hold the 4.03 TB at once (+5%): the numbers, not a missing file
     fits = "\nfits.\n" in text
     assert budget.returncode == (0 if fits else 1) and (
@@ -118,8 +118,8 @@ def test_the_budget_and_make_cost_plan_from_target_hidden_size(scratch):
     cost = shell(scratch, documented(f"make cost CONFIG={EXAMPLE}"))
     assert cost.returncode == 0, output(cost)
     figures = json.loads(cost.stdout.splitlines()[-1])
-    assert figures["hidden_size"] == 7168 and figures["engine_starts"] == 60
-    assert figures["plan"]["window_shards"] == 17 and figures["extraction_passes"] == 10
+    assert figures["hidden_size"] == 7168 and figures["engine_starts"] == 30
+    assert figures["plan"]["window_shards"] == 34 and figures["extraction_passes"] == 10
 
     # make plan runs the dry run above (its install step a no-op on an installed .venv)
     plan = subprocess.run(

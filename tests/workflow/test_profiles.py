@@ -110,7 +110,7 @@ def test_no_job_carries_forbidden_flags_in_slurm_extra(slurm_plan):
 def test_the_gpu_rules_plan_every_shard(slurm_plan):
     config = yaml.safe_load(KIMI_CONFIG.read_text())
     shards = -(-config["dataset"]["num_samples"] // config["dataset"]["shard_size"])
-    epochs, windows = config["train"]["epochs"], -(-shards // 17)  # windows of 17 shards under the cap
+    epochs, windows = config["train"]["epochs"], -(-shards // 34)  # windows of 34 shards under the cap
     # both splits of a shard per job, once per epoch (the states are deleted once trained on)
     assert len(slurm_plan["jobs"]["extract_hidden_states"]) == shards * epochs
     assert len(slurm_plan["jobs"]["train_draft_window"]) == epochs * windows

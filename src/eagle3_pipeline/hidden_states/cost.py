@@ -11,7 +11,8 @@ workflow's own rules (rules/common.smk, rules/hidden_states.smk):
 - tokens: every pass over every sample, `tokens_low` with completions of `--completion-tokens` on
   average, `tokens` (the upper bound, budget.py's) with every completion as long as
   `generation.max_tokens`, both capped at `hidden_states.max_seq_len`.
-- disk_peak_bytes: budget.on_disk_at_once on the upper bound, plus the engine's staging window.
+- disk_peak_bytes: budget.on_disk_at_once on the upper bound (a shard counted once, plus the part
+  being packed), plus the engine's staging window.
 
 GPU hours = GPUs x (starts x start time + tokens / prefill throughput), low with the fast assumptions
 and the low token count, high with the slow ones and the upper bound. Training is not included.
@@ -90,7 +91,9 @@ def estimate(
     if vllm:
         step = hs.vllm.max_num_batched_tokens or max(hs.max_seq_len + 1, hs.batch_tokens)
         window_tokens = hs.vllm.max_in_flight_tokens or 2 * step
-        staging = 2 * window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
+        # staged states stay in the engine's window until the writer reads them (back-pressure): the
+        # staging folder holds at most one window
+        staging = window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
     starts = counts["engine_starts"]
 
     def hours(tokens: int, per_s: float, start_s: float) -> float:

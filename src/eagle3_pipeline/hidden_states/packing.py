@@ -1,17 +1,22 @@
-"""The packed shard: the saved parts streamed into one file in trace-row order (tmp + rename),
-validated, then its metadata written as the JSON sibling. Both backends pack alike."""
+"""The packed shard: the saved parts moved into one file in trace-row order under the work folder, one
+part at a time (each deleted once written: the shard is on disk once), validated, then renamed into
+its output with its metadata as the JSON sibling once every split is packed. Both backends pack alike."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import capture, sequences, storage
-from eagle3_pipeline.hidden_states.parts import part_path
+from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.hidden_states.parts import packed_mark, part_path
 from eagle3_pipeline.hidden_states.plan import ShardPlan
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
 from eagle3_pipeline.settings import HiddenStatesSettings
@@ -74,57 +79,85 @@ def shard_metadata(
     }
 
 
-def write_shard(hidden_states: HiddenStatesSettings, plan: ShardPlan, meta: dict[str, Any]) -> None:
-    """Stream the parts into the packed shard (trace-row order), validate it, then write the JSON."""
-    job, seqs, batches = plan.job, plan.seqs, plan.batches
-    where: dict[int, tuple[int, int]] = {}  # sample -> (batch, first row in that batch's part)
-    for b, batch in enumerate(batches):
-        row = 0
-        for i in batch:
-            where[i] = (b, row)
-            row += len(seqs[i])
-    parts = {b: safe_open(str(part_path(job.work / "parts", b)), framework="pt") for b in range(len(batches))}
-    for b, part in parts.items():
-        if part.get_tensor("index").tolist() != batches[b]:
-            raise storage.ShardError(f"{job.work}: part {b} holds other samples; delete the work folder")
-    lengths = [len(s) for s in seqs]
+def write_shard(hidden_states: HiddenStatesSettings, plan: ShardPlan, meta: dict[str, Any]) -> Path:
+    """Move the parts into the packed shard under the work folder, part by part (each deleted once its
+    rows are written and synced), then validate it; returns the packed file, not yet committed.
+
+    The shard is on disk once while it is packed (plus the part being moved), never as every part plus
+    a full copy (budget.py counts it so). A job that dies while packing resumes from the parts left.
+    """
+    job, seqs = plan.job, plan.seqs
+    parts = job.work / "parts"
+    path = packed_path(job)
+    starts = [0]
+    for seq in seqs:
+        starts.append(starts[-1] + len(seq))
+    resume = any(packed_mark(parts, b).exists() for b in range(len(plan.batches)))
+    encoded = storage.encode_metadata(meta)
     dtype = storage.TORCH_DTYPES[hidden_states.dtype]
-    writer = storage.PackedShardWriter(
-        job.output, lengths, meta["hidden_size"], dtype, storage.encode_metadata(meta)
-    )
+    shard = storage.PackedShardFile(path, [len(s) for s in seqs], meta["hidden_size"], dtype, encoded, resume)
     try:
-        for name in ("aux_hidden_states", "final_hidden_states"):
-            for i, n in enumerate(lengths):
-                b, row = where[i]
-                writer.write(parts[b].get_slice(name)[row : row + n])
-        writer.write_offsets()
-        writer.write(torch.tensor([t for s in seqs for t in s.input_ids], dtype=torch.int32))
-        writer.write(torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.uint8))
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
+        for b, batch in enumerate(plan.batches):
+            _move_part(shard, parts, b, batch, seqs, starts)
+        input_ids = torch.tensor([t for s in seqs for t in s.input_ids], dtype=torch.int32)
+        shard.close(
+            encoded, input_ids, torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.uint8)
+        )
+    finally:
+        shard.abandon()
     try:
-        storage.validate_shard(job.output, meta["ids"], [s.input_ids for s in seqs], meta["hidden_size"])
+        storage.validate_shard(path, meta["ids"], [s.input_ids for s in seqs], meta["hidden_size"])
     except storage.ShardError:
-        job.output.rename(job.output.with_name(job.output.name + ".invalid"))
+        job.output.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(job.output.with_name(job.output.name + ".invalid"))
         raise
-    size = job.output.stat().st_size
-    meta["bytes_per_token"] = size / meta["num_tokens"] if meta["num_tokens"] else None
-    storage.write_json(meta, job.metadata)
+    meta["bytes_per_token"] = path.stat().st_size / meta["num_tokens"] if meta["num_tokens"] else None
+    return path
+
+
+def packed_path(job: ShardJob) -> Path:
+    """The shard being packed, in the work folder (Snakemake deletes a failed job's outputs, not this)."""
+    return job.work / "packed.safetensors"
+
+
+def _move_part(
+    shard: storage.PackedShardFile,
+    parts: Path,
+    b: int,
+    batch: list[int],
+    seqs: list[TrainingSequence],
+    starts: list[int],
+) -> None:
+    """Part b's rows into the shard at their samples' places, synced, then the part deleted."""
+    part, mark = part_path(parts, b), packed_mark(parts, b)
+    if not mark.exists():
+        with safe_open(str(part), framework="pt") as saved:
+            if saved.get_tensor("index").tolist() != batch:
+                raise storage.ShardError(f"{part}: holds other samples; delete the work folder")
+            row = 0
+            for i in batch:
+                n = len(seqs[i])
+                for name in ("aux_hidden_states", "final_hidden_states"):
+                    shard.write_rows(name, starts[i], saved.get_slice(name)[row : row + n])
+                row += n
+        shard.sync()
+        io.write_text("", mark)
+    part.unlink(missing_ok=True)
 
 
 def finish_shard(
     hidden_states: HiddenStatesSettings, plan: ShardPlan, backend: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Pack the saved parts into the shard, validate it, write its JSON; returns the metadata.
+    """Pack the saved parts into the shard under the work folder and validate it; returns the metadata.
 
-    The parts stay: the caller removes the work folders once every shard of its job is written.
+    Nothing is committed: the caller commits every split's shard (`commit_shard`) once all are packed,
+    so that a job dying in its second split keeps the first one's packed file (Snakemake deletes a
+    failed job's outputs, never the work folder).
     """
     meta = shard_metadata(hidden_states, plan, backend)
     write_shard(hidden_states, plan, meta)
     log.info(
-        "wrote %s: %d samples, %d tokens, %s bytes/token (floor %d)",
+        "packed %s: %d samples, %d tokens, %s bytes/token (floor %d)",
         plan.job.output,
         meta["num_samples"],
         meta["num_tokens"],
@@ -132,3 +165,16 @@ def finish_shard(
         meta["floor_bytes_per_token"],
     )
     return meta
+
+
+def commit_shard(job: ShardJob, meta: dict[str, Any], keep_work: bool = False) -> None:
+    """The packed shard into its output (a rename: no copy), then its JSON metadata. `keep_work`: a hard
+    link instead, the work folder left whole (tests pack it again)."""
+    path = packed_path(job)
+    job.output.parent.mkdir(parents=True, exist_ok=True)
+    if keep_work:
+        job.output.unlink(missing_ok=True)
+        os.link(path, job.output)
+    else:
+        os.replace(path, job.output)
+    storage.write_json(meta, job.metadata)

@@ -1,6 +1,7 @@
 """The resumable parts of a shard: every batch's states saved under the job's work folder as
 `parts/batch-{b:05d}.safetensors` (atomically), so a job that dies redoes only the batches it had not
-saved. The folder carries a fingerprint of the plan; parts of another plan are never mixed in."""
+saved; once moved into the packed shard a part is deleted and `batch-{b:05d}.packed` marks it. The
+folder carries a fingerprint of the plan; parts of another plan are never mixed in."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ def part_path(parts: Path, batch: int) -> Path:
     return parts / f"batch-{batch:05d}.safetensors"
 
 
+def packed_mark(parts: Path, batch: int) -> Path:
+    """Batch `batch` is in the packed shard (packing.py) and its part deleted."""
+    return parts / f"batch-{batch:05d}.packed"
+
+
 def missing_batches(parts: Path, plan: ShardPlan, rank: int = 0, world: int = 1) -> list[int]:
-    """The batches of rank `rank` of `world` that have no saved part yet."""
-    return [b for b in range(len(plan.batches)) if b % world == rank and not part_path(parts, b).exists()]
+    """The batches of rank `rank` of `world` that have no saved part yet (nor are packed already)."""
+    return [
+        b
+        for b in range(len(plan.batches))
+        if b % world == rank and not part_path(parts, b).exists() and not packed_mark(parts, b).exists()
+    ]

@@ -9,14 +9,16 @@ offsets[i]:offsets[i+1]):
     final_hidden_states  bf16   [T, H]     after the final norm (what lm_head sees)
     offsets              int64  [N+1]
 
-The writer streams sample by sample from the per-batch parts under the work folder, so a shard of
-several GB never has to sit in memory; the file is written to a temporary name and renamed.
+`PackedShardFile` moves the per-batch parts of the work folder into the shard one part at a time, each
+part deleted once its rows are written in place, so the shard is on disk once while it is packed (plus
+one part), never as parts plus a full copy; `PackedShardWriter` streams a shard in layout order.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -106,6 +108,102 @@ class PackedShardWriter:
     def abort(self) -> None:
         self.handle.close()
         self.tmp.unlink(missing_ok=True)
+
+
+def _layout(
+    lengths: Sequence[int], hidden_size: int, dtype: torch.dtype
+) -> list[tuple[str, torch.dtype, list[int]]]:
+    total = sum(lengths)
+    # bf16 blocks first, then int64, int32, uint8: every tensor starts aligned to its element size
+    return [
+        ("aux_hidden_states", dtype, [total, 3 * hidden_size]),
+        ("final_hidden_states", dtype, [total, hidden_size]),
+        ("offsets", torch.int64, [len(lengths) + 1]),
+        ("input_ids", torch.int32, [total]),
+        ("loss_mask", torch.uint8, [total]),
+    ]
+
+
+def _header(layout: list[tuple[str, torch.dtype, list[int]]], metadata: dict[str, str]) -> tuple[bytes, int]:
+    """(the header's JSON, unpadded; the data's length) of a packed shard."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    start = 0
+    for name, tdtype, shape in layout:
+        end = start + math.prod(shape) * tdtype.itemsize
+        header[name] = {"dtype": ST_DTYPES[tdtype], "shape": shape, "data_offsets": [start, end]}
+        start = end
+    return json.dumps(header, separators=(",", ":")).encode(), start
+
+
+class PackedShardFile:
+    """A packed shard (the layout above) filled in any order, each piece written in place (pwrite):
+    parts are moved in one at a time and deleted, so a shard is on disk once, not as parts plus a copy.
+
+    Created at its full size as a sparse file (blocks are allocated as rows are written); the header
+    keeps HEADER_SLACK spare bytes so that `close` can write the final metadata in place. Reopened
+    (`resume`) after a job died while packing: the pieces already written stay.
+    """
+
+    HEADER_SLACK = 4096
+
+    def __init__(
+        self,
+        path: Path,
+        lengths: Sequence[int],
+        hidden_size: int,
+        dtype: torch.dtype,
+        metadata: dict[str, str],
+        resume: bool = False,
+    ) -> None:
+        self.path, self.lengths = Path(path), list(lengths)
+        self.layout = _layout(self.lengths, hidden_size, dtype)
+        blob, data_bytes = _header(self.layout, metadata)
+        if resume and self.path.exists():
+            with open(self.path, "rb") as handle:
+                self.capacity = struct.unpack("<Q", handle.read(8))[0]
+            if self.path.stat().st_size != 8 + self.capacity + data_bytes:
+                raise ShardError(f"{self.path}: a packed shard of another plan; delete its work folder")
+        else:
+            self.capacity = len(blob) + self.HEADER_SLACK + (-(len(blob) + self.HEADER_SLACK) % 8)
+            with open(self.path, "wb") as handle:
+                handle.write(struct.pack("<Q", self.capacity) + blob.ljust(self.capacity))
+                handle.truncate(8 + self.capacity + data_bytes)  # sparse: no block until written
+        self.starts: dict[str, tuple[int, int]] = {}  # name -> (file offset, bytes per row)
+        offset = 8 + self.capacity
+        for name, tdtype, shape in self.layout:
+            row = math.prod(shape[1:]) * tdtype.itemsize
+            self.starts[name] = (offset, row)
+            offset += shape[0] * row
+        self.fd = os.open(self.path, os.O_RDWR)
+
+    def write_rows(self, name: str, row: int, tensor: torch.Tensor) -> None:
+        """Rows row.. of tensor `name` (a [n, ...] piece in the storage dtype)."""
+        offset, row_bytes = self.starts[name]
+        data = _raw_bytes(tensor)
+        written = os.pwrite(self.fd, data, offset + row * row_bytes)
+        if written != len(data):
+            raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes)")
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self, metadata: dict[str, str], input_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        """Write what the plan knows (offsets, ids, mask) and the final metadata, then fsync and close."""
+        self.write_rows("offsets", 0, torch.tensor([0, *self.lengths], dtype=torch.int64).cumsum(0))
+        self.write_rows("input_ids", 0, input_ids)
+        self.write_rows("loss_mask", 0, loss_mask)
+        blob, _ = _header(self.layout, metadata)
+        if len(blob) > self.capacity:
+            raise ShardError(f"{self.path}: the final metadata outgrew the header; delete its work folder")
+        os.pwrite(self.fd, blob.ljust(self.capacity), 8)
+        self.sync()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close without finishing (the pieces written stay, for a resume)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class HiddenStateShard:

@@ -16,7 +16,7 @@ import torch
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import capture, storage
 from eagle3_pipeline.hidden_states.job import ShardJob
-from eagle3_pipeline.hidden_states.packing import finish_shard
+from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import ShardPlan, plan_shard
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
@@ -88,7 +88,7 @@ def run_batches(
 def extract_shard(
     hidden_states: HiddenStatesSettings, job: ShardJob, state: Any, target: TargetModel
 ) -> dict[str, Any] | None:
-    """One shard's missing batches on this rank, then (rank 0) its packed file; the work folder stays.
+    """One shard's missing batches on this rank, then (rank 0) its packed file in the work folder.
 
     Returns the metadata on the main process, else None.
     """
@@ -132,6 +132,8 @@ def extract_shards(
     target = TargetModel()
     metas = [extract_shard(hidden_states, job, state, target) for job in jobs]
     if state.is_main_process:
+        for job, meta in zip(jobs, metas, strict=True):  # every split packed: all committed at once
+            commit_shard(job, meta)
         for job in jobs:
             shutil.rmtree(job.work, ignore_errors=True)
     return metas

@@ -308,8 +308,8 @@ def staging_bytes_per_token(hidden_size: int, num_states: int = 4) -> int:
 
 def staging_dir(vllm: VllmEngineSettings, engine_dir: Path, window_tokens: int, hidden_size: int) -> Path:
     """Where the connector writes each request's states: the config's, else /dev/shm when it holds the
-    in-flight window twice over (the requests in the engine and those being read), else the engine's
-    folder under work/ (on the run's own disk, counted in its budget)."""
+    engine's window (staged states count in it until the writer has read them: engine_health.py) with
+    as much again spare, else the engine's folder under work/ (on the run's own disk, in its budget)."""
     if vllm.staging_dir:
         return Path(vllm.staging_dir)
     need = 2 * window_tokens * staging_bytes_per_token(hidden_size)

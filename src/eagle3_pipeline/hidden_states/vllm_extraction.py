@@ -19,7 +19,7 @@ from typing import Any
 from eagle3_pipeline.hidden_states import engine as engine_service
 from eagle3_pipeline.hidden_states import final_norm, sequences, vllm_backend
 from eagle3_pipeline.hidden_states.job import ShardJob
-from eagle3_pipeline.hidden_states.packing import finish_shard
+from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import plan_shard
 from eagle3_pipeline.settings import HiddenStatesSettings
@@ -81,7 +81,7 @@ def extract_shards(
             "hidden_size": plans[0].info.hidden_size,
         }
         run_on_engine(hidden_states, first, snapshot, python, spec, {"batches": batches, "records": records})
-    metas: list[dict[str, Any] | None] = []
+    metas: list[dict[str, Any]] = []
     for plan in plans:
         record_path = plan.job.work / "engine.json"
         record = json.loads(record_path.read_text()) if record_path.exists() else None
@@ -93,6 +93,8 @@ def extract_shards(
             f"target's final RMSNorm ({norm.key}, eps {norm.eps}) applied in float32",
         }
         metas.append(finish_shard(hidden_states, plan, backend))
+    for plan, meta in zip(plans, metas, strict=True):  # every split packed: all committed at once
+        commit_shard(plan.job, meta, keep_work)
     if not keep_work:
         for job in jobs:
             shutil.rmtree(job.work, ignore_errors=True)
