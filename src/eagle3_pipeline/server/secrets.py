@@ -113,7 +113,7 @@ _KEY_VALUE = re.compile(
 # non-default args), `"API_KEYS": [...]` (JSON), `api_key=['k1']` (an argparse Namespace repr): every
 # item, quotes and escapes read as Python writes them (a `]` or `,` inside a key stays inside it)
 _LIST_VALUE = re.compile(
-    rf"""(?P<head>(?P<q>["']?)(?P<name>-*{_NAME})(?P=q)\s*[:=]\s*\[)(?P<items>(?:{_DQ}|{_SQ}|[^\]\n'"])*)\]""",
+    rf"""(?P<head>(?<![A-Za-z0-9_-])(?P<q>["']?)(?P<name>-*{_NAME})(?P=q)\s*[:=]\s*\[)(?P<items>(?:{_DQ}|{_SQ}|[^\]\n'"])*)\]""",
     re.IGNORECASE,
 )
 _LIST_ITEM = re.compile(rf"""{_DQ}|{_SQ}|[^\s,"'\[\]]+""")
