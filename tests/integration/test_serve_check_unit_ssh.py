@@ -274,3 +274,14 @@ def test_two_pipelines_sharing_a_hostname_but_not_a_pid_namespace(sshd_server, h
         with pytest.raises(ServeCheckError, match="another serve check holds"), _check(host, box):
             pass
     assert len(box.starts()) == 2 and not box.record.exists()
+
+
+def test_figures_taken_while_production_came_back_are_refused(host, box):
+    """An operator starts production during the check: systemd stops the check unit (Conflicts=), so
+    requests would reach production; the check refuses its figures and leaves production running."""
+    _start(host)
+    files = box.unit_files()
+    with pytest.raises(ServeCheckError, match="may not be the draft's"), _check(host, box) as check:
+        assert host.run(f"systemctl start -- {UNIT}").ok  # the operator
+        check.still_serving()
+    _production_is_back(box, files, starts=2)  # the test's start and the operator's, none of ours
