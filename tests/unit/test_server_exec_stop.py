@@ -33,6 +33,7 @@ def _warnings(stop_lines: str, container: set[str] | None = None) -> list[str]:
         "ExecStop=/usr/bin/docker stop vllm-other",
         "ExecStopPost=/usr/bin/systemctl isolate rescue.target",
         "ExecStop=/usr/bin/timeout 10 pkill -f vllm",
+        "ExecStopPost=/usr/bin/nvidia-smi --gpu-reset -i 0",
     ],
 )
 def test_commands_that_reach_beyond_the_unit_are_warned(line: str) -> None:

@@ -61,6 +61,8 @@ def _reach(argv: list[str], unit_name: str, own_containers: set[str]) -> str | N
         return "selects processes by name or pattern"
     if name == "fuser" and any(a.startswith("-") and "k" in a.lstrip("-") for a in args):
         return "kills every process using a file"
+    if name == "nvidia-smi" and any(a in ("-r", "--gpu-reset") for a in args):
+        return "resets a GPU, whoever uses it"
     if name == "kill":
         others = [t for t in kill_targets(args) if t not in _OWN_PIDS]
         return f"signals {' '.join(others)}, not only $MAINPID" if others else None
