@@ -129,7 +129,7 @@ if CURVE_POINTS:
             "../scripts/learning_curve.py"
 
 
-# One draft server at a time (the local demo's port, or production's unit behind its drop-in), yet
+# One draft server at a time (the local demo's port, or production, whose check unit conflicts it), yet
 # without ordering the checks: either may fail alone. Snakemake schedules draft_server like cores;
 # its limit is 1 unless the command line sets one (`--resources draft_server=N`).
 if "draft_server" not in workflow.global_resources:
@@ -163,7 +163,7 @@ rule serve_check:
             generation=as_params(SETTINGS.generation, "retries", "request_timeout_s"),
             validate=as_params(SETTINGS.validate, "remote_dir"),
         ),
-        work=f"{WORK}/{{variant}}serve_check",  # the vLLM log, pid file and drop-in state of this check
+        work=f"{WORK}/{{variant}}serve_check",  # the vLLM log and pid file of this check
     script:
         "../scripts/serve_check.py"
 
