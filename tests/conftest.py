@@ -53,7 +53,7 @@ FIRST = [
     "demo-e2e",
     "tests/unit/",
     "served-draft",
-    "tests/integration/test_serve_check_dropin.py",
+    "tests/integration/test_serve_check_unit_ssh.py",
     "demo-server",
     "tests/workflow/",
     "tests/integration/test_serve_check_host_record_ssh.py",
