@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
-from eagle3_pipeline.server import exec_stop, secrets
+from eagle3_pipeline.server import exec_stop, secrets, shell_script
 from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
 from eagle3_pipeline.server.shell_script import SHELLS
 from eagle3_pipeline.server.unit import (
@@ -561,7 +561,8 @@ def _log_state(host: Host, unit_name: str, argv: list[str]) -> None:
     if pid.isdigit() and int(pid) > 0:
         cmdline = host.run(f"cat /proc/{int(pid)}/cmdline")
         running = cmdline.stdout.rstrip("\0").split("\0") if cmdline.ok else None
-        if running and running != argv:
+        # argv[0] aside (`@` sets it); a shell that exec'd vLLM runs other words than ExecStart's own
+        if running and running[1:] != argv[1:] and shell_script.shell_c_at(argv) is None:
             log.warning("the running command line differs from the unit's ExecStart (edited, not restarted?)")
 
 
