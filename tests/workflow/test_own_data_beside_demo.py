@@ -61,3 +61,13 @@ def test_a_run_on_your_own_data_keeps_the_demo_target_and_results(tmp_path):
     assert "build_demo_target" not in counts, "the demo target would be refitted on the user's data"
     assert counts["prepare_prompts"] >= 1 and counts["serve_check"] >= 1
     assert "results/mine/" in result.stdout and "results/demo/" not in result.stdout
+
+
+def test_your_own_data_under_run_demo_is_refused_naming_run(tmp_path):
+    (tmp_path / "config").symlink_to(REPO / "config")
+    dataset = own_dataset(tmp_path / "mine.jsonl")
+    config = write_config(tmp_path / "mine.yaml", dataset={"path": str(dataset)})  # run: demo
+    result = workdir_run(tmp_path, "-n", "--configfile", str(config))
+    assert result.returncode != 0
+    text = result.stdout + result.stderr
+    assert "run is 'demo' but dataset.path is" in text and "set run to a name of your own" in text
