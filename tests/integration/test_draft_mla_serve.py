@@ -37,9 +37,9 @@ PROMPT_LEN, NEW_TOKENS, STEPS = 8, 24, 3
 # the draft learns the few sequences it is then served on (about 40 steps): acceptance well above 1 in
 # both engines, so that the comparison measures something
 TRAIN = TrainSettings(epochs=20, lr=3e-3, warmup_ratio=0.1, batch_tokens=96, seed=0, save_every_steps=1000)
-# served acceptance against the replay of the served text itself (transformers' states of vLLM's own
-# greedy continuations, which drift from transformers' greedy ones in bf16): the engines' features still
-# differ by a few percent on MoE/MLA targets (3.6-4.4% relative measured here), so some anchors flip
+# served acceptance against the served run replayed offline on the served text itself (transformers'
+# states of vLLM's own greedy continuations, which drift from transformers' greedy ones in bf16): the
+# engines' features still differ by a few percent on MoE/MLA targets, so some anchors flip
 TOLERANCE = 0.5
 
 
@@ -156,11 +156,12 @@ def test_an_mla_draft_trained_here_is_served_by_vllm_and_matches_its_replay(tmp_
     same = sum(s == v[PROMPT_LEN:] for s, v in zip(served_tokens, val_seqs, strict=True))
     served_seqs = [p + s for p, s in zip(val_prompts, served_tokens, strict=True)]
     served_shard = write_shard(load_target(target), served_seqs, PROMPT_LEN, tmp_path / "served.safetensors")
-    replay = evaluate(checkpoint, target, [served_shard], steps=STEPS, device="cpu")["acceptance_length"][-1]
-    figures = (
-        f"served {served:.3f}, its text replayed {replay:.3f}, the training text replayed {replayed:.3f}"
-    )
-    figures += f"; continuations equal to transformers' greedy: {same}/4"
+    # the served run replayed (drafts only where vLLM drafts, after each verification step: what a served
+    # figure is compared with; every-position acceptance reads higher), greedy, with its interval
+    greedy = evaluate(checkpoint, target, [served_shard], steps=STEPS, device="cpu")["replayed"]["greedy"]
+    replay, (low, high) = greedy["acceptance_length"][-1], greedy["ci95"][-1]
+    figures = f"served {served:.3f}, its text replayed {replay:.3f} [{low}, {high}], every position of the "
+    figures += f"training text {replayed:.3f}; continuations equal to transformers' greedy: {same}/4"
     logging.getLogger(__name__).info(figures)  # -o log_cli=true --log-cli-level=INFO shows it
     assert replayed > 1.5, figures  # the draft learnt its sequences
-    assert abs(served - replay) <= TOLERANCE, figures
+    assert low <= served <= high and abs(served - replay) <= TOLERANCE, figures
