@@ -355,3 +355,20 @@ def test_an_env_file_this_user_cannot_read_is_unknown_not_missing(tmp_path: Path
     assert [u.why for u in unit.unresolved] == [
         "cannot be read here (/etc/vllm/secret.env: permission denied): its variables are unknown"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "reach"),
+    [
+        (["/usr/bin/vllm", "serve", "/m"], True),
+        (["/bin/bash", "-c", 'exec vllm serve "$@"', "name", "/m"], True),
+        (["/bin/bash", "-c", 'source /v/bin/activate && exec vllm serve /m "$@"', "n"], True),
+        (["/bin/bash", "-c", "exec vllm serve /m --port 1", "n"], False),  # its own flags: no "$@"
+        (["/bin/bash", "-c", 'exec vllm serve "$1"', "n", "/m"], False),
+        (["/usr/bin/python3", "-m", "http.server"], False),
+    ],
+)
+def test_appended_words_reach_vllm_only_through_dollar_at(argv: list[str], reach: bool) -> None:
+    from eagle3_pipeline.server.vllm_find import appended_words_reach_vllm
+
+    assert appended_words_reach_vllm(argv, LocalHost().read_file) is reach

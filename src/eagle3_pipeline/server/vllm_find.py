@@ -164,3 +164,18 @@ def _script_text(path: str, read_file: Any, need_shebang: bool) -> str | None:
     if need_shebang and not any(os.path.basename(word) in SHELLS for word in shebang):
         return None
     return text
+
+
+_SENTINEL = "--eagle3-pipeline-appended-word"
+
+
+def appended_words_reach_vllm(argv: list[str], read_file: Any, cwd: str | None = "/") -> bool:
+    """True when words added at the end of argv end up at the end of vLLM's own command line: argv
+    runs vLLM directly, or a shell whose vLLM line ends in `"$@"` (`bash -c '... exec vllm serve
+    "$@"' name ARGS`, or a wrapper script run with ARGS). Then a check can add flags (a draft) to
+    such an ExecStart as it adds them to a plain `vllm serve`; otherwise (a shell -c string that names
+    its own flags) they would land outside vLLM."""
+    if shell_script.shell_c_at(argv) is None and _script_call(argv, cwd) is None:
+        return find_vllm(argv) is not None
+    line, run, _ = through_shell([*argv, _SENTINEL], {}, read_file, cwd)
+    return run is not None and run.argv is not None and find_vllm(line) is not None and line[-1] == _SENTINEL
