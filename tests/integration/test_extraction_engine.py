@@ -1,6 +1,7 @@
 """One extraction engine for many jobs (issue 22), with a real vLLM CPU engine: jobs of one engine folder
-share one start, an engine killed mid-run fails its client loudly, and the rerun starts a new engine
-that resumes from the parts saved (finished batches are not recomputed).
+share one start, a dead client's request is dropped unrun (issue 37), an engine killed mid-run fails
+its client loudly, and the rerun starts a new engine that resumes from the parts saved (finished
+batches are not recomputed).
 
 Two engine starts in all (the shared one, then the one after the kill), kept small for 2 CI cores as in
 test_hidden_states_vllm.py: max_model_len 512, VLLM_CPU_KVCACHE_SPACE=1, enforce_eager.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,6 +23,7 @@ from support.hidden_states import trace_rows, write_traces
 from support.requirements import require
 from support.vllm_server import cpu_vllm_env
 
+from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.settings import HiddenStatesSettings, section
@@ -79,6 +83,23 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
             and meta_a["engine"]["connector"] == "SyncHiddenStatesConnector"
         )
         assert meta_a["engine"]["max_model_len"] == 512 and meta_a["engine"]["max_num_batched_tokens"] == 512
+
+        # a client killed before the engine took its request: its pid is gone, the engine runs none of it
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        orphan_part = tmp_path / "orphan.safetensors"
+        batch = {"part": str(orphan_part), "index": [0], "input_ids": [list(range(1, 65))]}
+        orphan = {
+            "name": "orphan",
+            "batches": [batch],
+            "client": {"host": socket.gethostname(), "pid": dead.pid},
+        }
+        io.write_json(orphan, engine_dir / "queue" / "orphan.json")
+        deadline = time.monotonic() + 60
+        while (json.loads((engine_dir / "stats.json").read_text()).get("cancelled") or 0) < 1:
+            assert time.monotonic() < deadline, "the engine never dropped the dead client's request"
+            time.sleep(0.1)
+        assert not orphan_part.exists() and not (engine_dir / "done" / "orphan.json").exists()
 
         # a job of one sample per batch, fed one request at a time so that the kill lands mid-run
         killed = _job(tmp_path, write_traces(tmp_path / "c.parquet", rows[8:]), hs_target, "c", engine_dir)

@@ -109,7 +109,7 @@ def test_the_budget_and_make_cost_plan_from_target_hidden_size(scratch):
     text = output(budget)
     assert "total: 9.98 TB" in text and "4 states x 7,168 x bfloat16" in text, text
     assert "windows of 34 shards" in text and "2 training state files of 16.93 GB" in text
-    # exit 1 only when results/ cannot hold the 4.03 TB at once (+5%): the numbers, not a missing file
+    # exit 1 only when results/ cannot hold the 4.09 TB at once (+5%): the numbers, not a missing file
     fits = "\nfits.\n" in text
     assert budget.returncode == (0 if fits else 1) and (
         fits or "DOES NOT FIT: the hidden states need" in text

@@ -288,11 +288,27 @@ class Server:
         # perf_counter marks: engine ready, first request taken, last engine step, last request done
         self.ready_at = self.first_request = self.last_step = self.last_done = 0.0
 
+    def _queued(self) -> list[tuple[float, Path]]:
+        """queue/'s requests, oldest first (one its client unqueued meanwhile is skipped)."""
+        found = []
+        for path in (self.directory / "queue").glob("*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                found.append((path.stat().st_mtime, path))
+        return sorted(found)
+
     def _take_requests(self, record: dict[str, Any]) -> None:
-        for path in sorted((self.directory / "queue").glob("*.json"), key=lambda p: p.stat().st_mtime):
-            data = json.loads(path.read_text())
-            path.unlink()
+        for _, path in self._queued():
+            try:
+                data = json.loads(path.read_text())
+                path.unlink()
+            except FileNotFoundError:  # cancelled by its client (engine_health.request_cancel)
+                continue
             request = Request(data)
+            why = engine_health.dropped(self.directory, request.name, request.client)
+            if why:  # its client gone before it ran: nothing of it is sent
+                log.info("request %s dropped before it ran (%s)", request.name, why)
+                self._forget(request, why)
+                continue
             self.open_requests[request.name] = request
             self.first_request = self.first_request or time.perf_counter()
             for target in request.records:
@@ -390,8 +406,14 @@ class Server:
             if why:
                 self._cancel(engine, request, why)
 
-    def _cancel(self, engine: Any, request: Request, why: str) -> None:
+    def _forget(self, request: Request, why: str) -> None:
+        """A request whose client is gone: no done file, its cancel mark removed, counted."""
         request.cancelled = why
+        self.open_requests.pop(request.name, None)
+        (self.directory / engine_health.CANCEL_DIR / request.name).unlink(missing_ok=True)
+        self.cancelled += 1
+
+    def _cancel(self, engine: Any, request: Request, why: str) -> None:
         unsent = sum(1 for item in self.pending if item[0] is request)
         self.pending = deque(item for item in self.pending if item[0] is not request)
         aborted = [rid for rid, entry in self.in_flight.items() if entry[0] is request]
@@ -399,9 +421,7 @@ class Server:
             engine.abort_request(aborted)
         for rid in aborted:
             self.window.drop(self.in_flight.pop(rid)[3])
-        self.open_requests.pop(request.name, None)
-        (self.directory / engine_health.CANCEL_DIR / request.name).unlink(missing_ok=True)
-        self.cancelled += 1
+        self._forget(request, why)
         log.info(
             "request %s dropped (%s): %d sequences unsent, %d aborted in the engine; its saved parts stay",
             request.name, why, unsent, len(aborted),
