@@ -27,7 +27,6 @@ Needs on the host: `sudo -n` for systemd-run, systemctl, tee, ln, mv, rm and cat
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shlex
 import time
@@ -36,6 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.server import check_unit, process_identity, secrets
+from eagle3_pipeline.server.check_record import (
+    manual_recovery,
+    must,
+    owner_text,
+    put_record,
+    read_record,
+    record_path,
+    refuse_unproven,
+    run_retried,
+    set_fields,
+    sudo_prefix,
+)
 from eagle3_pipeline.server.dropin import LEGACY_DIRS, LEGACY_DROPIN_NAME, ServeCheckError, new_run_id
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts
 from eagle3_pipeline.server.remote import TransportError, retry_transport
@@ -50,26 +61,10 @@ START_ATTEMPTS = 3  # systemd-run sent again only when systemd, read again, does
 LOCKED, STARTING, RUNNING = "locked", "starting", "running"
 
 
-def _must(result: Any, what: str) -> Any:
-    if not result.ok:
-        err = secrets.REDACTOR.scrub(result.stderr.strip() or result.stdout.strip())
-        raise ServeCheckError(f"{what} failed on the server host: {err}")
-    return result
-
-
-def _prefix(sudo: bool) -> str:
-    return "sudo -n " if sudo else ""
-
-
-def _run(host: Any, command: str, what: str, timeout: float | None = None) -> Any:
-    """A read (or a state-checked step): retried after a transport error, on a fresh connection."""
-    return retry_transport(lambda: host.run(command, timeout=timeout), what)
-
-
 def show(host: Any, unit: str, *names: str) -> dict[str, list[str]]:
     """`systemctl show -p A,B` (machine-readable, never translated), read again after a lost link."""
-    res = _run(host, f"systemctl show --no-pager -p {','.join(names)} -- {shlex.quote(unit)}", "show")
-    _must(res, f"systemctl show {unit}")
+    res = run_retried(host, f"systemctl show --no-pager -p {','.join(names)} -- {shlex.quote(unit)}", "show")
+    must(res, f"systemctl show {unit}")
     return check_unit.parse_show(res.stdout)
 
 
@@ -77,83 +72,6 @@ def state(host: Any, unit: str) -> dict[str, str]:
     """A unit's LoadState, ActiveState, InvocationID and MainPID (the last value of each)."""
     props = show(host, unit, "LoadState", "ActiveState", "SubState", "InvocationID", "MainPID")
     return {k: v[-1] for k, v in props.items()}
-
-
-def record_path(unit: str, record_dir: str) -> str:
-    """The host record (and lock) of a serve check on unit: `record_dir` (server.host_state_dir: /run,
-    a tmpfs, which a reboot clears along with transient units) / UNIT.serve-check.json."""
-    if "/" in unit or not unit.endswith(".service") or unit.startswith("."):
-        raise ServeCheckError(f"server.unit {unit!r} is not a NAME.service unit name")
-    return f"{record_dir}/{unit}.serve-check.json"
-
-
-def read_record(host: Any, path: str, sudo: bool) -> dict[str, Any] | None:
-    """The host record at path; None when there is none (told by `test`'s exit status, not by text)."""
-    if not _run(host, f"test -e {shlex.quote(path)}", "test").ok:
-        return None
-    text = _must(_run(host, f"{_prefix(sudo)}cat -- {shlex.quote(path)}", "read"), f"reading {path}").stdout
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise ServeCheckError(f"{host.name}:{path} is not a serve-check record; move it away") from None
-
-
-def _put_record(host: Any, path: str, record: dict[str, Any], sudo: bool, exclusive: bool = False) -> bool:
-    """Write the record (world-readable: it holds no secret) to a temporary file, then move it into
-    place, or, `exclusive`, hard-link it there, which fails when a record is already there: that is
-    the lock. One command; repeating it after a lost link is safe (the same content, the same name).
-    False when exclusive and held by another run."""
-    prefix, q_path = _prefix(sudo), shlex.quote(path)
-    tmp = shlex.quote(f"{path}.{record['run']}.tmp")
-    text = shlex.quote(json.dumps(record, sort_keys=True))
-    write = f"umask 022 && printf '%s\\n' {text} | {prefix}tee -- {tmp} >/dev/null"
-    if not exclusive:
-        _must(_run(host, f"{write} && {prefix}mv -f -- {tmp} {q_path}", "write record"), f"writing {path}")
-        return True
-    mine = f"{prefix}cmp -s -- {tmp} {q_path} && exit 0"  # a lost link after our own ln: ours
-    res = _run(
-        host, f"{write} || exit 2; {prefix}ln -- {tmp} {q_path} || {{ {mine}; held=1; }}; "
-        f"{prefix}rm -f -- {tmp}; exit ${{held:-0}}", "lock",
-    )  # fmt: skip
-    if res.exited == 2:
-        _must(res, f"writing {path}")
-    return res.ok
-
-
-def _set(host: Any, path: str, record: dict[str, Any], sudo: bool, **fields: Any) -> None:
-    record.update(fields)
-    _put_record(host, path, record, sudo)
-
-
-def _owner_text(record: dict[str, Any]) -> str:
-    owner = record.get("owner") or {}
-    return (
-        f"run {record.get('run')} by pid {owner.get('pid')} on {owner.get('host')} "
-        f"({owner.get('pid_ns')}), phase {record.get('phase')}, check unit {record.get('check_unit')}"
-    )
-
-
-def manual_recovery(record: dict[str, Any], path: str) -> str:
-    """What an operator runs by hand: stop the check unit (systemd then starts production if it was
-    running), start production only if it was running and is not, remove the record."""
-    check, unit = record.get("check_unit"), record.get("unit")
-    start = (
-        f"then, only if `systemctl is-active {unit}` is not active: sudo systemctl start {unit}; "
-        if record.get("was_active") else f"{unit} was not running before the check: leave it; "
-    )  # fmt: skip
-    return f"sudo systemctl stop {check} (nothing to undo on disk); {start}then sudo rm -f {path}"
-
-
-def _refuse_unproven(host: Any, path: str, record: dict[str, Any]) -> None:
-    """Raise unless the record's owner is provably gone (process_identity.is_running is False)."""
-    owner = record.get("owner") or {}
-    if process_identity.is_running(owner) is False:
-        return
-    raise ServeCheckError(
-        f"{host.name}:{path}: a serve check ({_owner_text(record)}) holds {record.get('unit')}; its "
-        f"owner {process_identity.where_text(owner)}, so it is not provably gone and nothing was changed. "
-        f"Wait for it to finish; if it is gone for good, recover by hand: {manual_recovery(record, path)}"
-    )
 
 
 @dataclass
@@ -192,10 +110,10 @@ def _start_check(
     """Send systemd-run; after a lost link read systemd again and send it again only when it never
     reached systemd (at most START_ATTEMPTS times). Then wait until the check unit runs (production's
     stop comes first). Its InvocationID."""
-    name, command = record["check_unit"], f"{_prefix(sudo)}{shlex.join(argv)}"
+    name, command = record["check_unit"], f"{sudo_prefix(sudo)}{shlex.join(argv)}"
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            _must(host.run(command), f"systemd-run {name}")
+            must(host.run(command), f"systemd-run {name}")
             break
         except TransportError as err:
             log.warning("the link dropped while starting %s (%s): reading systemd again", name, err)
@@ -251,19 +169,19 @@ def serve_check_unit(
         "active_state_before": last.get("ActiveState"), "invocation_before": last.get("InvocationID") or None,
         "draft_path": draft_path, "env_file": f"{record_dir}/{name}.env" if env else None,
     }  # fmt: skip
-    _must(
-        _run(host, f"{_prefix(sudo)}mkdir -p -- {shlex.quote(record_dir)}", "mkdir"),
+    must(
+        run_retried(host, f"{sudo_prefix(sudo)}mkdir -p -- {shlex.quote(record_dir)}", "mkdir"),
         "mkdir of the record folder",
     )
-    if not _put_record(host, rpath, record, sudo, exclusive=True):
+    if not put_record(host, rpath, record, sudo, exclusive=True):
         held = read_record(host, rpath, sudo) or {}
         raise ServeCheckError(
-            f"another serve check holds {unit} on {host.name} ({_owner_text(held)}); nothing was changed"
+            f"another serve check holds {unit} on {host.name} ({owner_text(held)}); nothing was changed"
         )
     try:
         if env:
             text = check_unit.env_file_text(env)
-            _must(retry_transport(lambda: secrets.write_secret_file(host, record["env_file"], text, sudo),
+            must(retry_transport(lambda: secrets.write_secret_file(host, record["env_file"], text, sudo),
                                   "env file"), "writing the check unit's environment")  # fmt: skip
         if before_start is not None:
             before_start()
@@ -272,9 +190,9 @@ def serve_check_unit(
             systemctl="systemctl", own_env_file=record["env_file"],
             expand_environment=expand_environment,
         )  # fmt: skip
-        _set(host, rpath, record, sudo, phase=STARTING)
+        set_fields(host, rpath, record, sudo, phase=STARTING)
         invocation = _start_check(host, record, run_argv, sudo, timeout_s)
-        _set(host, rpath, record, sudo, phase=RUNNING, check_invocation=invocation)
+        set_fields(host, rpath, record, sudo, phase=RUNNING, check_invocation=invocation)
         yield CheckRun(host, name, invocation, run_id)
     except BaseException as err:
         log.warning("serve check ends early (%s): restoring %s", type(err).__name__, unit)
@@ -292,8 +210,8 @@ def _stop_check(host: Any, record: dict[str, Any], sudo: bool, timeout_s: float)
     sent = False
     while (now := state(host, name)).get("LoadState") == "loaded" and now.get("ActiveState") != "inactive":
         if not sent and now.get("ActiveState") != "deactivating":
-            _must(_run(host, f"{_prefix(sudo)}systemctl stop --no-block -- {shlex.quote(name)}", "stop"),
-                  f"systemctl stop {name}")  # fmt: skip
+            stop = f"{sudo_prefix(sudo)}systemctl stop --no-block -- {shlex.quote(name)}"
+            must(run_retried(host, stop, "stop"), f"systemctl stop {name}")
             sent = True
         if time.monotonic() > deadline:
             raise ServeCheckError(f"{name} is still {now.get('ActiveState')} {timeout_s:g} s after its stop")
@@ -312,8 +230,8 @@ def _production_back(host: Any, record: dict[str, Any], sudo: bool, timeout_s: f
     untouched = now.get("InvocationID") == record.get("invocation_before") and record.get("invocation_before")
     if now.get("ActiveState") not in RUNNING_STATES and untouched:  # a start queued by systemd merges
         log.warning("%s was stopped by the check and not started again: starting it once", unit)
-        _must(_run(host, f"{_prefix(sudo)}systemctl start --no-block -- {shlex.quote(unit)}", "start"),
-              f"systemctl start {unit}")  # fmt: skip
+        start = f"{sudo_prefix(sudo)}systemctl start --no-block -- {shlex.quote(unit)}"
+        must(run_retried(host, start, "start"), f"systemctl start {unit}")
     deadline, grace = time.monotonic() + timeout_s, time.monotonic() + 10 * POLL_S
     while now.get("ActiveState") != "active":
         stopped = now.get("ActiveState") in ("failed", "inactive")
@@ -331,7 +249,7 @@ def _verify_production(
     pid = state(host, record["unit"]).get("MainPID", "0")
     draft = record.get("draft_path")
     if draft and pid.isdigit() and pid != "0":
-        res = _run(host, f"{_prefix(sudo)}cat -- /proc/{pid}/cmdline", "cmdline")
+        res = run_retried(host, f"{sudo_prefix(sudo)}cat -- /proc/{pid}/cmdline", "cmdline")
         if res.ok and draft in res.stdout:
             raise ServeCheckError(f"{record['unit']}'s main process (pid {pid}) runs the draft {draft}")
     if verify is not None:
@@ -357,8 +275,11 @@ def restore_from_record(
             if record.get("was_active") and record.get("phase") in (STARTING, RUNNING):
                 _verify_production(host, record, sudo, verify)
             if record.get("env_file"):
-                _run(host, f"{_prefix(sudo)}rm -f -- {shlex.quote(record['env_file'])}", "rm env")
-            _must(_run(host, f"{_prefix(sudo)}rm -f -- {shlex.quote(path)}", "rm record"), f"removing {path}")
+                run_retried(host, f"{sudo_prefix(sudo)}rm -f -- {shlex.quote(record['env_file'])}", "rm env")
+            must(
+                run_retried(host, f"{sudo_prefix(sudo)}rm -f -- {shlex.quote(path)}", "rm record"),
+                f"removing {path}",
+            )
         except (ServeCheckError, TransportError) as err:
             raise ServeCheckError(
                 f"restoring {unit} on {host.name} after the serve check failed ({err}). The record {path} "
@@ -379,7 +300,7 @@ def _refuse_legacy_dropin(host: Any, unit: str) -> None:
     (removing it needs a daemon-reload, which would also load an operator's unloaded edits)."""
     for folder in LEGACY_DIRS:
         path = f"{folder}/{unit}.d/{LEGACY_DROPIN_NAME}"
-        if _run(host, f"test -e {shlex.quote(path)}", "test").ok:
+        if run_retried(host, f"test -e {shlex.quote(path)}", "test").ok:
             raise ServeCheckError(
                 f"{host.name}:{path} is a serve-check drop-in left by an older eagle3-pipeline: production "
                 f"may run the draft. By hand: sudo rm {path} && sudo systemctl daemon-reload && sudo "
@@ -402,8 +323,8 @@ def recover_leftover(
     record = read_record(host, rpath, sudo)
     if record is None:
         return []
-    _refuse_unproven(host, rpath, record)
-    log.warning("found the record of an unfinished serve check (%s): restoring %s", _owner_text(record), unit)
+    refuse_unproven(host, rpath, record)
+    log.warning("found the record of an unfinished serve check (%s): restoring %s", owner_text(record), unit)
     restore_from_record(host, record, rpath, sudo, timeout_s, verify)
     return [
         {"check_unit": record.get("check_unit"), "run": record["run"], "was_active": record["was_active"]}
