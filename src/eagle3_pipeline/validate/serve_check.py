@@ -4,8 +4,9 @@ them and vLLM's spec-decode counters read around them (spec_decode.py); the figu
 offline simulation, by source, and the speedup over the target alone (served_figures.py).
 
 Where it runs: a local unit (the demo, `server.host: local`) as a second process on a free port
-(local_vllm.py); a systemd unit (production) restarted with a temporary drop-in and restored after
-(production_check.py), because the draft must run on the GPUs the target runs on.
+(local_vllm.py); a systemd unit (production) by a check unit of its own that conflicts production and
+whose stop systemd follows by starting production again (production_check.py): the draft must run on
+the GPUs the target runs on, and production's unit is never written.
 """
 
 from __future__ import annotations
