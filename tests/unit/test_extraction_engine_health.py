@@ -1,4 +1,4 @@
-"""The extraction engine's health (issue 37, item 4), on the real serving loop (vllm_worker.Server) with
+"""The extraction engine's health (issue 37, item 4), on the real serving loop (engine_loop.Server) with
 an engine and a reader that stand in for vLLM's: back-pressure (nothing admitted while the writer is
 behind), the watchdog (a dead writer, a stuck model step: failed.json names the stage and a waiting
 client fails at once with it), and a dropped client's requests cancelled (a cancel mark, a dead pid).
@@ -22,7 +22,7 @@ import torch
 
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import engine, engine_health
-from eagle3_pipeline.hidden_states.vllm_worker import Server
+from eagle3_pipeline.hidden_states.engine_loop import Server
 
 H = 4  # hidden size of the states the reader returns
 

@@ -1,4 +1,4 @@
-"""The extraction engine's busy fraction (vllm_worker.Server.stats): time in engine steps over the wall
+"""The extraction engine's busy fraction (engine_loop.Server.stats): time in engine steps over the wall
 from the engine ready to the last request done, and where the rest of that wall went. Pure arithmetic
 on the marks the serving loop sets; the loop itself runs in tests/integration/test_extraction_engine.py.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_pipeline.hidden_states.vllm_worker import Server
+from eagle3_pipeline.hidden_states.engine_loop import Server
 
 
 def _server(tmp_path) -> Server:

@@ -3,7 +3,8 @@
 Modules: `extract` (the job's entry point, by backend), `job` (a job and its file), `plan` (a shard's
 sequences and batches), `parts` (resumable per-batch parts), `packing` (parts into the packed shard
 and its metadata), `transformers_extraction` and `vllm_extraction` (the two backends; `vllm_backend`,
-`engine`, `vllm_worker`, `vllm_connector` and `final_norm` serve the second), `sequences` (token ids
+`engine`, `engine_health`, `vllm_worker`, `engine_loop`, `vllm_connector` and `final_norm` serve the
+second), `sequences` (token ids
 and loss masks from traces), `capture` (running the target, layer hooks), `storage` (packed
 safetensors: writer, validation, memory-mapped reader `HiddenStateShard`), `cost` (a config's
 extraction cost). See docs/hidden_states.md.
