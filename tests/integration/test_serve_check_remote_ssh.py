@@ -91,7 +91,7 @@ def test_the_snapshot_step_finishes_a_killed_check_first(sshd_server, host, box,
     owner is provably gone (same host, boot and PID namespace; its process gone) is finished."""
     _home(sshd_server, tmp_path, monkeypatch)
     assert host.run(f"systemctl start -- {UNIT}").ok
-    record = {"unit": UNIT, "run": "killed", "phase": "running", "was_active": True, "draft_path": "/srv/draft-x",
+    record = {"unit": UNIT, "run": "killed", "phase": "running", "was_active": True, "draft_path": "/srv/d-x",
               "check_unit": "eagle3-serve-check-killed.service", "invocation_before": box.invocation(),
               "env_file": None, "owner": process_identity.identity() | {"start_ticks": -1}}  # fmt: skip
     box.record.write_text(json.dumps(record))
