@@ -244,3 +244,13 @@ def test_the_watchdog_rules():
         "writer",
         "the writer thread died (RuntimeError: boom)",
     )
+
+
+def test_the_stop_report_of_an_engine_its_watchdog_stopped_names_the_stage(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    info = {"start_id": "s1", "pid": gone.pid, "host": socket.gethostname(), "started_at": time.time()}
+    (tmp_path / "process.json").write_text(json.dumps(info))
+    engine_health.record_failure(tmp_path, "s1", "model step", "an engine step has not returned for 301 s")
+    report = engine.stop_engine(tmp_path)
+    assert report["stopped"] == "already exited" and report["failed"]["stage"] == "model step"

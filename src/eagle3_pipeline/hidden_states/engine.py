@@ -322,10 +322,12 @@ def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
             return {"stopped": None, "reason": "no engine was started"}
         if not engine_alive(directory, info):
             (directory / "process.json").unlink(missing_ok=True)
+            failure = engine_health.read_failure(directory, info["start_id"])  # its watchdog's, if any
             return {
                 "start_id": info["start_id"],
                 "stopped": "already exited",
                 **(_read(directory / "stats.json") or {}),
+                **({"failed": failure} if failure else {}),
             }
         report = _stop(directory, info, timeout_s)
     log.info(

@@ -4,8 +4,10 @@ its output with its metadata as the JSON sibling once every split is packed. Bot
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -176,5 +178,14 @@ def commit_shard(job: ShardJob, meta: dict[str, Any], keep_work: bool = False) -
         job.output.unlink(missing_ok=True)
         os.link(path, job.output)
     else:
-        os.replace(path, job.output)
+        try:
+            os.replace(path, job.output)
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            # work/ on another filesystem than the outputs: a copy, the shard twice until it is done
+            log.warning("%s and %s are on different filesystems: copying the shard", path, job.output)
+            with io.atomic_path(job.output) as tmp:
+                shutil.copyfile(path, tmp)
+            path.unlink()
     storage.write_json(meta, job.metadata)
