@@ -103,6 +103,15 @@ def test_the_draft_command_keeps_production_words_and_prefixes():
     assert "$KEY" in words and "--enforce-eager" not in words  # $KEY: systemd expands it, as for production
 
 
+def test_a_shell_that_passes_its_arguments_to_vllm_gets_the_draft_flags_at_the_end():
+    """`bash -c '... exec vllm serve "$@"' vllm ARGS`: appended words reach vLLM's own line."""
+    script = 'source /v/bin/activate && exec vllm serve "$@"'
+    words = draft_argv(ExecCommand("", f"/bin/bash -c '{script}' vllm /m --port 8000"), "/c", 3, True)
+    assert words[:7] == ["/bin/bash", "-c", script, "vllm", "/m", "--port", "8000"]
+    assert words[7] == "--speculative-config" and words[9:] == ["--enforce-eager"]
+    assert spec_of(words)["model"] == "/c"
+
+
 def test_argv0_is_dropped_and_privilege_prefixes_refused():
     """`@`: the second word is argv[0] only; `+`/`!` cannot be carried by a transient unit's command."""
     words = draft_argv(ExecCommand("@", "/opt/venv/bin/vllm vllm-prod serve /m"), "/c", 3, False)

@@ -6,6 +6,7 @@ once wrote on the production unit; the check never writes that unit now: docs/va
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 import uuid
@@ -13,6 +14,7 @@ import uuid
 from eagle3_pipeline.server import container
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_cat_output
 from eagle3_pipeline.server.vllm_args import SHELLS, eagle3_draft, find_vllm, serving_argv
+from eagle3_pipeline.server.vllm_find import appended_words_reach_vllm
 
 # Where versions before the check unit wrote a drop-in on the production unit: a leftover one is
 # reported (never removed here: that would need a daemon-reload, which loads an operator's pending edits).
@@ -60,14 +62,19 @@ def draft_argv(
     words = command.program_words()
     checkpoint_dir = _draft_path_in_container(words, checkpoint_dir)
     found = find_vllm(words)
+    if (found is None or _in_shell(found[0])) and appended_words_reach_vllm(words, _no_file):
+        # `bash -c '... exec vllm serve "$@"' NAME ARGS`: words added at the end reach vLLM's own line
+        spec = json.dumps(eagle3_draft(checkpoint_dir, num_speculative_tokens), separators=(",", ":"))
+        return [*words, "--speculative-config", spec, *(["--enforce-eager"] if enforce_eager else [])]
     if found is None:
         raise ServeCheckError(
             f"ExecStart runs {words[:1]}, not vLLM: add the draft to the server yourself (a second unit) "
             "and set validate.serve_check: false"
         )
-    if any(posixpath.basename(w) in SHELLS for w in found[0]):
+    if _in_shell(found[0]):
         raise ServeCheckError(
-            "ExecStart wraps vLLM in a shell -c string: serve the draft through a second unit"
+            "ExecStart wraps vLLM in a shell -c string that names its own flags (added words would land "
+            'outside vLLM; one ending in "$@" is followed): serve the draft through a second unit'
         )
     return serving_argv(
         words, eagle3_draft(checkpoint_dir, num_speculative_tokens), enforce_eager=enforce_eager
@@ -81,6 +88,10 @@ def exec_start_with_draft(
     words = draft_argv(command, checkpoint_dir, num_speculative_tokens, enforce_eager)
     prefixes = "".join(p for p in command.prefixes if p in "-:")
     return prefixes + " ".join(systemd_quote(w) for w in words)
+
+
+def _in_shell(launcher: list[str]) -> bool:
+    return any(posixpath.basename(w) in SHELLS for w in launcher)
 
 
 def _draft_path_in_container(words: list[str], checkpoint_dir: str) -> str:
