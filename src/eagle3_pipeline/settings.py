@@ -217,8 +217,8 @@ class ValidateSettings:
     served_offline_tolerance: float | None = 0.02
     by_k_max: int = 0
     speedup: bool = True
-    select_every_epochs: int = 1
     speedup_repeats: int = 3
+    select_every_epochs: int = 1
     learning_curve: tuple[float, ...] = ()
     context_buckets: tuple[int, ...] = (512, 2048, 8192)
 
