@@ -196,3 +196,14 @@ def test_a_port_taken_by_another_server_while_the_check_starts_is_never_measured
     finally:
         foreign[0].shutdown()
         foreign[0].server_close()
+
+
+def test_an_inline_chat_template_with_a_newline_stays_one_exec_start_word():
+    """A `\\n` inside an inline --chat-template is written as systemd's C escape, never a raw newline
+    (which would end the ExecStart= line), and read back as the same word."""
+    template = "{{ bos_token }}\n{{ messages[0]['content'] }}\t"  # no `%`: split_words keeps specifiers
+    command = ExecCommand("", f"/opt/venv/bin/vllm serve /m --chat-template {systemd_quote(template)}")
+    line = exec_start_with_draft(command, "/c", 3, enforce_eager=False)
+    assert "\n" not in line
+    words = split_words(line, "ExecStart=")
+    assert words[words.index("--chat-template") + 1] == template

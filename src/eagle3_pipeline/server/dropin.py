@@ -13,6 +13,7 @@ import uuid
 
 from eagle3_pipeline.server import container
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_cat_output
+from eagle3_pipeline.server.unit_syntax import exec_word
 from eagle3_pipeline.server.vllm_args import SHELLS, eagle3_draft, find_vllm, serving_argv
 from eagle3_pipeline.server.vllm_find import appended_words_reach_vllm
 
@@ -29,9 +30,9 @@ class ServeCheckError(RuntimeError):
 
 
 def systemd_quote(word: str) -> str:
-    """One ExecStart word, double-quoted for systemd (`%` doubled; `$VAR` left to systemd)."""
-    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    return f'"{escaped}"'
+    """One ExecStart word that systemd reads back as itself (`%` doubled, a newline as `\\n`; `$VAR`
+    left to systemd): unit_syntax.exec_word."""
+    return exec_word(word)
 
 
 def draft_argv(
