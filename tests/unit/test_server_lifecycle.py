@@ -98,6 +98,16 @@ def test_local_command_teaches_the_redactor(tmp_path: Path) -> None:
     assert "sk-local-command-key-55" not in scrubbed and "hf_lifecycleSecret99" not in scrubbed
 
 
+def test_a_local_unit_runs_in_its_working_directory_as_systemd_reads_it(tmp_path: Path) -> None:
+    """WorkingDirectory=~ is the User's home (root's without User=), never a folder named `~`."""
+    from eagle3_pipeline.server.local_process import local_command
+
+    cfg = _cfg(tmp_path, "/opt/vllm/bin/vllm serve /m")
+    unit = Path(cfg.unit_file)
+    unit.write_text(unit.read_text().replace(f"WorkingDirectory={tmp_path}", "WorkingDirectory=~"))
+    assert local_command(cfg)[2] == "/root"
+
+
 def test_health_and_model_checks_verify_https_with_the_ca_bundle(tmp_path: Path) -> None:
     """A server behind https signed by a private CA: with server.ca_bundle the health wait and the
     model check pass; without it, the server is not seen as healthy (the certificate is untrusted)."""

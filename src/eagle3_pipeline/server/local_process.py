@@ -20,6 +20,7 @@ from eagle3_pipeline.server import process_identity, secrets
 from eagle3_pipeline.server.health import ServerError
 from eagle3_pipeline.server.process_identity import pid_alive
 from eagle3_pipeline.server.remote import LocalHost
+from eagle3_pipeline.server.service_context import user_home, working_directory
 from eagle3_pipeline.server.snapshot import parse_service, read_unit_text
 from eagle3_pipeline.settings import ServerSettings
 
@@ -136,4 +137,13 @@ def local_command(server: ServerSettings) -> tuple[list[str], dict[str, str], st
         raise ServerError(f"{server.unit_file}: no ExecStart= to run")
     secrets.redact_env(env)  # remember the secret values, so that logs and errors scrub them
     secrets.redact_flags(command.flags)
-    return argv, env, unit.working_directory
+    if unit.working_directory is None:
+        return argv, env, None  # a local unit without WorkingDirectory= runs where the pipeline runs
+    # `~` is the User's home and a specifier is unknown, as systemd reads them (service_context)
+    home = user_home(unit, host) if unit.working_directory == "~" else None
+    cwd = working_directory(unit, home)
+    if cwd is None:
+        raise ServerError(
+            f"{server.unit_file}: WorkingDirectory={unit.working_directory} cannot be resolved here"
+        )
+    return argv, env, cwd
