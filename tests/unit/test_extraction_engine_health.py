@@ -124,7 +124,7 @@ class Loop:
         assert not self.thread.is_alive()
 
 
-def _until(condition: Any, timeout: float = 10.0) -> None:
+def _until(condition: Any, timeout: float = 60.0) -> None:  # a loaded CI runner: returns as soon as true
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
