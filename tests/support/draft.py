@@ -66,7 +66,7 @@ def write_hidden_state_shard(
     config = model.config
     layers = layers or aux_layers(config.num_hidden_layers)
     generator = torch.Generator().manual_seed(seed)
-    ids, masks, aux, final, counts = [], [], [], [], Counter()
+    ids, masks, aux, final = [], [], [], []
     for _ in range(num_samples):
         n = int(torch.randint(length[0], length[1] + 1, (1,), generator=generator))
         tokens = torch.randint(0, config.vocab_size, (1, n), generator=generator)
@@ -77,11 +77,30 @@ def write_hidden_state_shard(
         final.append(out.last_hidden_state[0])  # after the final norm
         ids.append(tokens[0])
         masks.append(mask)
-        counts.update(tokens[0][mask.bool()].tolist())
+    return save_shard(
+        path, config, layers, ids, masks, aux, final, [f"s{seed}-{i}" for i in range(num_samples)]
+    )
+
+
+def save_shard(
+    path: Path,
+    config: object,
+    layers: list[int],
+    ids: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    aux: list[torch.Tensor],
+    final: list[torch.Tensor],
+    names: list[str],
+) -> Path:
+    """Per-sequence token ids, loss masks, auxiliary and final states -> one shard in the hidden-state
+    stage's format (storage.py's tensors and metadata) at `path`, and its .json sibling."""
+    counts = Counter()
+    for tokens, mask in zip(ids, masks, strict=True):
+        counts.update(tokens[mask.bool()].tolist())
     lengths = [len(t) for t in ids]
     meta = {
-        "ids": [f"s{seed}-{i}" for i in range(num_samples)],
-        "num_samples": num_samples,
+        "ids": names,
+        "num_samples": len(ids),
         "num_tokens": sum(lengths),
         "num_loss_tokens": int(sum(m.sum() for m in masks)),
         "hidden_size": config.hidden_size,

@@ -6,14 +6,12 @@ hidden-state shards of its own greedy continuations (transformers), in the pipel
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from support.draft import save_shard
 from support.validate_models import write_tokenizer
-
-from eagle3_pipeline.hidden_states.storage import encode_metadata
 
 # vLLM CPU's MLA takes kv_lora_rank + qk_rope_head_dim = 576 (96 was refused); 4 layers: aux ids 1, 2, 3
 MLA_TARGET = {
@@ -98,7 +96,7 @@ def greedy_sequences(model: torch.nn.Module, prompts: list[list[int]], new_token
 def write_shard(model: torch.nn.Module, sequences: list[list[int]], prompt_len: int, path: Path) -> Path:
     """One hidden-state shard (and its .json) of `sequences`, completion = everything after prompt_len."""
     config = model.config
-    ids, masks, aux, final, counts = [], [], [], [], Counter()
+    ids, masks, aux, final = [], [], [], []
     for sequence in sequences:
         tokens = torch.tensor([sequence])
         mask = torch.zeros(len(sequence), dtype=torch.uint8)
@@ -108,29 +106,6 @@ def write_shard(model: torch.nn.Module, sequences: list[list[int]], prompt_len: 
         final.append(out.last_hidden_state[0])
         ids.append(tokens[0])
         masks.append(mask)
-        counts.update(tokens[0][mask.bool()].tolist())
-    lengths = [len(t) for t in ids]
-    meta = {
-        "ids": [f"{path.stem}-{i}" for i in range(len(sequences))],
-        "num_samples": len(sequences),
-        "num_tokens": sum(lengths),
-        "num_loss_tokens": int(sum(m.sum() for m in masks)),
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "vocab_size": config.vocab_size,
-        "aux_layers": AUX_LAYERS,
-        "aux_layers_vllm": [i + 1 for i in AUX_LAYERS],
-        "final_state": "post_norm",
-        "token_counts": {str(k): v for k, v in sorted(counts.items())},
-    }
-    tensors = {
-        "input_ids": torch.cat(ids).to(torch.int32),
-        "loss_mask": torch.cat(masks),
-        "aux_hidden_states": torch.cat(aux).to(torch.bfloat16),
-        "final_hidden_states": torch.cat(final).to(torch.bfloat16),
-        "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=encode_metadata(meta))
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    return path
+    return save_shard(
+        path, config, AUX_LAYERS, ids, masks, aux, final, [f"{path.stem}-{i}" for i in range(len(sequences))]
+    )
