@@ -88,6 +88,27 @@ def failure(result: subprocess.CompletedProcess[str], logs: Path) -> str:
     )
 
 
+# the repository as a checkout holds it, less tests and docs; the package is the venv's (editable)
+CHECKOUT_FILES = ("Snakefile", "rules", "scripts", "envs", "profiles", "config", "report", "Makefile",
+                  "pyproject.toml")  # fmt: skip
+
+
+def scratch_checkout(root: Path) -> Path:
+    """A copy of the checkout's workflow files in `root`, whose `.venv` is this test's interpreter's (the
+    commands `source .venv/bin/activate`): README's commands run there as a user would run them."""
+    import shutil
+    import sys
+
+    for name in CHECKOUT_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+    (root / ".venv").symlink_to(sys.prefix)
+    return root
+
+
 def scratch_workdir(workdir: Path, port: int | None = None, unit_lines: str = "") -> Path:
     """`workdir` made a place to run the workflow from: config/ linked in and, with `port`, the shared
     demo target (support.vllm_server.demo_target_dir, fitted once) copied to resources/demo/target with

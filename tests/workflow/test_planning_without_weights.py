@@ -12,29 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, job_counts, write_config
+from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, job_counts, scratch_checkout, write_config
 
 EXAMPLE = "config/examples/kimi-k2.5-8gpu.yaml"
 WEIGHTS = Path("/models/Kimi-K2.5")
-# the repository as a checkout holds it, less tests and docs; the package is the venv's (editable)
-COPIED = (
-    "Snakefile",
-    "rules",
-    "scripts",
-    "envs",
-    "profiles",
-    "config",
-    "report",
-    "Makefile",
-    "pyproject.toml",
-)
 DOCUMENTED = "\n".join((REPO / name).read_text() for name in ("README.md", "docs/cluster.md"))
 
 
@@ -42,15 +28,7 @@ DOCUMENTED = "\n".join((REPO / name).read_text() for name in ("README.md", "docs
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if WEIGHTS.exists():
         pytest.skip(f"{WEIGHTS} exists here: these tests plan where the target's weights are not")
-    root = tmp_path_factory.mktemp("checkout")
-    for name in COPIED:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, root / name)
-    (root / ".venv").symlink_to(sys.prefix)  # the commands `source .venv/bin/activate`: this test's venv
-    return root
+    return scratch_checkout(tmp_path_factory.mktemp("checkout"))
 
 
 def documented(command: str) -> str:

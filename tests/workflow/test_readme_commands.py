@@ -12,28 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.workflow import REPO, job_counts
+from support.workflow import REPO, job_counts, scratch_checkout
 
 README = REPO / "README.md"
 COMMAND_LANGUAGES = ("bash", "sh", "console")
-# the repository as a checkout holds it, less tests and docs; the package is the venv's (editable)
-COPIED = (
-    "Snakefile",
-    "rules",
-    "scripts",
-    "envs",
-    "profiles",
-    "config",
-    "report",
-    "Makefile",
-    "pyproject.toml",
-)
 KIMI = "config/examples/kimi-k2.5-8gpu.yaml"
 
 # Commands run elsewhere (real work, a person's host, or a plan another test already runs): the test
@@ -120,15 +106,7 @@ def shell(root: Path, command: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("readme")
-    for name in COPIED:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, root / name)
-    (root / ".venv").symlink_to(sys.prefix)
-    return root
+    return scratch_checkout(tmp_path_factory.mktemp("readme"))
 
 
 def test_the_readme_has_command_blocks_and_no_unfenced_commands():
