@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from support.standin_systemd import UNIT, Box
-from support.standin_systemd import box as box  # noqa: F401 (the fixture)
+from support.standin_systemd import box as box  # noqa: F401 (fixtures)
+from support.standin_systemd import fast_polls as fast_polls  # noqa: F401
+from support.standin_systemd import host as host  # noqa: F401
 
-from eagle3_pipeline.server import host_record, ownership, process_identity, remote
+from eagle3_pipeline.server import ownership, process_identity
 from eagle3_pipeline.server.dropin import ServeCheckError, draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, serve_check_unit
 from eagle3_pipeline.server.lifecycle import ensure_running, stop
@@ -29,21 +31,8 @@ pytestmark = pytest.mark.ssh
 DRAFT = "/srv/eagle3-draft-ckpt"
 
 
-@pytest.fixture(autouse=True)
-def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_record, "POLL_S", 0.2)
-    monkeypatch.setattr(remote, "TRANSPORT_BACKOFF_S", 0.1)
-
-
 def _ssh(sshd_server, **overrides) -> SshSettings:
     return section(SshSettings, sshd_server.server_cfg(ssh=overrides)["ssh"])
-
-
-@pytest.fixture
-def host(sshd_server):
-    remote_host = RemoteHost("vllm-box", _ssh(sshd_server), str(sshd_server.ssh_config))
-    yield remote_host
-    remote_host.close()
 
 
 def _manage(sshd_server, box: Box, tmp_path: Path, monkeypatch, **ssh) -> tuple[ServerSettings, dict, Path]:

@@ -14,30 +14,16 @@ from pathlib import Path
 
 import pytest
 from support.standin_systemd import UNIT
-from support.standin_systemd import box as box  # noqa: F401 (the fixture)
+from support.standin_systemd import box as box  # noqa: F401 (fixtures)
+from support.standin_systemd import fast_polls as fast_polls  # noqa: F401
+from support.standin_systemd import host as host  # noqa: F401
 
-from eagle3_pipeline.server import host_record, process_identity, remote
-from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.settings import ServerSettings, SshSettings, ValidateSettings, section
+from eagle3_pipeline.server import host_record, process_identity
+from eagle3_pipeline.settings import ServerSettings, ValidateSettings, section
 from eagle3_pipeline.validate import remote_checkpoint
 from eagle3_pipeline.validate.remote_checkpoint import CheckpointError, UnitSandbox
 
 pytestmark = pytest.mark.ssh
-
-
-@pytest.fixture(autouse=True)
-def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_record, "POLL_S", 0.2)
-    monkeypatch.setattr(remote, "TRANSPORT_BACKOFF_S", 0.1)
-
-
-@pytest.fixture
-def host(sshd_server):
-    remote_host = RemoteHost(
-        "vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]), str(sshd_server.ssh_config)
-    )
-    yield remote_host
-    remote_host.close()
 
 
 def checkpoint(path: Path) -> Path:

@@ -22,31 +22,16 @@ from pathlib import Path
 
 import pytest
 from support.standin_systemd import UNIT, Box
-from support.standin_systemd import box as box  # noqa: F401 (the fixture)
+from support.standin_systemd import box as box  # noqa: F401 (fixtures)
+from support.standin_systemd import fast_polls as fast_polls  # noqa: F401
+from support.standin_systemd import host as host  # noqa: F401
 
-from eagle3_pipeline.server import host_record, remote
 from eagle3_pipeline.server.dropin import ServeCheckError, draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, serve_check_unit
 from eagle3_pipeline.server.interrupts import Interrupted, interrupts_as_exceptions
-from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.settings import SshSettings, section
 
 pytestmark = pytest.mark.ssh
 DRAFT = "/srv/eagle3-draft-ckpt"
-
-
-@pytest.fixture(autouse=True)
-def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_record, "POLL_S", 0.2)
-    monkeypatch.setattr(remote, "TRANSPORT_BACKOFF_S", 0.1)
-
-
-@pytest.fixture
-def host(sshd_server):
-    remote_host = RemoteHost("vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]),
-                             str(sshd_server.ssh_config))  # fmt: skip
-    yield remote_host
-    remote_host.close()
 
 
 def _argv(host) -> list[str]:

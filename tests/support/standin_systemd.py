@@ -115,3 +115,25 @@ def box(sshd_server, tmp_path: Path):
     kill_stand_in_unit(fake.state)
     for name in NAMES:
         (sshd_server.bin_dir / name).unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serve check's polls and reconnect back-off shortened (the stand-in answers at once)."""
+    from eagle3_pipeline.server import host_record, remote
+
+    monkeypatch.setattr(host_record, "POLL_S", 0.2)
+    monkeypatch.setattr(remote, "TRANSPORT_BACKOFF_S", 0.1)
+
+
+@pytest.fixture
+def host(sshd_server):
+    """The stand-in box over the real sshd, as the pipeline reaches a server host."""
+    from eagle3_pipeline.server.remote import RemoteHost
+    from eagle3_pipeline.settings import SshSettings, section
+
+    remote_host = RemoteHost(
+        "vllm-box", section(SshSettings, sshd_server.server_cfg()["ssh"]), str(sshd_server.ssh_config)
+    )
+    yield remote_host
+    remote_host.close()
