@@ -66,3 +66,14 @@ def test_single_path():
     assert single_path("a") == "a" and single_path([]) is None and single_path(["b"]) == "b"
     with pytest.raises(ValueError, match="at most one"):
         single_path(["a", "b"])
+
+
+def test_training_processes_get_expandable_cuda_segments_unless_the_user_set_the_allocator():
+    from eagle3_pipeline.draft.__main__ import configure_cuda_allocator
+
+    environ: dict[str, str] = {}
+    configure_cuda_allocator(environ)
+    assert environ == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    configure_cuda_allocator(mine)
+    assert mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
