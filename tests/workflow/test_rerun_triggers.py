@@ -61,6 +61,9 @@ SHAPE_OVERRIDES = {
     "num_key_value_heads": 1,
 }
 OVERRIDES = {("draft", key): value for key, value in SHAPE_OVERRIDES.items()}
+# a starting draft's folder (draft.init_from), made in the workdir: a plan needs its files, not their bytes
+STARTING_DRAFT = "starting-draft"
+OVERRIDES["draft", "init_from"] = STARTING_DRAFT
 
 
 def _snakemake(workdir: Path, *args: str) -> str:
@@ -172,6 +175,10 @@ def _change(workdir: Path, name: str, key: str, monkeypatch: pytest.MonkeyPatch)
     """Configure `workdir` with `name.key` changed to the first value the whole config check takes
     (its cross-key rules too, e.g. train.batch_tokens >= hidden_states.max_seq_len); the value."""
     monkeypatch.chdir(workdir)  # where the config's relative paths (dataset, target) resolve
+    if (name, key) == ("draft", "init_from"):
+        (workdir / STARTING_DRAFT).mkdir(exist_ok=True)
+        for file in ("config.json", "model.safetensors"):
+            (workdir / STARTING_DRAFT / file).write_text("{}")
     for value in _changed_values(name, key):
         try:
             check_config(_config(**{name: {key: value}}), REPO / "config" / "schema.yaml")

@@ -33,7 +33,7 @@ ARCHITECTURES = ("auto", "llama", "deepseek_mla")  # config draft.architecture
 # model_type of targets whose draft is MLA under `auto`: DeepSeek-V2/V3 and the Kimi family built on V3
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # q_lora_rank may be null
-YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # vLLM's
+VLLM_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # vLLM's
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,5 @@ def yarn_parameters(target: dict[str, Any]) -> dict[str, Any] | None:
         "original_max_position_embeddings": int(original),
     }
     return yarn | {
-        key: float(default if params.get(key) is None else params[key])
-        for key, default in YARN_DEFAULTS.items()
+        key: float(default if params.get(key) is None else params[key]) for key, default in VLLM_YARN.items()
     }

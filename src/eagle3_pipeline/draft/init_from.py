@@ -115,11 +115,12 @@ def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
         return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
 
 
-def _stated_shape(config: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(format, the layer's config, the draft's top-level config): speculators keeps the layer apart."""
-    if "speculators_config" in config:
-        return "speculators", dict(config.get("transformer_layer_config") or {}), config
-    return "eagle", config, config
+def _stated_shape(stated: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(format, the layer's config, the draft's top-level config) of a draft's config.json: speculators
+    keeps the layer apart."""
+    if "speculators_config" in stated:
+        return "speculators", dict(stated.get("transformer_layer_config") or {}), stated
+    return "eagle", stated, stated
 
 
 def _shape(layer: dict[str, Any], top: dict[str, Any], mla: bool) -> dict[str, Any]:

@@ -79,14 +79,14 @@ def _at(intervals: list[list[float]] | None, k: int) -> list[float] | None:
     return intervals[k - 1] if intervals and len(intervals) >= k else None
 
 
-def selection_figures(selection: dict[str, Any] | None) -> dict[str, Any]:
+def selection_figures(selection_json: dict[str, Any] | None) -> dict[str, Any]:
     """The epoch shipped, 1-based, its gain over the last epoch and the selection's optimism."""
-    if not selection:
+    if not selection_json:
         return {}
-    chosen, optimism = selection["chosen"], selection.get("optimism") or {}
+    chosen, optimism = selection_json["chosen"], selection_json.get("optimism") or {}
     return {
         "chosen_epoch": chosen["epoch"] + 1,
-        "epochs": len(selection.get("candidates") or []) * selection.get("select_every_epochs", 1),
+        "epochs": len(selection_json.get("candidates") or []) * selection_json.get("select_every_epochs", 1),
         "gain_over_last": round(
             chosen["acceptance_length"]
             - chosen.get("last_epoch_acceptance_length", chosen["acceptance_length"]),
