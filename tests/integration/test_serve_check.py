@@ -1,12 +1,12 @@
 """The served check against the real vLLM CPU server and the real demo target: a draft trained by the
-pipeline's own code on the target's own greedy outputs is accepted (length > 1) and beats an untrained
-draft on held-out questions.
+pipeline's own code on the target's own greedy outputs is accepted on held-out questions, and wrong
+drafts of the same shape are refused.
 
 Flow (minutes of CPU, shared with test_speculators_serve.py through support.served_drafts' session
 fixtures): greedy replies of the target to training questions (its own outputs, with token ids);
 hidden-state extraction, vocab map, a few hundred training steps and export with the pipeline's own
-code; then the rule's entry (`run_local_serve_check`) serves the target with the trained draft and with
-an untrained one on validation questions, and the counters are compared.
+code; then the rule's entry (`run_local_serve_check`) serves the target with the trained draft on
+validation questions, and the counters are read.
 """
 
 from __future__ import annotations
@@ -28,33 +28,16 @@ from support.served_drafts import (
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_trained_draft_is_accepted_and_beats_an_untrained_one(served_target, served_trained_draft, tmp_path):
-    """Also: the draft's vocabulary (512) is smaller than the target's (1,024), so vLLM serves it through
-    the checkpoint's d2t map, drafts 3 tokens a step and feeds it EAGLE-3's default layers."""
-    import torch
-    from support.served_drafts import greedy_sampling
-    from support.validate_models import write_untrained_draft
-
-    from eagle3_pipeline.settings import ValidateSettings
-    from eagle3_pipeline.validate.local_vllm import run_local_serve_check
-
-    torch.set_num_threads(1)  # a shared 2-core machine: two OpenMP threads spin-wait for each other
-    server = local_unit(served_target, tmp_path / "u")
-    validation = held_out_questions()
-    untrained = write_untrained_draft(tmp_path / "untrained", served_target, draft_vocab_size=512)
-
-    validate = ValidateSettings(num_speculative_tokens=3)
-    before = run_local_serve_check(
-        server, validate, untrained, validation, greedy_sampling(), tmp_path / "state0"
-    )
+def test_trained_draft_is_accepted(served_target, served_trained_draft):
+    """The draft's vocabulary (512) is smaller than the target's (1,024), so vLLM serves it through the
+    checkpoint's d2t map, drafts 3 tokens a step and feeds it EAGLE-3's default layers. (An untrained
+    draft served the same way accepts 1.00-1.01 here: docs/validation.md; the wrong drafts the check
+    must refuse are served in test_a_draft_on_non_default_layers_is_served_as_trained.)"""
     after = served_trained_draft.result
-    (tmp_path / "result.json").write_text(json.dumps({"untrained": before, "trained": after}, indent=1))
-
-    assert before["answered"] == after["answered"] == len(validation)
+    assert after["answered"] == len(held_out_questions())
     assert after["drafts"] > 0 and len(after["per_position_rate"]) == 3
     assert after["draft_tokens"] >= 3 * after["drafts"]
-    assert after["acceptance_length"] > 1.0
-    assert after["acceptance_length"] > before["acceptance_length"], (before, after)
+    assert after["acceptance_length"] > 1.5, after["acceptance_length"]
     # vLLM's runner logs the layers it captures for the draft, in its numbering (the 8-layer default)
     assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served_trained_draft.log
 
