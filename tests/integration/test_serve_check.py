@@ -22,7 +22,6 @@ from support.served_drafts import (
     held_out_questions,
     local_unit,
     questions,
-    train_draft,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -30,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 def test_trained_draft_is_accepted(served_target, served_trained_draft):
     """The draft's vocabulary (512) is smaller than the target's (1,024), so vLLM serves it through the
-    checkpoint's d2t map, drafts 3 tokens a step and feeds it EAGLE-3's default layers. (An untrained
+    checkpoint's d2t map, drafts 3 tokens a step and feeds it the layers it was trained on. (An untrained
     draft served the same way accepts 1.00-1.01 here: docs/validation.md; the wrong drafts the check
     must refuse are served in test_a_draft_on_non_default_layers_is_served_as_trained.)"""
     after = served_trained_draft.result
@@ -38,14 +37,11 @@ def test_trained_draft_is_accepted(served_target, served_trained_draft):
     assert after["drafts"] > 0 and len(after["per_position_rate"]) == 3
     assert after["draft_tokens"] >= 3 * after["drafts"]
     assert after["acceptance_length"] > 1.5, after["acceptance_length"]
-    # vLLM's runner logs the layers it captures for the draft, in its numbering (the 8-layer default)
-    assert "Using auxiliary layers from speculative config: (2, 4, 5)" in served_trained_draft.log
+    # vLLM's runner logs the layers it captures for the draft, in its numbering (not the 8-layer default)
+    assert "Using auxiliary layers from speculative config: (1, 3, 7)" in served_trained_draft.log
 
 
-EARLY = 1  # 0-based: the second of the draft's 100 epochs, kept and exported beside the last
-
-
-def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greedy_training_traces, tmp_path):
+def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, trained_draft, tmp_path):
     """The rule's entry (`serve_check`) on a draft trained on NON-default layers: vLLM's served acceptance
     per position matches the offline simulation on the same questions, acceptance by source and the
     speedup are reported; another checkpoint served in its place is refused, and so is the trained
@@ -59,11 +55,9 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     from eagle3_pipeline.validate.serve_check import serve_check
 
     torch.set_num_threads(1)
-    layers = [0, 2, 6]  # the 8-layer target's default (auto) is [1, 3, 4]
+    layers = trained_draft.layers  # the 8-layer target's default (auto) is [1, 3, 4]
     max_tokens = 64
-    trained = train_draft(
-        served_target, greedy_training_traces, tmp_path / "draft", layers, early_epoch=EARLY
-    )
+    trained = trained_draft.eagle  # support.served_drafts: trained once, shared with the checks above
     config = json.loads((trained / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 7]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == layers
@@ -112,7 +106,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, greed
     # repetitive demo target cannot reveal a layer-numbering bug through acceptance; docs/validation.md.)
     from support.validate_models import shift_vocab_map
 
-    early = tmp_path / "draft" / "checkpoint-early"
+    early = trained_draft.early
     with pytest.raises(ServeCheckError, match="does not behave like the trained one") as refused:
         serve_check(early, *args, tmp_path / "work-early", tmp_path / "early.json", tmp_path / "offline.json")
     earlier = json.loads((tmp_path / "work-early" / "serve_check.rejected.json").read_text())

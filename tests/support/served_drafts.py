@@ -204,22 +204,33 @@ def greedy_training_traces(served_target: Path, tmp_path_factory: pytest.TempPat
     return path
 
 
+# The served draft's layers: NOT the 8-layer target's default (auto: [1, 3, 4]), so that every served
+# check also shows that vLLM feeds the draft the layers it was trained on, in its own numbering (+1).
+SERVED_LAYERS = [0, 2, 6]
+EARLY_EPOCH = 1  # 0-based: the second of the draft's 100 epochs, exported beside the last (a wrong draft)
+
+
 @dataclass(frozen=True)
 class TrainedDraft:
     eagle: Path  # the EAGLE-3 checkpoint folder (draft vocab 512 < the target's 1024: d2t in it)
     speculators: Path  # the same draft in the speculators format, the target as its verifier
+    early: Path  # EARLY_EPOCH's weights exported the same way: the same shape, partly trained
+    layers: list[int]  # SERVED_LAYERS, 0-based outputs of decoder layers
 
 
 @pytest.fixture(scope="session")
 def trained_draft(
     served_target: Path, greedy_training_traces: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> TrainedDraft:
-    """A draft trained on the default layers by the pipeline's stage code (100 epochs), exported in both
-    formats."""
+    """A draft trained on SERVED_LAYERS by the pipeline's stage code (100 epochs), exported in both
+    formats, with its EARLY_EPOCH exported too: one training for every served check."""
     work = tmp_path_factory.mktemp("trained-draft")
     # one thread: on a shared 2-core machine two OpenMP threads spin-wait for each other
-    eagle = train_draft(served_target, greedy_training_traces, work, cpu_threads=1, speculators=True)
-    return TrainedDraft(eagle=eagle, speculators=work / "speculators")
+    eagle = train_draft(
+        served_target, greedy_training_traces, work, SERVED_LAYERS, cpu_threads=1, speculators=True,
+        early_epoch=EARLY_EPOCH,
+    )  # fmt: skip
+    return TrainedDraft(eagle, work / "speculators", work / "checkpoint-early", SERVED_LAYERS)
 
 
 def held_out_questions() -> list[dict]:
