@@ -21,8 +21,8 @@ import pytest
 import requests
 import torch
 from support.mla_target import greedy_sequences, load_target, write_mla_target, write_shard
-from support.requirements import VLLM_PYTHON, require
-from support.vllm_server import VllmServer, cpu_vllm_env
+from support.requirements import require
+from support.vllm_server import VllmServer, cpu_vllm_env, draft_server_command
 
 from eagle3_pipeline.draft.export import MLA_ARCHITECTURE, SPECULATORS_REFUSAL, export_checkpoint
 from eagle3_pipeline.draft.train import TrainJob, main
@@ -95,25 +95,7 @@ def trained_mla_draft(root: Path) -> tuple[Path, Path, list[list[int]], list[lis
 
 def start(target: Path, draft: Path, log: Path) -> MlaServer:
     port = free_port()
-    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": STEPS}
-    command = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(target),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enforce-eager",
-        "--max-model-len",
-        "256",
-        "--max-num-seqs",
-        "4",
-        "--speculative-config",
-        json.dumps(spec),
-    ]
+    command = [*draft_server_command(target, draft, port, 256, STEPS), "--max-num-seqs", "4"]
     env = os.environ | cpu_vllm_env() | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return MlaServer(command, env, port, log, str(target)).start()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 from support.draft import write_hidden_states
+from support.vllm_server import draft_server_command
 
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.train import TrainJob, main
@@ -29,8 +30,6 @@ from eagle3_pipeline.settings import DraftSettings, TrainSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 TRAIN = {
     "epochs": 1,
     "lr": 1e-3,
@@ -76,23 +75,7 @@ def exported_draft(target: Path, root: Path, draft_vocab_size: int, layers: list
 
 def start_server(target: Path, draft: Path, port: int, log: Path) -> subprocess.Popen:
     max_len = min(1024, json.loads((target / "config.json").read_text()).get("max_position_embeddings", 1024))
-    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
-    command = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(target),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enforce-eager",
-        "--max-model-len",
-        str(max_len),
-        "--speculative-config",
-        spec,
-    ]
+    command = draft_server_command(target, draft, port, max_len)
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.Popen(
         command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True

@@ -12,6 +12,7 @@ that must kill, restart or reconfigure its server starts its own `VllmServer` (s
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -57,6 +58,15 @@ def cpu_vllm_env() -> dict[str, str]:
     thread binding, the engine core's model in its own process on one OpenMP thread)."""
     unit = render_unit(UNIT_TEMPLATE.read_text(), REPO, BUILT_TARGET, 0)
     return dict(merge_unit([("vllm-demo.service", unit)], "vllm-demo.service").environment)
+
+
+def draft_server_command(target: Path, draft: Path, port: int, max_model_len: int, k: int = 3) -> list[str]:
+    """vLLM's OpenAI server on 127.0.0.1:`port` serving `target` with the EAGLE-3 `draft` at k speculative
+    tokens, eager (the CPU build needs it for a draft)."""
+    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
+    return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
+            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+            "--max-model-len", str(max_model_len), "--speculative-config", spec]  # fmt: skip
 
 
 def demo_target_dir() -> Path:
