@@ -9,11 +9,15 @@ for real in tests/workflow/test_demo_target_rule.py (a 2-second fit), and `make 
 After a deliberate change to the demo's sample or fit code, refit and commit the result:
 
     cd tests && ../.venv/bin/python -m support.demo_target_data
+
+The weights are shipped as safetensors shards of at most 4 MB with their index (the repository keeps
+files under 5 MB) and joined into one model.safetensors when installed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -29,6 +33,8 @@ FIT_SOURCES = tuple(
     for name in ("fit.py", "tokenizer.py", "target.py", "maths.py")
 )
 REGENERATE = "cd tests && ../.venv/bin/python -m support.demo_target_data"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+MAX_SHARD = "4MB"
 
 
 def key(demo: object, fit: object) -> str:
@@ -45,15 +51,39 @@ def shipped_key() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def has_weights(target: Path) -> bool:
+    """A target folder holds its weights: one model.safetensors or an index of shards."""
+    return (target / "model.safetensors").exists() or (target / WEIGHTS_INDEX).exists()
+
+
 def install_shipped(target_dir: Path, wanted_key: str) -> bool:
-    """Copy the shipped target into `target_dir` when its key is `wanted_key`; False when it is stale."""
-    if shipped_key() != wanted_key or not (SHIPPED / "target" / "model.safetensors").exists():
+    """Copy the shipped target into `target_dir` when its key is `wanted_key`, its shards joined into one
+    model.safetensors as the demo's builder writes it (rule build_demo_target's output, so that a
+    workflow test given this target has nothing to refit); False when it is stale."""
+    from safetensors.torch import load_file, save_file
+
+    shipped = SHIPPED / "target"
+    if shipped_key() != wanted_key or not has_weights(shipped):
         return False
     work = Path(tempfile.mkdtemp(prefix=".shipped.", dir=target_dir.parent))
-    shutil.copytree(SHIPPED / "target", work / "target")
+    shutil.copytree(shipped, work / "target", ignore=shutil.ignore_patterns("model*.safetensors*"))
+    tensors: dict = {}
+    for shard in sorted(set(json.loads((shipped / WEIGHTS_INDEX).read_text())["weight_map"].values())):
+        tensors.update(load_file(shipped / shard))
+    save_file(tensors, work / "target" / "model.safetensors", metadata={"format": "pt"})
     (work / "target").rename(target_dir)  # whole or not at all: a killed copy leaves no target
     shutil.rmtree(work, ignore_errors=True)
     return True
+
+
+def shard_weights(target: Path) -> None:
+    """Rewrite target/model.safetensors as shards of at most MAX_SHARD plus their index, same tensors."""
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    single = target / "model.safetensors"
+    save_torch_state_dict(load_file(single), target, max_shard_size=MAX_SHARD, metadata={"format": "pt"})
+    single.unlink(missing_ok=True)  # save_torch_state_dict already removes stale weight files
 
 
 def main() -> None:
@@ -66,6 +96,7 @@ def main() -> None:
             SAMPLE, UNIT_TEMPLATE, Path(scratch) / "target", Path(scratch) / "unit.service",
             TEST_DEMO, TEST_FIT, repo=REPO,
         )  # fmt: skip
+        shard_weights(Path(scratch) / "target")
         shutil.rmtree(SHIPPED, ignore_errors=True)
         SHIPPED.mkdir(parents=True)
         shutil.copytree(Path(scratch) / "target", SHIPPED / "target")

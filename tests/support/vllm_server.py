@@ -71,7 +71,7 @@ def draft_server_command(target: Path, draft: Path, port: int, max_model_len: in
 
 def demo_target_dir() -> Path:
     """The built demo target, or one built (once, cached) under .pytest_cache for the tests."""
-    if (BUILT_TARGET / "model.safetensors").exists() and (BUILT_TARGET / "tokenizer.json").exists():
+    if demo_target_data.has_weights(BUILT_TARGET) and (BUILT_TARGET / "tokenizer.json").exists():
         return BUILT_TARGET
     key = demo_target_data.key(TEST_DEMO, TEST_FIT)
     cached = REPO / ".pytest_cache" / "demo-target" / key
@@ -79,7 +79,7 @@ def demo_target_dir() -> Path:
     # one fit however many sessions (or xdist workers) ask at once: the others wait for it
     with (cached / "fit.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (cached / "target" / "model.safetensors").exists() and not demo_target_data.install_shipped(
+        if not demo_target_data.has_weights(cached / "target") and not demo_target_data.install_shipped(
             cached / "target", key
         ):
             COUNTER.fits_in_process += 1

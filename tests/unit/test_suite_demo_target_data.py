@@ -21,6 +21,21 @@ def test_a_stale_copy_is_not_installed(tmp_path):
     target = tmp_path / "target"
     assert not demo_target_data.install_shipped(target, "not-the-key") and not target.exists()
     assert demo_target_data.install_shipped(target, demo_target_data.shipped_key())
-    assert (target / "model.safetensors").stat().st_size == (
-        demo_target_data.SHIPPED / "target" / "model.safetensors"
-    ).stat().st_size
+    # installed as the demo's builder writes it: one model.safetensors, the shipped shards' tensors
+    from safetensors.torch import load_file
+
+    installed = load_file(target / "model.safetensors")
+    shipped = demo_target_data.SHIPPED / "target"
+    for shard in shipped.glob("model-*.safetensors"):
+        for name, tensor in load_file(shard).items():
+            assert installed.pop(name).equal(tensor), name
+    assert (
+        not installed
+        and not list(target.glob("model-*"))
+        and not (target / demo_target_data.WEIGHTS_INDEX).exists()
+    )
+
+
+def test_every_shipped_file_is_under_the_repositorys_5_mb_limit():
+    sizes = {p.name: p.stat().st_size for p in (demo_target_data.SHIPPED / "target").iterdir()}
+    assert max(sizes.values()) < 5_000_000, sizes
