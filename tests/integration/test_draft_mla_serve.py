@@ -1,5 +1,5 @@
 """An MLA draft (draft.architecture auto on a DeepseekV3 target) trained by our code, exported, and served
-by the real vLLM CPU build as Eagle3DeepseekV2ForCausalLM beside its MLA target.
+by the real vLLM CPU build as Eagle3DeepseekV3ForCausalLM beside its MLA target.
 
 vLLM's CPU build serves an MLA draft only beside an MLA target (beside the Llama demo target: "ValueError:
 No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])"), so the target is a tiny random

@@ -1,7 +1,7 @@
 """The MLA draft (draft.architecture deepseek_mla): which targets get it, its shape at Kimi-K2.5's
 dimensions, its attention exact against a dense float64 reference under the TTT mask (forward and
 gradients, with and without a q LoRA), step 0 equal to transformers' DeepseekV3Attention with YaRN, and
-an export whose tensors are the ones vLLM 0.32's Eagle3DeepseekV2ForCausalLM maps onto its parameters."""
+an export whose tensors are the ones vLLM 0.32's Eagle3DeepseekV3ForCausalLM maps onto its parameters."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ SpecForge's Kimi-K2.5 draft uses 64 heads of 128).
 
 draft.architecture picks the attention: `llama` (above), or `deepseek_mla`, the target's own multi-head
 latent attention (draft/mla.py) with its q/kv LoRA ranks, its nope/rope/value head sizes and its YaRN
-rope, served by vLLM as Eagle3DeepseekV2ForCausalLM. `auto` takes MLA for the DeepseekV2/V3 family
+rope, served by vLLM as Eagle3DeepseekV3ForCausalLM. `auto` takes MLA for the DeepseekV2/V3 family
 (Kimi-K2, Kimi-K2.5: MLA_MODEL_TYPES) and llama otherwise, or when the config asks for a Llama head
 (draft.head_dim or draft.num_key_value_heads set, as the Kimi example's 64 heads of 128 do). Which
 one a config is, is its `architecture`, read from its MLA fields (kv_lora_rank > 0), so that a config

@@ -40,8 +40,9 @@ verifier and the speculative config come from the folder):
                        adds the residual before hidden_norm (false)
     model.safetensors  midlayer.* renamed layers.0.*, everything else as above
 
-An MLA draft (draft.architecture deepseek_mla) is exported as vLLM 0.32's Eagle3DeepseekV2ForCausalLM
-(models/deepseek_eagle3.py; Eagle3DeepseekV3ForCausalLM is an alias of the same class): model_type
+An MLA draft (draft.architecture deepseek_mla) is exported as vLLM 0.32's Eagle3DeepseekV3ForCausalLM
+(the DeepseekV3/Kimi family's name; vLLM's registry maps it and Eagle3DeepseekV2ForCausalLM onto the
+one class Eagle3DeepseekV2ForCausalLM, models/deepseek_eagle3.py): model_type
 deepseek_v2 (deepseek_v3 would be rewritten by vLLM's SpeculativeConfig.hf_config_override into the MTP
 path), the target's MLA ranks, head sizes and rope scaling, no MoE keys (a null n_routed_experts is
 refused by the config class; the draft's MLP is dense), and midlayer.self_attn.{q_a_proj, q_a_layernorm,
@@ -94,7 +95,7 @@ WEIGHT_KEYS = (
     "lm_head.weight",
 )
 VOCAB_KEYS = ("d2t", "t2d")
-# The MLA draft's layer (vLLM's Eagle3DeepseekV2ForCausalLM; module docstring): the same fc, norms, MLP
+# The MLA draft's layer (vLLM's Eagle3DeepseekV3ForCausalLM; module docstring): the same fc, norms, MLP
 # and head, MLA projections instead of q/k/v/o. The q LoRA's three tensors, or q_proj without it.
 MLA_ATTENTION_KEYS = tuple(
     f"midlayer.self_attn.{name}.weight"
@@ -104,7 +105,7 @@ MLA_Q_KEYS = {
     True: tuple(f"midlayer.self_attn.{name}.weight" for name in ("q_a_proj", "q_a_layernorm", "q_b_proj")),
     False: ("midlayer.self_attn.q_proj.weight",),
 }
-MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+MLA_ARCHITECTURE = "Eagle3DeepseekV3ForCausalLM"
 SPECULATORS_REFUSAL = (
     "no speculators-format checkpoint for an MLA draft: speculators 0.9's Eagle3 builds llama or qwen3 "
     "decoder layers only, and vLLM 0.32's speculators reader refuses other model types (\"Unsupported "
@@ -158,7 +159,7 @@ def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dic
 
 
 def mla_checkpoint_config(config: DraftConfig, llama: dict[str, Any]) -> dict[str, Any]:
-    """The Llama config.json turned into vLLM's Eagle3DeepseekV2ForCausalLM's (module docstring): the
+    """The Llama config.json turned into vLLM's Eagle3DeepseekV3ForCausalLM's (module docstring): the
     auxiliary ids, vocabulary, norms and widths are the same keys."""
     # Llama-only keys out; the rope goes in rope_scaling (with rope_theta), which transformers 4 and 5 read
     mla = {k: v for k, v in llama.items() if k not in ("attention_bias", "mlp_bias", "rope_parameters")}
