@@ -207,3 +207,87 @@ def test_an_inline_chat_template_with_a_newline_stays_one_exec_start_word():
     assert "\n" not in line
     words = split_words(line, "ExecStart=")
     assert words[words.index("--chat-template") + 1] == template
+
+
+# A stand-in server that starts only once all `expected` stand-ins have been launched (a barrier on a
+# shared file): a check that waited for each /health before launching the next would never see one.
+BARRIER_SERVER = """
+import http.server, json, os, sys, time
+barrier, expected = sys.argv[1], int(sys.argv[2])
+port = int(sys.argv[sys.argv.index("--port") + 1])
+spec = sys.argv[sys.argv.index("--speculative-config") + 1] if "--speculative-config" in sys.argv else "{}"
+if json.loads(spec).get("model", "").endswith("broken"):
+    sys.exit("a draft that does not load")
+with open(barrier, "a") as f:
+    f.write(f"{port}\\n")
+while len(open(barrier).read().split()) < expected:
+    time.sleep(0.05)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def barrier_servers(monkeypatch, tmp_path, expected):
+    import sys
+
+    from eagle3_pipeline.settings import ServerSettings
+    from eagle3_pipeline.validate import local_vllm
+
+    barrier = tmp_path / "barrier"
+    argv = [sys.executable, "-c", BARRIER_SERVER, str(barrier), str(expected)]
+    monkeypatch.setattr(local_vllm, "local_command", lambda server: (argv, {}, None))
+    return ServerSettings(host="local", start_timeout_s=30), barrier
+
+
+def test_the_local_checks_servers_start_together_each_on_its_own_port(monkeypatch, tmp_path):
+    """by-k's servers and the target alone start with the check's (local_vllm.start_local_servers): all
+    three are launched before any answers /health (the stand-ins wait for each other), each on a port
+    of its own, and every one is stopped by its handle."""
+    from eagle3_pipeline.server.process_identity import group_listens_on
+    from eagle3_pipeline.validate.local_vllm import start_local_servers
+
+    server, barrier = barrier_servers(monkeypatch, tmp_path, 3)
+    specs = {
+        "check": (eagle3_draft(str(tmp_path / "draft"), 3), tmp_path / "check"),
+        "k1": (eagle3_draft(str(tmp_path / "draft"), 1), tmp_path / "k1"),
+        "without_draft": (None, tmp_path / "without"),
+    }
+    started = start_local_servers(server, ValidateSettings(), specs, port_range=(18620, 18639))
+    try:
+        assert set(started) == set(specs)
+        ports = [int(url.rsplit(":", 1)[1]) for _, url in started.values()]
+        assert len(set(ports)) == 3 and sorted(ports) == sorted(map(int, barrier.read_text().split()))
+        assert all(
+            group_listens_on(handle.pid, port)
+            for (handle, _), port in zip(started.values(), ports, strict=True)
+        )
+    finally:
+        for handle, _ in started.values():
+            handle.stop()
+    assert not any(handle.alive() for handle, _ in started.values())
+
+
+def test_one_server_that_fails_to_start_stops_the_others(monkeypatch, tmp_path):
+    """A draft server that exits at start fails the check with its error, and the servers started beside
+    it are stopped, not left running."""
+    from eagle3_pipeline.server.health import ServerError
+    from eagle3_pipeline.validate import local_vllm
+
+    server, _ = barrier_servers(monkeypatch, tmp_path, 2)
+    handles = []
+    serve_local = local_vllm.serve_local
+    monkeypatch.setattr(
+        local_vllm, "serve_local", lambda *args: handles.append(serve_local(*args)) or handles[-1]
+    )
+    specs = {
+        "check": (eagle3_draft(str(tmp_path / "draft"), 3), tmp_path / "check"),
+        "k1": (eagle3_draft(str(tmp_path / "broken"), 1), tmp_path / "k1"),
+        "without_draft": (None, tmp_path / "without"),
+    }
+    with pytest.raises(ServerError, match="exited"):
+        local_vllm.start_local_servers(server, ValidateSettings(), specs, port_range=(18640, 18659))
+    assert len(handles) == 2 and not any(handle.alive() for handle, _ in handles)

@@ -132,40 +132,44 @@ def serve_check(
     }
     local = not backend_for(server, Path(work_dir)).can_install_dropin  # a process the pipeline runs
     per_request = supports_per_request_metrics(server_json.get("vllm_version"))
-    if local:
-        from eagle3_pipeline.validate.local_vllm import run_local_serve_check
 
-        result = run_local_serve_check(server, validate, per_request_metrics=per_request, **common)
+    def conclude(result: dict[str, Any]) -> dict[str, Any]:
+        """The check's own figures completed and compared with the offline replay (raises when the
+        enforced comparison disagrees: before anything else is served or timed)."""
+        result |= {
+            "question_ids": [q["id"] for q in questions],
+            "checkpoint": str(checkpoint_dir),
+            "num_speculative_tokens": validate.num_speculative_tokens,
+            "sampling": _sampling_dict(sampling),
+        }
+        if matched is not None:
+            sampled = (
+                {k: v for k, v in result.items() if k in SAMPLED_KEYS} if same_run else result["sampled"]
+            )
+            result["sampled"] = sampled | {
+                "sampling": _sampling_dict(matched[1]),
+                "question_ids": [q["id"] for q in matched[0]],
+            }
+        log.info(
+            "serve check: acceptance length %s over %d drafts (%d/%d questions answered)%s",
+            result["acceptance_length"],
+            result["drafts"],
+            result["answered"],
+            result["questions"],
+            f"; at the generation's sampling {result['sampled']['acceptance_length']}" if matched else "",
+        )
+        check_against_offline(result, offline_path, validate, work_dir)  # before by-k and the speedup
+        return result
+
+    if local:
+        result = local_check(server, validate, common, conclude, per_request)
     else:
         from eagle3_pipeline.validate.production_check import run_remote_serve_check
 
-        result = run_remote_serve_check(server, validate, server_json, **common)
-    result |= {
-        "question_ids": [q["id"] for q in questions],
-        "checkpoint": str(checkpoint_dir),
-        "num_speculative_tokens": validate.num_speculative_tokens,
-        "sampling": _sampling_dict(sampling),
-    }
-    if matched is not None:
-        sampled = {k: v for k, v in result.items() if k in SAMPLED_KEYS} if same_run else result["sampled"]
-        result["sampled"] = sampled | {
-            "sampling": _sampling_dict(matched[1]),
-            "question_ids": [q["id"] for q in matched[0]],
-        }
-    log.info(
-        "serve check: acceptance length %s over %d drafts (%d/%d questions answered)%s",
-        result["acceptance_length"],
-        result["drafts"],
-        result["answered"],
-        result["questions"],
-        f"; at the generation's sampling {result['sampled']['acceptance_length']}" if matched else "",
-    )
-    check_against_offline(result, offline_path, validate, work_dir)  # before the speedup: fail fast
-    if validate.by_k_max:
-        result["by_k"] = served_by_k(result, validate, local, common, server, per_request)
-    if local:
-        result["speedup"] = local_speedup(server, result, common, validate, per_request)
-    else:  # restored and verified: production serves the target alone again
+        result = conclude(run_remote_serve_check(server, validate, server_json, **common))
+        if validate.by_k_max:
+            result["by_k"] = {"reason": "not measured: a systemd unit would restart production once per k"}
+        # restored and verified: production serves the target alone again
         result["speedup"] = production_speedup(server, server_json, result, common, validate)
     write_json(result, output_path)
     return result
@@ -178,70 +182,55 @@ SAMPLED_KEYS = (
 )  # fmt: skip
 
 
-def served_by_k(
-    result: dict[str, Any],
-    validate: ValidateSettings,
-    local: bool,
-    common: dict[str, Any],
+def local_check(
     server: ServerSettings,
+    validate: ValidateSettings,
+    common: dict[str, Any],
+    conclude: Callable[[dict[str, Any]], dict[str, Any]],
     per_request: bool,
 ) -> dict[str, Any]:
-    """validate.by_k_max: served acceptance at k = 1 .. by_k_max, greedy and at the generation's sampling
-    on the same questions (the check's own k from its runs, every other k on a server of its own)."""
-    from eagle3_pipeline.validate.local_vllm import _curve_point, run_local_by_k
+    """A local unit's check (local_vllm.run_local_checks: its servers started together): the check,
+    validate.by_k_max's curve (served acceptance at k = 1 .. by_k_max, greedy and at the generation's
+    sampling on the same questions; the check's own k from its runs, every other k on a server of its
+    own) and validate.speedup (the target with and without the draft timed in alternation at 1, the
+    check's and twice the check's concurrency, validate.speedup_repeats times each:
+    validate/speedup.py)."""
+    from eagle3_pipeline.validate.local_vllm import _curve_point, run_local_checks
+    from eagle3_pipeline.validate.speedup import concurrency_levels, headline
 
     k_main = validate.num_speculative_tokens
-    if not local:
-        return {"reason": "not measured: a systemd unit would restart production once per k"}
-    matched = common["matched"] or (common["questions"], common["sampling"])
-    runs = {"greedy": (common["questions"], common["sampling"]), "sampled": matched}
     others = [k for k in range(1, validate.by_k_max + 1) if k != k_main]
-    figures = run_local_by_k(
-        server, validate, common["checkpoint_dir"], runs, others, Path(common["state_dir"]) / "by-k",
-        common["concurrency"], common["request_timeout_s"], per_request,
+    questions, concurrency = common["questions"], common["concurrency"]
+    levels = concurrency_levels(concurrency, len(questions)) if validate.speedup else None
+    ask_group = _group_asker(server, common)
+    result = run_local_checks(
+        server, validate, conclude=conclude, ask=lambda url, group, level: ask_group(url, group, level),
+        by_k=others, speedup_levels=levels, per_request_metrics=per_request, **common,
     )  # fmt: skip
-    if k_main <= validate.by_k_max:
-        sampled = result.get("sampled") or result
-        figures[str(k_main)] = {"greedy": _curve_point(result), "sampled": _curve_point(sampled)}
-    return {k: figures[k] for k in sorted(figures, key=int)}
+    if validate.by_k_max:
+        figures = result.pop("by_k", {})
+        if k_main <= validate.by_k_max:
+            sampled = result.get("sampled") or result
+            figures[str(k_main)] = {"greedy": _curve_point(result), "sampled": _curve_point(sampled)}
+        result["by_k"] = {k: figures[k] for k in sorted(figures, key=int)}
+    timed = result.pop("speedup_figures", None)
+    if timed is None:
+        result["speedup"] = {"speedup": None, "reason": SPEEDUP_OFF}
+        return result
+    device = "cpu (vLLM's CPU build: a CPU figure, not a GPU claim)"
+    result["speedup"] = headline(timed, concurrency, device)
+    log.info(
+        "served speedup %.2fx at concurrency %d (median of %d alternating repeats, range %s)",
+        result["speedup"]["speedup"] or 0.0,
+        concurrency,
+        timed["repeats"],
+        result["speedup"]["speedup_range"],
+    )
+    return result
 
 
 def _sampling_dict(sampling: Sampling) -> dict[str, Any]:
     return {k: v for k, v in sampling.__dict__.items() if k != "model"} | {"model": sampling.model}
-
-
-def local_speedup(
-    server: ServerSettings,
-    with_draft: dict[str, Any],
-    common: dict[str, Any],
-    validate: ValidateSettings,
-    per_request: bool = False,
-) -> dict[str, Any]:
-    """validate.speedup on a local unit: the same questions and sampling with and without the draft, both
-    servers up, timed in alternation at 1, the check's and twice the check's concurrency,
-    validate.speedup_repeats times each (validate/speedup.py)."""
-    from eagle3_pipeline.validate.local_vllm import run_local_speedup
-    from eagle3_pipeline.validate.speedup import concurrency_levels, headline
-
-    if not validate.speedup:
-        return {"speedup": None, "reason": SPEEDUP_OFF}
-    questions, concurrency = common["questions"], common["concurrency"]
-    ask_group = _group_asker(server, common)
-    figures = run_local_speedup(
-        server, validate, common["checkpoint_dir"], questions,
-        lambda url, group, level: ask_group(url, group, level),
-        concurrency_levels(concurrency, len(questions)), Path(common["state_dir"]) / "speedup", per_request,
-    )  # fmt: skip
-    device = "cpu (vLLM's CPU build: a CPU figure, not a GPU claim)"
-    result = headline(figures, concurrency, device)
-    log.info(
-        "served speedup %.2fx at concurrency %d (median of %d alternating repeats, range %s)",
-        result["speedup"] or 0.0,
-        concurrency,
-        figures["repeats"],
-        result["speedup_range"],
-    )
-    return result
 
 
 def production_speedup(

@@ -5,7 +5,10 @@ One timed run is noise (a 1.5-second run, other work on the machine, a cold cach
 concurrency level (1, the check's, twice the check's: where speculative decoding pays and where the
 batch takes over) is timed `validate.speedup_repeats` times (default 3) in each arm, the arms
 alternating and the order flipped every repeat (with-without, without-with, ...) so that drift over the
-run hits both alike. Reported
+run hits both alike. A level's run sends two rounds of its concurrency, at least MIN_REQUESTS
+requests and at most every question (the first ones, in the check's order; `questions` per level): at
+concurrency 1 a run is its requests one after another, so all 27 of the demo's questions there took
+4 of the demo's 6 timing minutes and told no more about one request at a time than 8 do. Reported
 per level: the median and range of output tokens/s in each arm, of their ratio over the paired
 repeats, and the median time to first token and inter-token latency (vLLM's per-request metrics,
 `--enable-per-request-metrics`). On vLLM's CPU build these are CPU figures, never a GPU claim
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 REPEATS = 3
+MIN_REQUESTS = 8  # the fewest requests a level's run sends (when there are that many questions)
 
 Asker = Callable[[str, list[dict[str, Any]], int], list[dict[str, Any]]]  # (base_url, questions, concurrency)
 
@@ -27,6 +31,12 @@ Asker = Callable[[str, list[dict[str, Any]], int], list[dict[str, Any]]]  # (bas
 def concurrency_levels(check_concurrency: int, questions: int) -> list[int]:
     """1, the check's concurrency and twice it, each capped at the number of questions."""
     return sorted({1, min(check_concurrency, questions), min(2 * check_concurrency, questions)})
+
+
+def level_questions(questions: list[dict[str, Any]], level: int) -> list[dict[str, Any]]:
+    """What a run at concurrency `level` sends: the first max(2 x level, MIN_REQUESTS) questions, at most
+    all of them (module docstring)."""
+    return questions[: max(2 * level, MIN_REQUESTS)]
 
 
 def timed_run(ask: Asker, base_url: str, questions: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
@@ -71,17 +81,16 @@ def alternate(
     """Every level timed `repeats` times per arm, alternating (module docstring).
 
     Returns:
-        {"by_concurrency": {c: {"with_draft", "without_draft" (spread of tokens/s, median ttft/itl),
-        "speedup" (spread of the paired ratios), "runs"}}, "repeats"}.
+        {"by_concurrency": {c: {"questions" (sent per run), "with_draft", "without_draft" (spread of
+        tokens/s, median ttft/itl), "speedup" (spread of the paired ratios), "runs"}}, "repeats"}.
     """
     by_level = {}
     for level in levels:
-        runs = []
+        runs, asked = [], level_questions(questions, level)
         for repeat in range(repeats):
             arms = [("with_draft", with_url), ("without_draft", without_url)]
             timed = {
-                name: timed_run(ask, url, questions, level)
-                for name, url in arms[:: 1 if repeat % 2 == 0 else -1]
+                name: timed_run(ask, url, asked, level) for name, url in arms[:: 1 if repeat % 2 == 0 else -1]
             }
             runs.append(timed)
         ratios = [
@@ -90,6 +99,7 @@ def alternate(
             if r["with_draft"]["tokens_per_s"] and r["without_draft"]["tokens_per_s"]
         ]
         by_level[str(level)] = {
+            "questions": len(asked),
             "speedup": _spread(ratios),
             **{
                 arm: {
