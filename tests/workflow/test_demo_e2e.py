@@ -70,7 +70,7 @@ def test_demo_produces_validated_checkpoint(demo_workdir: Path):
     assert speculators["speculators_config"]["verifier"]["name_or_path"].endswith("resources/demo/target")
     assert speculators["norm_before_residual"] is False
     offline = json.loads((results / "validation" / "offline.json").read_text())
-    assert len(offline["acceptance_length"]) == 7 and offline["anchors"] > 0  # draft.ttt_steps
+    assert len(offline["acceptance_length"]) == 3 and offline["anchors"] > 0  # draft.ttt_steps
     assert all(1.0 <= a <= i + 2 for i, a in enumerate(offline["acceptance_length"])), offline
     serve = json.loads((results / "validation" / "serve_check.json").read_text())
     k = serve["num_speculative_tokens"]
