@@ -46,3 +46,11 @@ def test_the_arms_alternate_with_the_order_flipped_and_report_median_and_range()
     assert len(level["runs"]) == 3
     top = headline(figures, 2, "cpu")
     assert top["speedup"] == figures["by_concurrency"]["2"]["speedup"]["median"] and top["device"] == "cpu"
+
+
+def test_the_recorded_figures_say_how_many_questions_each_level_sent():
+    from eagle3_pipeline.validate.headline import speedup_figures
+
+    spread = {"median": 1.41234, "min": 1.3, "max": 1.5}
+    serve_check = {"speedup": {"by_concurrency": {"1": {"speedup": spread, "questions": 8}, "27": {}}}}
+    assert speedup_figures(serve_check) == {"1": {"median": 1.4123, "min": 1.3, "max": 1.5, "questions": 8}}

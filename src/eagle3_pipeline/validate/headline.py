@@ -111,10 +111,12 @@ def curve_figures(curve: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def speedup_figures(serve_check: dict[str, Any] | None) -> dict[str, Any]:
-    """The alternating speedup's median and range per concurrency (a CPU figure on the CPU build)."""
+    """The alternating speedup's median and range per concurrency (a CPU figure on the CPU build), and
+    how many questions each of its runs sent (validate/speedup.py level_questions)."""
     speedup = (serve_check or {}).get("speedup") or {}
     return {
         str(c): {key: round(v, 4) for key, v in entry["speedup"].items()}
+        | {"questions": entry.get("questions")}
         for c, entry in (speedup.get("by_concurrency") or {}).items()
         if entry.get("speedup")
     }

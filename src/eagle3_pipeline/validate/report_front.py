@@ -94,9 +94,10 @@ def selection_lines(figures: dict[str, Any]) -> list[str]:
             f"Learning curve at equal optimizer steps: {points} offline for {shards} training shards."
         )
     for concurrency, speedup in figures["speedup"].items():
+        asked = f", {speedup['questions']} questions per run" if speedup.get("questions") else ""
         lines.append(
             f"Served speedup at concurrency {concurrency}: {speedup['median']:.2f}x "
-            f"[{speedup['min']:.2f}, {speedup['max']:.2f}] (median and range of alternating repeats)."
+            f"[{speedup['min']:.2f}, {speedup['max']:.2f}] (median and range of alternating repeats{asked})."
         )
     return lines
 
