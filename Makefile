@@ -23,8 +23,12 @@ install-speculators: install-pipeline  # only for tests/integration/test_specula
 conda-envs:
 	python3 envs/conda_envs.py
 
+# The demo's GPU rules (training, epoch selection, offline validation) run on CPU, one thread each: two
+# at once on the 2-core machine (the learning-curve point trains beside the main draft). The serve check
+# and the extraction engine hold every slot, so the timing and the engine still run alone.
+DEMO_GPU_SLOTS ?= 2
 demo: install
-	source .venv/bin/activate && snakemake --cores $(CORES)
+	source .venv/bin/activate && snakemake --cores $(CORES) --resources gpu=$(DEMO_GPU_SLOTS)
 
 # the plan of a config, no weights, GPUs or network needed: make plan CONFIG=config/examples/kimi-k2.5-8gpu.yaml
 plan: install-pipeline
