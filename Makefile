@@ -23,12 +23,14 @@ install-speculators: install-pipeline  # only for tests/integration/test_specula
 conda-envs:
 	python3 envs/conda_envs.py
 
+# DEMO=kimi: the Kimi-family demo (config/demo-kimi/config.yaml over config/config.yaml, results/demo-kimi/)
+DEMO ?=
 # The demo's GPU rules (training, epoch selection, offline validation) run on CPU, one thread each: two
 # at once on the 2-core machine (the learning-curve point trains beside the main draft). The serve check
 # and the extraction engine hold every slot, so the timing and the engine still run alone.
 DEMO_GPU_SLOTS ?= 2
 demo: install
-	source .venv/bin/activate && snakemake --cores $(CORES) --resources gpu=$(DEMO_GPU_SLOTS)
+	source .venv/bin/activate && snakemake --cores $(CORES) --resources gpu=$(DEMO_GPU_SLOTS) $(if $(DEMO),--configfile config/demo-$(DEMO)/config.yaml)
 
 # the plan of a config, no weights, GPUs or network needed: make plan CONFIG=config/examples/kimi-k2.5-8gpu.yaml
 plan: install-pipeline
@@ -72,4 +74,4 @@ mutants:
 	.venv/bin/python tests/mutation/run.py $(MUTANT_MODULES) --jobs $(MUTANT_JOBS) --minutes $(MUTANT_MINUTES)
 
 clean-demo:
-	rm -rf results/demo resources/demo .snakemake
+	rm -rf results/demo resources/demo results/demo-kimi resources/demo-kimi .snakemake

@@ -42,6 +42,7 @@ include: "rules/budget.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/validate.smk"
+include: "rules/demo_head_to_head.smk"
 
 
 rule all:

@@ -62,6 +62,10 @@ wildcard_constraints:
     variant="|".join(f"(?:{variant})" for variant in VARIANTS),
 
 
+# outputs of rule all beside the stages' (the Kimi demo's head-to-head, rules/demo_head_to_head.smk)
+EXTRA_FINAL_OUTPUTS = []
+
+
 def get_final_outputs():
     outputs = [
         f"{RESULTS}/traces/stats.json",
@@ -71,4 +75,4 @@ def get_final_outputs():
     ]
     if SETTINGS.validate.serve_check:
         outputs.append(f"{RESULTS}/validation/serve_check.json")
-    return outputs
+    return outputs + EXTRA_FINAL_OUTPUTS

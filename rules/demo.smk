@@ -1,42 +1,54 @@
-# The embedded demo's tiny target (Llama, 8 layers, head_dim 64, its own byte-level BPE tokenizer and a
-# Kimi-style thinking template), fitted on the bundled sample, and the systemd unit that serves it.
+# The embedded demo's tiny target, fitted on the bundled sample, and the systemd unit that serves it:
+# demo.family llama (resources/demo/: a Llama, 8 layers, head_dim 64, its own byte-level BPE tokenizer
+# and a Kimi-style thinking template) or kimi (resources/demo-kimi/: Kimi-K2.5's family in miniature,
+# demo/kimi.py, the same tokenizer, template and fit).
 from pathlib import Path
 
 from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.demo import DEMO_DIRS, DEMO_UNITS, UNIT_TEMPLATES
 
 DEMO_SAMPLE = "config/demo/sample.jsonl"  # what the demo target is fitted on, and the demo's dataset
+# the two demos' results folders (config/config.yaml, config/demo-kimi/config.yaml)
+DEMO_RUNS = ("demo", "demo-kimi")
 
-# results/demo is the demo's: a run on other data beside it needs a name of its own, or the finished demo
-# would be overwritten with another dataset's figures
+# results/demo and results/demo-kimi are the demos': a run on other data beside them needs a name of its
+# own, or a finished demo would be overwritten with another dataset's figures
 if (
-    SETTINGS.run == "demo"
+    SETTINGS.run in DEMO_RUNS
     and Path(str(SETTINGS.dataset.path)).resolve() != Path(DEMO_SAMPLE).resolve()
 ):
     raise ConfigError(
-        f"run is 'demo' but dataset.path is {SETTINGS.dataset.path}, not the demo's sample: set run to a "
-        "name of your own (results/{run}/), so that results/demo stays the demo's"
+        f"run is '{SETTINGS.run}' but dataset.path is {SETTINGS.dataset.path}, not the demo's sample: set "
+        f"run to a name of your own (results/{{run}}/), so that results/{SETTINGS.run} stays the demo's"
     )
 
 
 if SETTINGS.demo.enabled:
+    DEMO_DIR = DEMO_DIRS[SETTINGS.demo.family]
 
     rule build_demo_target:
         input:
             # the bundled sample, whatever dataset.path is: a run on your own data (its own `run`)
             # keeps the demo's target and leaves results/demo as it was
             sample=DEMO_SAMPLE,
-            unit_template="config/demo/vllm-demo.service.in",
+            unit_template=UNIT_TEMPLATES[SETTINGS.demo.family],
         output:
-            config="resources/demo/target/config.json",
-            weights="resources/demo/target/model.safetensors",
-            tokenizer="resources/demo/target/tokenizer.json",
-            unit="resources/demo/vllm-demo.service",
+            config=f"{DEMO_DIR}/target/config.json",
+            weights=f"{DEMO_DIR}/target/model.safetensors",
+            tokenizer=f"{DEMO_DIR}/target/tokenizer.json",
+            unit=f"{DEMO_DIR}/{DEMO_UNITS[SETTINGS.demo.family]}",
         log:
             f"{LOGS}/build_demo_target.log",
         conda:
             "../envs/pipeline.yaml"
         threads: 2
         params:
+            # demo.family only when not the Llama: the Llama demo's target is not rebuilt for its arrival
+            **(
+                {"family": SETTINGS.demo.family}
+                if SETTINGS.demo.family != "llama"
+                else {}
+            ),
             port=SETTINGS.demo.port,
             fit_seconds=SETTINGS.demo.fit_seconds,
             seed=SETTINGS.demo.seed,

@@ -2,6 +2,7 @@
 # the target's config (rule require_target_weights, rules/hidden_states.smk, stands in where it is absent).
 from pathlib import Path
 
+from eagle3_pipeline.demo import demo_target_dir
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
 from eagle3_pipeline.settings import as_params
 
@@ -66,7 +67,7 @@ def get_prompt_shard_rows(wildcards):
 # are the config.json as ever.
 TARGET_CONFIG = f"{SETTINGS.target.model}/config.json"
 TARGET_BUILT = SETTINGS.demo.enabled and Path(TARGET_CONFIG) == Path(
-    "resources/demo/target/config.json"  # build_demo_target's output
+    demo_target_dir(SETTINGS.demo.family), "config.json"  # build_demo_target's output
 )
 TARGET_ABSENT = not (TARGET_BUILT or Path(TARGET_CONFIG).exists())
 

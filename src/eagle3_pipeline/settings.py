@@ -27,6 +27,7 @@ def _empty() -> Mapping[str, Any]:
 @dataclass(frozen=True)
 class DemoSettings:
     enabled: bool = False
+    family: str = "llama"  # llama: the tiny Llama target; kimi: the Kimi-K2.5 family in miniature
     port: int = 18431
     fit_seconds: float = 240
     seed: int = 0

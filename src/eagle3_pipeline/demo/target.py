@@ -24,6 +24,7 @@ from eagle3_pipeline.demo.fit import (
     model_config,
     synthesise_reasoning,
 )
+from eagle3_pipeline.demo.kimi import build_kimi_target
 from eagle3_pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
 from eagle3_pipeline.settings import DemoSettings
 
@@ -68,7 +69,10 @@ def _tokenizer_texts(rows: list[dict]) -> list[str]:
 def build_target(
     rows: list[dict], out_dir: Path, demo: DemoSettings, options: FitOptions = RECIPE
 ) -> dict[str, float]:
-    """Train the tokenizer, fit the model and save both (plus generation_config.json) into ``out_dir``."""
+    """Train the tokenizer, fit the model and save both (plus generation_config.json) into ``out_dir``:
+    the tiny Llama, or with demo.family kimi the Kimi-family model (demo/kimi.py)."""
+    if demo.family == "kimi":
+        return build_kimi_target(rows, _tokenizer_texts(rows), out_dir, demo, options)
     tokenizer = train_tokenizer(_tokenizer_texts(rows))
     examples = build_examples(rows, tokenizer, demo.seed)
     logger.info("%d examples, %d tokens", len(examples), sum(len(ids) for ids, _ in examples))
