@@ -8,6 +8,14 @@ chunked loss read the draft's lm_head outside the forward call. Gradients are re
 end of the backward pass; the optimiser step runs on each process's shard. The frozen embeddings are
 left out (`ignored_params`): replicated, in the training dtype, never gathered.
 
+Training in bf16 (GPUs), the gathered copy is bf16 (a MixedPrecisionPolicy: param_dtype bf16,
+reduce_dtype fp32): the shards and AdamW stay fp32, the forward and backward pass run on bf16 weights
+and make bf16 gradients, which are cast to fp32 for the reduce-scatter into the fp32 gradient shards.
+Half the gathered bytes, and no per-matmul cast of fp32 weights under autocast; the trained numbers
+differ from DDP's (fp32 weights cast per matmul) by bf16 rounding of the norms' weights and of the
+gradients summed over the TTT steps. In fp32 (CPU) there is no policy: FSDP and DDP give the same
+numbers up to the order of the reductions.
+
 Not accelerate's FSDP plugin: accelerate enables it for GPU process groups only (MULTI_CPU is not in
 its list, accelerate/state.py), and the same code path must run in the 2-process CPU test and on GPUs.
 
@@ -25,21 +33,30 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from eagle3_pipeline.draft.model import Eagle3Draft
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered whole, on the CPU of rank 0
 
 
-def shard(model: Eagle3Draft, device: torch.device) -> Eagle3Draft:
+def mixed_precision(compute_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """The policy for training in `compute_dtype` (None: fp32, no policy): weights gathered and
+    gradients made in it, reduced and kept in fp32."""
+    if compute_dtype is None or compute_dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+
+
+def shard(model: Eagle3Draft, device: torch.device, compute_dtype: torch.dtype | None = None) -> Eagle3Draft:
     """`model` (in place) as one FSDP2 unit over the default process group, on `device`; the frozen
-    embeddings replicated."""
+    embeddings replicated; gathered in `compute_dtype` (the training dtype, None: fp32)."""
     model.to(device)
     # the mesh on the training device's type: FSDP2's default takes the machine's accelerator, which is
     # not the device of a CPU run (ACCELERATE_USE_CPU) on a machine with GPUs
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    fully_shard(model, mesh=mesh, ignored_params={model.embed_tokens.weight})
+    policy = mixed_precision(compute_dtype)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params={model.embed_tokens.weight})
     return model
 
 

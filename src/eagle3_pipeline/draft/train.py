@@ -61,6 +61,10 @@ from eagle3_pipeline.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
+# gradients as views into DDP's buckets: no second copy of the trained tensors' gradients (the memory
+# census, benchmarks/training.py --census, models DDP's buckets from this)
+DDP_KWARGS = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+
 
 @dataclass
 class TrainState:
@@ -139,11 +143,13 @@ def prepare(
     than one process the draft sharded (draft/sharding.py) before the optimiser is built on its shards.
     The scheduler stays unprepared: accelerate's wrapper would step it once per process."""
     if job.train.fsdp and accelerator.num_processes > 1:
-        model = shard(model, accelerator.device)
+        compute_dtype = _frozen_dtype(accelerator)  # bf16 on GPUs: gathered in bf16, reduced in fp32
+        model = shard(model, accelerator.device, compute_dtype)
         optimizer, scheduler = build_optimizer(model, job.train, total_steps)
         log.info(
-            "FSDP: trained tensors, gradients and AdamW state sharded over %d processes",
+            "FSDP: trained tensors, gradients and AdamW state sharded over %d processes, gathered in %s",
             accelerator.num_processes,
+            compute_dtype or torch.float32,
         )
         return model, optimizer, scheduler
     optimizer, scheduler = build_optimizer(model, job.train, total_steps)
@@ -374,9 +380,9 @@ def _accelerator(job: TrainJob) -> Accelerator:
     )
     if not use_gpu and job.cpu_threads > 0:
         torch.set_num_threads(job.cpu_threads)  # more threads than free cores slows OpenMP ops many-fold
-    # gradients as views into DDP's buckets: no second copy of the trained tensors' gradients
-    ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
-    return Accelerator(cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no", kwargs_handlers=[ddp])
+    return Accelerator(
+        cpu=not use_gpu, mixed_precision="bf16" if use_gpu else "no", kwargs_handlers=[DDP_KWARGS]
+    )
 
 
 def _frozen_dtype(accelerator: Accelerator) -> torch.dtype | None:
