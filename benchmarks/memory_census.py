@@ -15,8 +15,11 @@ The largest block of causal attention scores reaches the last key (its key dimen
 as T).
 
 What it does not see: the CUDA caching allocator's rounding and fragmentation, cuBLAS/NCCL workspaces
-and the CUDA context (together a few GiB on a GPU), and collectives' buffers (added where known:
-DDP's gradient buckets when gradients are not bucket views).
+and the CUDA context (together a few GiB on a GPU), and collectives' buffers, which the replays add
+where known: DDP's gradient buckets (`ddp_peak`: allocated whole when DDP wraps the model and live
+throughout; with gradient_as_bucket_view each gradient is copied into its bucket once accumulated and
+the bucket view replaces it, without it the gradients stay beside the buckets) and FSDP's gathered
+weights, gradients and reduce-scatter buffers (`sharded_peak`).
 """
 
 from __future__ import annotations
@@ -134,11 +137,13 @@ class Census(TorchDispatchMode):
         self.sizes: dict[int, int] = {}
         self.labels: dict[int, str] = {}
         self.shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # dtype and shape at the census shape
-        self.events: list[tuple[int, int, str]] = []  # (+1 | -1, key, phase)
+        # (+1 | -1, key, phase): allocated, freed; (0, key, phase): a gradient accumulated into its tensor
+        self.events: list[tuple[int, int, str]] = []
         self._keys: dict[int, int] = {}  # storage data_ptr -> key, while alive
         self._next = 0
 
     def track(self, tensor: torch.Tensor, label: str | None = None) -> None:
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor (FSDP2's shards): its local tensor
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer in self._keys or storage.nbytes() == 0:
@@ -153,6 +158,12 @@ class Census(TorchDispatchMode):
         self._keys[pointer] = key
         self.events.append((1, key, self.phase))
         weakref.finalize(storage, self._free, pointer, key)
+
+    def accumulated(self, grad: torch.Tensor) -> None:
+        """`grad` is now its tensor's .grad (a post-accumulate-grad hook): labelled "grads", and the moment
+        marked, when DDP copies it into its bucket (ddp_peak)."""
+        self.track(grad, "grads")
+        self.events.append((0, self._keys[grad.untyped_storage().data_ptr()], self.phase))
 
     def _free(self, pointer: int, key: int) -> None:
         if self._keys.get(pointer) == key:
@@ -174,29 +185,70 @@ class Census(TorchDispatchMode):
             live += sign * self.sizes[key]
             if live > best and (not phases or phase in phases):
                 best, best_at = live, at
-        alive: set[int] = set()
-        for sign, key, _ in self.events[: best_at + 1]:
-            (alive.add if sign > 0 else alive.discard)(key)
+        alive = self._alive(best_at)
         breakdown: dict[str, int] = {}
         for key in alive:
             breakdown[self.labels[key]] = breakdown.get(self.labels[key], 0) + self.sizes[key]
-        largest = [
+        return best, breakdown, self._largest(alive)
+
+    def _alive(self, at: int, dropped: frozenset[int] = frozenset()) -> set[int]:
+        """Keys live just after event `at` (less `dropped`, those gone at their accumulation)."""
+        alive: set[int] = set()
+        for sign, key, _ in self.events[: at + 1]:
+            if sign > 0:
+                alive.add(key)
+            elif sign < 0 or (sign == 0 and key in dropped):
+                alive.discard(key)
+        return alive
+
+    def _largest(self, alive: set[int]) -> list[str]:
+        return [
             f"{self.labels[k]} {self.shapes[k][0]}{list(self.shapes[k][1])}: {gib(self.sizes[k])} GiB"
             for k in sorted(alive, key=lambda k: -self.sizes[k])[:10]
         ]
-        return best, breakdown, largest
+
+    def ddp_peak(self, bucket_view: bool) -> tuple[int, dict[str, int], list[str]]:
+        """(peak live bytes, bytes by label then, its ten largest tensors) of the same step under DDP:
+        its gradient buckets ("ddp_buckets", as many bytes as the trained tensors, fp32) live from the
+        wrap onwards; with `bucket_view` (DistributedDataParallel's gradient_as_bucket_view) a gradient
+        is copied into its bucket as soon as it is accumulated and the bucket's view replaces it (the
+        step's zero_grad sets .grad to None, so each step accumulates a fresh tensor first), without it
+        the gradients live beside the buckets."""
+        buckets = sum(size for key, size in self.sizes.items() if self.labels[key] == "trainable")
+        dropped = {key for sign, key, _ in self.events if sign == 0} if bucket_view else set()
+        gone: set[int] = set()
+        live = best = best_at = 0
+        for at, (sign, key, _) in enumerate(self.events):
+            if sign == 0 and key in dropped:
+                live, gone = live - self.sizes[key], gone | {key}
+            elif sign and key not in gone:
+                live += sign * self.sizes[key]
+            if live > best:
+                best, best_at = live, at
+        alive = self._alive(best_at, frozenset(dropped))
+        breakdown = {"ddp_buckets": buckets}
+        for key in alive:
+            breakdown[self.labels[key]] = breakdown.get(self.labels[key], 0) + self.sizes[key]
+        return best + buckets, breakdown, self._largest(alive)
 
     def sharded_peak(self, gpus: int) -> tuple[int, dict[str, int]]:
         """(peak live bytes, bytes by label at that moment) of the same step under train.fsdp over `gpus`
         processes (draft/sharding.py: the draft one FSDP unit). Each process holds 1/gpus of the trained
-        weights and of AdamW's state throughout; the weights gathered whole besides ("gathered_weights")
-        from the forward pass to the end of the backward pass; the gradients whole while the backward
-        pass makes them, then reduce-scattered to 1/gpus for the optimiser step."""
-        gathered = sum(size for key, size in self.sizes.items() if self.labels[key] == "trainable")
+        weights and of AdamW's state throughout, and the weights gathered whole besides
+        ("gathered_weights") from the forward pass to the end of the backward pass. A census run with
+        a gathered copy of its own (training.py's "fsdp_bf16": bf16 weights, FSDP2's mixed-precision
+        policy) has its gradients whole (bf16) while the backward pass makes them, their fp32 copy
+        whole ("reduce_scatter", the collective's input) and 1/gpus of the result ("sharded_grads")
+        for the optimiser step. One without (fp32, no policy) is given a gathered copy of its trained
+        weights' size, its gradients whole until the optimiser step and 1/gpus in it."""
+        own_copy = "gathered_weights" in self.labels.values()
+        gathered = 0 if own_copy else sum(s for k, s in self.sizes.items() if self.labels[k] == "trainable")
 
         def factor(label: str, phase: str) -> float:
-            if label in ("trainable", "optimizer_state"):
+            if label in ("trainable", "optimizer_state", "sharded_grads"):
                 return 1 / gpus
+            if label == "gathered_weights":  # resharded after the backward pass, gathered at the forward
+                return 1.0 if phase in ("activations", "backward") else 0.0
             return 1 / gpus if label == "grads" and phase == "optimizer_step" else 1.0
 
         live: dict[str, int] = {}
@@ -204,8 +256,9 @@ class Census(TorchDispatchMode):
         for sign, key, phase in self.events:
             label = self.labels[key]
             live[label] = live.get(label, 0) + sign * self.sizes[key]
-            parts = {name: round(size * factor(name, phase)) for name, size in live.items() if size}
-            if phase in ("activations", "backward"):
+            parts = {name: round(size * factor(name, phase)) for name, size in live.items()}
+            parts = {name: size for name, size in parts.items() if size}
+            if gathered and phase in ("activations", "backward"):
                 parts["gathered_weights"] = gathered
             total = sum(parts.values())
             if total > best:

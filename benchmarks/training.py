@@ -51,6 +51,7 @@ Prints one JSON line per measurement.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import logging
@@ -79,6 +80,7 @@ from memory_census import (
 
 from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft.train import DDP_KWARGS
 from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_distribution, target_in_draft, ttt_loss
 
 log = logging.getLogger("benchmarks.training")
@@ -200,14 +202,20 @@ def frozen_head(c: DraftConfig, dtype: torch.dtype, device: torch.device) -> dic
 
 def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], None]]:
     """The census's training step at `shape` (memory_census.run_census): path "training" is train.py's
-    on a GPU (chunked loss, checkpointed steps, frozen tensors in bf16), "former" the path before them."""
+    on a GPU (chunked loss, checkpointed steps, frozen tensors in bf16), "fsdp_bf16" the same under
+    train.fsdp's mixed-precision policy (below), "former" the path before them.
+
+    "fsdp_bf16" runs the step on a bf16 copy of the draft, as FSDP2 with MixedPrecisionPolicy(bf16,
+    fp32) gathers it (draft/sharding.py): bf16 gradients from the backward pass, cast to fp32 into the
+    reduce-scatter's input, the fp32 result the gradients of the fp32 weights AdamW steps on, and the
+    copy refreshed from them (the next step's gathering)."""
 
     def setup(census: Census) -> Callable[[str], None]:
         c = census_config(shape)
         torch.manual_seed(0)
-        training = path == "training"
-        model = Eagle3Draft(c, checkpointing=training)
-        model.embed_tokens.to(torch.bfloat16 if training else torch.float32)
+        former = path == "former"
+        model = Eagle3Draft(c, checkpointing=not former)
+        model.embed_tokens.to(torch.float32 if former else torch.bfloat16)
         head = frozen_head(c, torch.bfloat16, torch.device("cpu"))
         data = synthetic_batch(c, 1, shape.seq)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -218,19 +226,25 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
             census.track(tensor, "frozen")
         for tensor in vars(data).values():
             census.track(tensor, "batch")
-        loss_of = training_loss if training else reference_loss
+        gathered = copy.deepcopy(model).to(torch.bfloat16) if path == "fsdp_bf16" else model
+        computed = [p for p in gathered.parameters() if p.requires_grad]
+        for p in computed:
+            if gathered is not model:
+                census.track(p.data, "gathered_weights")
+            p.register_post_accumulate_grad_hook(lambda p: census.accumulated(p.grad))
+        loss_of = reference_loss if former else training_loss
 
         def step(_: str) -> None:
             gc.collect()  # tensors in reference cycles are freed now, not at an arbitrary later point
             census.phase = "activations"
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = loss_of(model, data, head, shape.steps)
+                loss = loss_of(gathered, data, head, shape.steps)
             census.phase = "backward"
             loss.backward()
             del loss
             gc.collect()
-            for p in trainable:
-                census.track(p.grad, "grads")
+            if gathered is not model:
+                reduce_scatter(census, computed, trainable)
             census.phase = "optimizer_step"
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)
             optimizer.step()
@@ -239,10 +253,31 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
                     if value.dim():
                         census.track(value, "optimizer_state")
             optimizer.zero_grad(set_to_none=True)
+            if gathered is not model:
+                with torch.no_grad():
+                    for copy_, p in zip(computed, trainable, strict=True):
+                        copy_.copy_(p)
 
         return step
 
     return setup
+
+
+def reduce_scatter(census: Census, computed: list[torch.Tensor], trainable: list[torch.Tensor]) -> None:
+    """FSDP2's reduction after the backward pass (foreach_reduce), as the census replays it: every bf16
+    gradient cast into the fp32 input of the reduce-scatter, the bf16 ones freed, the result (a shard
+    per process; whole here, scaled by Census.sharded_peak) the fp32 weights' gradients."""
+    census.phase = "reduce"
+    inputs = [p.grad.float() for p in computed]
+    for tensor in inputs:
+        census.track(tensor, "reduce_scatter")
+    for p in computed:
+        p.grad = None
+    for p, tensor in zip(trainable, inputs, strict=True):
+        p.grad = tensor.clone()
+        census.track(p.grad, "sharded_grads")
+    del inputs
+    gc.collect()
 
 
 def census_config(shape: Shape) -> DraftConfig:
@@ -287,26 +322,27 @@ def census(a: argparse.Namespace) -> None:
     mla = a.draft == "deepseek_mla"
     named, reduced = (KIMI_MLA, REDUCED_MLA) if mla else (KIMI, REDUCED)
     target = replace(named, seq=a.batch_tokens or named.seq)
-    trainable = trainable_bytes(target)
+    ddp = census_of(reduced, "training", target)
+    # train.fsdp over the example's GPUs, gathered in bf16 (draft/sharding.py's policy); beside it the
+    # same without a policy (weights gathered in fp32, as before the policy) and DDP's figure
+    sharded, sharded_parts = census_of(reduced, "fsdp_bf16", target).sharded_peak(a.gpus)
+    emit(
+        {"measure": "train_step_census", "path": "training_fsdp", "gpus": a.gpus, "draft": a.draft}
+        | {"shape": a.shape, "batch_tokens": target.seq, "peak_gib_per_gpu": gib(sharded)}
+        | {"mixed_precision": "bf16 gathered, fp32 reduced"}
+        | {"fp32_gathered_peak_gib_per_gpu": gib(ddp.sharded_peak(a.gpus)[0])}
+        | {"ddp_peak_gib_per_gpu": gib(ddp.ddp_peak(DDP_KWARGS.gradient_as_bucket_view)[0])}
+        | {"breakdown_gib": {k: gib(v) for k, v in sorted(sharded_parts.items(), key=lambda kv: -kv[1])}}
+    )
     for path in ("training", "former"):
-        tracked = census_of(reduced, path, target)
-        peak, parts, largest = tracked.peak()
-        if path == "training":  # train.fsdp over the example's GPUs
-            sharded, sharded_parts = tracked.sharded_peak(a.gpus)
-            emit(
-                {"measure": "train_step_census", "path": "training_fsdp", "gpus": a.gpus, "draft": a.draft}
-                | {"shape": a.shape, "batch_tokens": target.seq, "peak_gib_per_gpu": gib(sharded)}
-                | {"ddp_peak_gib_per_gpu": gib(peak)}
-                | {
-                    "breakdown_gib": {
-                        k: gib(v) for k, v in sorted(sharded_parts.items(), key=lambda kv: -kv[1])
-                    }
-                }
-            )
-        if path == "former":  # DDP's buckets: a second fp32 copy of the gradients (not bucket views then)
-            peak, parts = peak + trainable, parts | {"ddp_buckets": trainable}
+        tracked = ddp if path == "training" else census_of(reduced, path, target)
+        # DDP as train.py configures it (train.DDP_KWARGS: gradients as bucket views); the former path
+        # without bucket views: its buckets a second fp32 copy of the gradients
+        bucket_view = path == "training" and DDP_KWARGS.gradient_as_bucket_view
+        peak, parts, largest = tracked.ddp_peak(bucket_view)
         emit(
             {"measure": "train_step_census", "path": path, "shape": a.shape, "batch_tokens": target.seq}
+            | {"ddp": {"gradient_as_bucket_view": bucket_view}}
             | {
                 "draft": a.draft,
                 "mla": target.mla,
