@@ -23,7 +23,8 @@ window, whatever the corpus size. A window is sized from the config alone (every
 long as max_seq_len), so the cap is never exceeded; a cap smaller than one shard is refused. The cap
 also holds the training state files that windowed training keeps (STATE_FILES_AT_ONCE: the previous
 window's and the current one's, draft/train.py), each the draft's trained fp32 weights and AdamW's two
-fp32 moments (`state_file_bytes`: 14.3 GB for the Kimi-K2.5 example's draft).
+fp32 moments (`state_file_bytes`: 10.8 GB for the Kimi-K2.5 example's MLA draft, 13.7 GB with
+draft.architecture llama).
 """
 
 from __future__ import annotations
@@ -144,12 +145,29 @@ def state_file_bytes(draft: DraftSettings, model_config: Mapping[str, Any]) -> i
     from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, draft_config_from_target
 
     shape = {k: getattr(draft, k) for k in DRAFT_ATTENTION_KEYS}
-    c = draft_config_from_target(dict(model_config), draft.draft_vocab_size, **shape)
-    q, kv, h = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.hidden_size
+    c = draft_config_from_target(
+        dict(model_config), draft.draft_vocab_size, **shape, architecture=draft.architecture
+    )
+    h = c.hidden_size
     parameters = NUM_AUX_LAYERS * c.target_hidden_size * h  # fc
-    parameters += 2 * h * (q + 2 * kv) + q * h  # q/k/v over 2H, o
+    parameters += _attention_parameters(c)
     parameters += 3 * h * c.intermediate_size + c.draft_vocab_size * h + 4 * h  # MLP, lm_head, 4 norms
     return STATE_BYTES_PER_PARAMETER * parameters + STATE_FILE_OVERHEAD
+
+
+def _attention_parameters(c: Any) -> int:
+    """Trained parameters of the draft's attention (a DraftConfig `c`), whose inputs are 2H wide:
+    Llama's q/k/v and o (draft/model.py), or MLA's q LoRA (or q), the latent kv with its rope part,
+    their norms, kv_b and o (draft/mla.py)."""
+    h = c.hidden_size
+    if c.architecture != "deepseek_mla":
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        return 2 * h * (q + 2 * kv) + q * h
+    heads, rq, rkv = c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank
+    q_width = heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
+    q = 2 * h * rq + rq + rq * q_width if rq else 2 * h * q_width
+    kv = 2 * h * (rkv + c.qk_rope_head_dim) + rkv + rkv * heads * (c.qk_nope_head_dim + c.v_head_dim)
+    return q + kv + heads * c.v_head_dim * h
 
 
 def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:

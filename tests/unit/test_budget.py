@@ -327,3 +327,27 @@ def test_the_kimi_example_state_file_is_the_trained_tensors_and_adamw():
     assert state_file_bytes(settings.draft, kimi) == 12 * parameters + STATE_FILE_OVERHEAD  # 14.3 GB
     # no weights: an upper bound
     assert parse_time_state_bytes(settings, 7168) >= state_file_bytes(settings.draft, kimi)
+
+
+@pytest.mark.parametrize("architecture", ["auto", "llama", "deepseek_mla"])
+def test_a_state_file_counts_the_trained_tensors_of_the_drafts_architecture(architecture):
+    """On a DeepseekV3 (Kimi) target the draft is MLA (auto) or Llama: each state file is 12 bytes per
+    trained parameter of the draft actually built (hidden-state files are the target's, whatever the
+    draft)."""
+    import torch
+
+    from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, state_file_bytes
+    from eagle3_pipeline.draft.config import draft_config_from_target
+    from eagle3_pipeline.draft.model import Eagle3Draft
+    from eagle3_pipeline.settings import DraftSettings
+
+    kimi = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 64, "vocab_size": 163840}
+    kimi |= {"intermediate_size": 18432, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128}
+    kimi |= {"qk_rope_head_dim": 64, "v_head_dim": 128, "num_key_value_heads": 64}
+    draft = DraftSettings(architecture=architecture)
+    config = draft_config_from_target(kimi, draft.draft_vocab_size, architecture=architecture)
+    with torch.device("meta"):
+        trained = sum(p.numel() for p in Eagle3Draft(config).parameters() if p.requires_grad)
+    assert state_file_bytes(draft, kimi) == 12 * trained + STATE_FILE_OVERHEAD
+    mla = state_file_bytes(DraftSettings(architecture="deepseek_mla"), kimi)
+    assert mla < state_file_bytes(DraftSettings(architecture="llama"), kimi)  # 10.8 against 13.7 GB
