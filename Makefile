@@ -26,7 +26,7 @@ conda-envs:
 # DEMO=kimi: the Kimi-family demo (config/demo-kimi/config.yaml over config/config.yaml, results/demo-kimi/)
 DEMO ?=
 # The demo's GPU rules (training, epoch selection, offline validation) run on CPU, one thread each: two
-# at once on the 2-core machine (the learning-curve point trains beside the main draft). The serve check
+# at once on the 2-core machine (the learning-curve point trains beside the baseline draft). The serve check
 # and the extraction engine hold every slot, so the timing and the engine still run alone.
 DEMO_GPU_SLOTS ?= 2
 demo: install
