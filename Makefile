@@ -37,9 +37,10 @@ plan: install-pipeline
 	source .venv/bin/activate && snakemake -n --configfile $(CONFIG)
 
 # extraction's cost before a run, one JSON object: make cost CONFIG=config/examples/kimi-k2.5-8gpu.yaml
+# (PROFILE=profiles/slurm: the cluster's executor, the same plan)
 CONFIG ?= config/config.yaml
 cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
-	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG)
+	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG) $(if $(PROFILE),--profile $(PROFILE))
 
 # every tier (tests/unit, tests/integration, tests/workflow) on TEST_WORKERS pytest-xdist workers (the
 # units of work and their order: tests/conftest.py), the 15 slowest tests listed at the end

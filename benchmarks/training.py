@@ -27,10 +27,13 @@ logits, nothing checkpointed, the frozen embeddings in fp32, DDP's gradient buck
 on the CPU under bf16 autocast, records every tensor allocation and free, and replays them at the named
 shape (`--shape kimi`: the Kimi-K2.5 example's width, vocabularies, 7 TTT steps and train.batch_tokens
 16,384; benchmarks/memory_census.py explains the method). One JSON line per path with
-`peak_gib_per_gpu`, its breakdown and the batch_tokens assumed, and one for train.py's path with
-train.fsdp over `--gpus` processes (default 8; the same timeline with the weights and AdamW state
-sharded, Census.sharded_peak); then the demo shape tracked directly beside its replay from the reduced
-shape (a check of the method), and the peak against T. `--draft deepseek_mla` takes the census with the
+`peak_gib_per_gpu`, its breakdown and the batch_tokens assumed, DDP's gradient buckets counted as
+train.DDP_KWARGS configures them (Census.ddp_peak), and first one for train.py's path with train.fsdp
+over `--gpus` processes (default 8): the step run on a bf16 copy of the draft as FSDP2's bf16 policy
+gathers it (path fsdp_bf16), its timeline replayed with the fp32 weights, AdamW state and reduced
+gradients sharded (Census.sharded_peak), beside it the same without the policy and DDP's; then the
+demo shape tracked directly beside its replay from the reduced shape (a check of the method), and the
+peak against T (the step alone, without DDP's buckets). `--draft deepseek_mla` takes the census with the
 MLA draft (draft.architecture deepseek_mla: the Kimi target's q/kv LoRA 1,536 / 512, nope 128, rope 64,
 values 128, 64 heads; memory_census.KIMI_MLA, replayed from REDUCED_MLA).
 

@@ -31,6 +31,8 @@ rule extract_hidden_states:
         # again after new shards were generated (the stop report is not temp, so it exists)
         server_stopped=ancient(rules.stop_server.output[0]),
         after=get_extraction_gate,  # under a cap: the previous window trained on and deleted
+        # vllm: its scope's engine job (serve_extraction_engine), when this shard is stale
+        engine=get_engine_service,
     output:
         # one per split, in the order of input.traces; under a cap deleted once trained on
         states=(temp if WINDOW else list)(
@@ -41,12 +43,13 @@ rule extract_hidden_states:
         f"{LOGS}/extract_hidden_states/{EPOCH_DIR}{{shard}}.log",
     conda:
         "../envs/pipeline.yaml"
+    # vllm: no core of its own: Snakemake sums a group's cores and starts all its jobs at once (the
+    # clients take hidden_states.vllm.max_clients slots of their engine: engine.client_slot)
+    threads: 0 if VLLM_ENGINE else 1
     resources:
         # transformers: the job runs the target (a 1T MoE needs all 8: set-resources in the profile).
-        # vllm: the job is a client of the extraction engine, which holds the GPUs from its start to
-        # stop_extraction_engine (training waits on it); the clients share it up to max_clients.
+        # vllm: the job is a client of its engine job, which holds the GPUs
         gpu=0 if VLLM_ENGINE else 1,
-        extraction_clients=1 if VLLM_ENGINE else 0,
     params:
         **EXTRACTION_PARAMS,
         # only a rerun trigger (the target's placement under transformers), its value as it always
@@ -70,14 +73,15 @@ rule extract_hidden_states:
 # (it validates on the main draft's validation states). A rule's outputs are fixed in number, so this
 # is extract_hidden_states with other traces and outputs rather than a {variant} of it; it needs no
 # disk check of its own (validate.baseline is refused under hidden_states.max_disk_gb). vllm: an engine
-# of its own, started once the main draft's GPU jobs are done and stopped by
-# baseline_stop_extraction_engine, so that nothing of the main draft depends on the baseline.
+# job of its own (baseline_serve_extraction_engine), run once the main draft's GPU jobs are done, so
+# that nothing of the main draft depends on the baseline.
 use rule extract_hidden_states as baseline_extract_hidden_states with:
     input:
         traces=[rules.baseline_traces.output[0]],
         target=get_target_config(),
         server_stopped=ancient(rules.stop_server.output[0]),
         after=get_baseline_extraction_gate,
+        engine=get_baseline_engine_service,
     output:
         states=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.safetensors"],
         metadata=[f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.json"],
@@ -90,35 +94,47 @@ use rule extract_hidden_states as baseline_extract_hidden_states with:
 
 if VLLM_ENGINE:
 
-    localrules:
-        # where the engine runs (inside a SLURM job each client owns its own)
-        stop_extraction_engine,
-        baseline_stop_extraction_engine,
-
-    # The extraction engine's end: after every extraction job it serves (the main shards; under a cap,
-    # one epoch's window), before the GPU training rules (get_engine_stopped). Its report is temp (its
-    # lines stay in the log) and an ancient input of training: an order, not data. New shards plan it
-    # again, after their extraction.
-    rule stop_extraction_engine:
+    # The extraction engine of one scope, a job of its own: its service() output is consumed by the
+    # stale extraction jobs of its scope (get_engine_service), and Snakemake runs them and this job
+    # as one group (one submission on one node under profiles/slurm), starting them together and
+    # terminating this job once they are done. It holds the GPUs; no job of it at all when no shard
+    # is stale. It reads the config's hidden_states as its clients do (they check the engine's settings).
+    rule serve_extraction_engine:
         input:
-            get_engine_clients,
+            target=get_target_config(),
+            server_stopped=ancient(rules.stop_server.output[0]),
         output:
-            temp(f"{ENGINE_DIR}/stopped.json"),
+            service(f"{ENGINE_DIR}/{ENGINE_SERVICE}"),
         log:
-            f"{LOGS}/stop_extraction_engine/{ENGINE_SCOPE}.log",
+            f"{LOGS}/serve_extraction_engine/{ENGINE_SCOPE}.log",
         conda:
             "../envs/pipeline.yaml"
-        script:
-            "../scripts/stop_extraction_engine.py"
+        threads: 1
+        resources:
+            gpu=get_engine_gpus,
+            extraction_engines=1,
+        params:
+            job=get_engine_job,  # its settings and paths (engine_job.py): no rerun trigger (a service)
+            server_json=rules.snapshot_server.output.server,
+            # the interpreter that reads this Snakefile (it imports eagle3_pipeline), as script: uses
+            python=sys.executable,
+        # shell and exec, not script: Snakemake ends a service job by signalling the process of a
+        # shell command (a script's is never signalled); the output first: every extraction job of
+        # the group waits --latency-wait seconds for it
+        shell:
+            "touch {output:q} && exec {params.python:q} -m eagle3_pipeline.hidden_states.engine_job "
+            "{params.job:q} {input.target:q} {params.server_json:q} {log:q}"
 
-    # The baseline's engine, after every baseline extraction job, before the baseline's training
-    use rule stop_extraction_engine as baseline_stop_extraction_engine with:
-        input:
-            get_baseline_engine_clients,
+    # The baseline's engine, for the baseline's extraction jobs, after the main draft's GPU jobs
+    use rule serve_extraction_engine as baseline_serve_extraction_engine with:
         output:
-            temp(f"{BASELINE_ENGINE_DIR}/stopped.json"),
+            service(f"{BASELINE_ENGINE_DIR}/{ENGINE_SERVICE}"),
         log:
-            f"{LOGS}/stop_extraction_engine/{BASELINE}hidden_states/engine.log",
+            f"{LOGS}/serve_extraction_engine/{BASELINE}hidden_states/engine.log",
+        params:
+            job=get_baseline_engine_job,
+            server_json=rules.snapshot_server.output.server,
+            python=sys.executable,
 
 
 # Where the target's weights are not on this machine (TARGET_ABSENT, rules/common/inputs.smk), the jobs

@@ -94,8 +94,6 @@ if WINDOW:
             train_states=window_hidden_states("train"),
             validation_states=window_hidden_states("validation"),
             previous=get_previous_window_training_state,
-            # the window's extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
-            engine_stopped=get_engine_stopped,
             plan=rules.plan_windows.output,
             vocab_map=variant_output(rules.vocab_map.output[0], ""),  # the main draft
             target=get_target_config(),
@@ -156,8 +154,6 @@ else:
             train_states=get_variant_train_states,
             # none for a learning-curve point
             validation_states=get_draft_validation_states,
-            # the extraction engine stopped: its GPUs are free (vllm backend; none otherwise)
-            engine_stopped=get_engine_stopped,
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
             # the corpus-wide checks (an id in two shards) pass before training; extraction never waits

@@ -1,22 +1,26 @@
-# The vllm backend's extraction engine: its folder per scope, its run-time keys, and the order that
-# stops it before a GPU job starts.
+# The vllm backend's extraction engine: its folder per scope, its run-time keys, and which extraction
+# jobs consume its Snakemake job.
+import sys
 from pathlib import Path
 
 from eagle3_pipeline.config import SPLITS
-from eagle3_pipeline.hidden_states.engine import stop_all
+from eagle3_pipeline.hidden_states.engine import needs_engine, stop_all
+from eagle3_pipeline.hidden_states.engine_job import job_text
 from eagle3_pipeline.hidden_states.vllm_backend import RUNTIME_KEYS
 from eagle3_pipeline.settings import as_params, runtime_only
 
-# The vllm backend's extraction engine (hidden_states/engine.py): one long-lived engine serves every
-# extraction job of its scope (the main shards, or under a cap one epoch's window; the baseline's
-# shards have a scope of their own), started by the first job with batches to run and stopped by
-# stop_extraction_engine, which the GPU training rules wait on.
+# The vllm backend's extraction engine (hidden_states/engine.py) is a job of its own: rule
+# serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the
+# engine and its consumers as one group (one submission on one node on a cluster), all at once, and
+# terminates the engine once they are done: training, after them, finds the GPUs free. One engine
+# per scope: the main shards, or under a cap one epoch's window; the baseline's shards have their own.
 VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
 ENGINE_ROOT = f"{WORK}/hidden_states/engine"
 ENGINE_DIR = (
     f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
 )
 ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
+ENGINE_SERVICE = "service.json"  # the engine job's service() output, in its folder
 # hidden_states.vllm keys that never change a state (memory, graphs, connector, interpreter, pacing):
 # run-time only, declared once in the package (vllm_backend.RUNTIME_KEYS, also out of the parts' key)
 ENGINE_RUNTIME_KEYS = RUNTIME_KEYS
@@ -26,11 +30,9 @@ ENGINE_PARAMS = {
     for key, value in as_params(SETTINGS.hidden_states.vllm).items()
     if key not in ENGINE_RUNTIME_KEYS
 }
-if VLLM_ENGINE and "extraction_clients" not in workflow.global_resources:
-    # jobs feeding one engine at once (one plans or packs while another's batches run)
-    workflow.global_resources["extraction_clients"] = (
-        SETTINGS.hidden_states.vllm.max_clients
-    )
+if VLLM_ENGINE and "extraction_engines" not in workflow.global_resources:
+    # engines at once: one (two never hold the GPUs together; the serve check holds it too)
+    workflow.global_resources["extraction_engines"] = 1
 
 
 def engine_dir(epoch=None, shard=None):
@@ -57,54 +59,96 @@ def engine_runtime(where):
     )
 
 
+def shard_engine(wildcards):
+    """The engine folder of a main extraction job whose shard is stale when Snakemake plans (an output
+    missing or older than its traces: engine.needs_engine), else None (vllm backend only).
+
+    A planned engine job runs anew every run (a service output never exists between runs), and
+    Snakemake reruns every job that consumes a job it runs: so only a stale shard consumes its scope's
+    engine job, a done one none, and a run with nothing stale plans no engine job at all. A job
+    Snakemake reruns for another reason (a changed param or script) finds no engine folder in its
+    run-time values and starts a private engine (vllm_extraction.run_on_engine)."""
+    if not VLLM_ENGINE:
+        return None
+    epoch, shard = wildcards.get("epoch"), wildcards.shard
+    states = STATES.format(epoch=epoch) if WINDOW else STATES
+    traces = [
+        f"{RESULTS}/traces/shards/{split}/shard-{shard}.parquet" for split in SPLITS
+    ]
+    outputs = [
+        f"{states}/{split}/shard-{shard}.{ext}"
+        for split in SPLITS
+        for ext in ("safetensors", "json")
+    ]
+    return engine_dir(epoch, shard) if needs_engine(traces, outputs) else None
+
+
+def baseline_shard_engine(wildcards):
+    """shard_engine for a baseline extraction job (its own scope, the train split only)."""
+    if not VLLM_ENGINE:
+        return None
+    states = f"{RESULTS}/{BASELINE}hidden_states/train/shard-{wildcards.shard}"
+    traces = [
+        f"{RESULTS}/{BASELINE}traces/shards/train/shard-{wildcards.shard}.parquet"
+    ]
+    outputs = [f"{states}.safetensors", f"{states}.json"]
+    return BASELINE_ENGINE_DIR if needs_engine(traces, outputs) else None
+
+
+def engine_input(folder):
+    """A vllm extraction job's `engine` input: its scope's service output, or for a done shard a
+    stand-in that changes nothing (the main Snakefile, ancient). Both are flagged service, which
+    Snakemake records as "<service>" whatever the path, so a shard's recorded set of inputs is the
+    same with and without an engine job (no "set of input files has changed" rerun once it is done;
+    measured with Snakemake 9.27.1). The transformers backend: none."""
+    if not VLLM_ENGINE:
+        return []
+    if folder is None:
+        return [ancient(service(workflow.main_snakefile))]
+    return [service(f"{folder}/{ENGINE_SERVICE}")]
+
+
+def get_engine_service(wildcards):
+    return engine_input(shard_engine(wildcards))
+
+
+def get_baseline_engine_service(wildcards):
+    return engine_input(baseline_shard_engine(wildcards))
+
+
 def get_engine_runtime(wildcards):
-    where = engine_dir(wildcards.get("epoch"), wildcards.shard) if VLLM_ENGINE else None
-    return engine_runtime(where)
+    return engine_runtime(shard_engine(wildcards))
 
 
 def get_baseline_engine_runtime(wildcards):
-    return engine_runtime(BASELINE_ENGINE_DIR if VLLM_ENGINE else None)
+    return engine_runtime(baseline_shard_engine(wildcards))
 
 
-def get_engine_stopped(wildcards):
-    """What a GPU training job waits for: the extraction engine of its states stopped (its GPUs free).
-
-    An order, not data: ancient, so that the stop report rewritten for new shards reruns no training
-    by itself (the new states do). Each variant waits on its own engine's scope only, so turning the
-    baseline on or off changes no input of the main draft's jobs."""
-    if not VLLM_ENGINE:
-        return []
-    if WINDOW:
-        folder = ENGINE_DIR.format(epoch=wildcards.epoch, window=wildcards.window)
-    else:
-        # a learning-curve point trains on the main states, yet waits on the baseline's engine too:
-        # it never holds the GPUs beside one
-        variant = wildcards.get("variant")
-        baseline = variant == BASELINE or (
-            variant in CURVE and SETTINGS.validate.baseline
-        )
-        folder = BASELINE_ENGINE_DIR if baseline else ENGINE_ROOT
-    return [ancient(f"{folder}/stopped.json")]
+def engine_job(where):
+    """serve_extraction_engine's params.job (engine_job.job_text): the whole hidden_states section (its
+    clients' settings, which they check), its folder, its engine's log and its service() output.
+    """
+    scope = where.removeprefix(f"{WORK}/")
+    log = f"{LOGS}/extraction_engine/{scope}.log"
+    return job_text(
+        as_params(SETTINGS.hidden_states), where, log, f"{where}/{ENGINE_SERVICE}"
+    )
 
 
-def get_engine_clients(wildcards):
-    """The main extraction jobs one engine serves (their metadata): its stop runs after all of them."""
-    if WINDOW:
-        return [
-            f"{RESULTS}/hidden_states/epoch-{wildcards.epoch}/{split}/shard-{k}.json"
-            for split in SPLITS
-            for k in window_shards(wildcards.epoch, wildcards.window)
-        ]
-    return [
-        f"{RESULTS}/hidden_states/{split}/shard-{k}.json"
-        for split in SPLITS
-        for k in SHARDS
-    ]
+def get_engine_job(wildcards):
+    return engine_job(ENGINE_DIR.format(**wildcards) if WINDOW else ENGINE_DIR)
 
 
-get_baseline_engine_clients = shard_files(
-    f"{RESULTS}/{BASELINE}hidden_states/train/shard-{{shard}}.json"
-)
+def get_baseline_engine_job(wildcards):
+    return engine_job(BASELINE_ENGINE_DIR)
+
+
+def get_engine_gpus(wildcards):
+    """The engine job's GPUs: locally every one of the run (--resources gpu=N: vLLM spreads the target
+    over the visible GPUs); on a cluster the profile's set-resources (profiles/slurm: 8).
+    """
+    limit = resource_limit("gpu")
+    return limit if isinstance(limit, int) else 1
 
 
 def get_baseline_extraction_gate(wildcards):
@@ -121,7 +165,8 @@ def get_baseline_extraction_gate(wildcards):
 
 
 def stop_engines():
-    """onsuccess/onerror: no extraction engine outlives the snakemake call that started it."""
+    """onsuccess/onerror: no extraction engine outlives the snakemake call (a safety net: the engine
+    jobs end with their consumers, and an engine dies with its job)."""
     for root in (ENGINE_ROOT, BASELINE_ENGINE_DIR):
         if VLLM_ENGINE and Path(root).exists():
             for report in stop_all(Path(root)):

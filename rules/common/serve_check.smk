@@ -7,16 +7,16 @@ def get_serve_check_resources():
     """draft_server, and what keeps the check's timing its own: the served check must not share the
     box with an extraction engine at work or a GPU job. With validate.baseline, the baseline's
     extraction becomes ready with the main check (both wait for the main offline validation,
-    get_baseline_extraction_gate); the check goes first (its priority) and holds every extraction-client
-    slot, so no extraction job (each keeps its engine busy) starts beside it. The baseline's engine is
-    started by its first client, after the check, and stopped before the baseline trains; the check
+    get_baseline_extraction_gate); the check goes first (its priority) and holds the extraction-engine
+    slot (resource extraction_engines), so no engine job starts beside it. The baseline's engine job
+    runs after the check, with its extraction jobs, and ends before the baseline trains; the check
     cannot become ready later (every input of it is done before the gate). Locally the check's vLLM runs on
     this box's accelerators: it holds all of them (resource gpu). Resources, not a DAG edge: the main
     draft never waits on the baseline, so toggling validate.baseline replans none of its jobs.
     """
     resources = {"draft_server": 1}
     if VLLM_ENGINE:
-        resources["extraction_clients"] = resource_limit("extraction_clients")
+        resources["extraction_engines"] = resource_limit("extraction_engines")
     gpus = resource_limit("gpu")
     if SETTINGS.server.host == "local" and isinstance(gpus, int):
         resources["gpu"] = gpus

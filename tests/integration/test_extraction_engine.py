@@ -1,7 +1,8 @@
-"""One extraction engine for many jobs (issue 22), with a real vLLM CPU engine: jobs of one engine folder
-share one start, a dead client's request is dropped unrun (issue 37), an engine killed mid-run fails
-its client loudly, and the rerun starts a new engine that resumes from the parts saved (finished
-batches are not recomputed).
+"""One extraction engine for many jobs (issue 22), with a real vLLM CPU engine: the jobs of one engine
+folder join the engine its job serves (vllm_extraction.serve_engine, as rule serve_extraction_engine
+runs it; issue 37), a dead client's request is dropped unrun, an engine killed mid-run fails its
+client loudly and ends its job, and the rerun (a new engine job) resumes from the parts saved
+(finished batches are not recomputed).
 
 Two engine starts in all (the shared one, then the one after the kill), kept small for 2 CI cores as in
 test_hidden_states_vllm.py: max_model_len 512, VLLM_CPU_KVCACHE_SPACE=1, enforce_eager.
@@ -24,7 +25,7 @@ from support.requirements import require
 from support.vllm_server import cpu_vllm_env
 
 from eagle3_pipeline import io
-from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract
+from eagle3_pipeline.hidden_states import HiddenStateShard, engine, extract, vllm_extraction
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.settings import HiddenStatesSettings, section
 
@@ -64,6 +65,20 @@ def _job(root: Path, traces: Path, target: Path, name: str, engine_dir: Path) ->
     )  # fmt: skip
 
 
+def _engine_job(target: Path, engine_dir: Path) -> tuple[threading.Thread, list[dict]]:
+    """The engine job of `engine_dir` (serve_engine), in a thread: its report lands in the list."""
+    reports: list[dict] = []
+
+    def serve() -> None:
+        reports.append(
+            vllm_extraction.serve_engine(_settings(), target, None, engine_dir, handle_signals=False)
+        )
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread, reports
+
+
 def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_rerun_resumes(
     hs_target, hs_tokenizer, tmp_path, cpu_env
 ):
@@ -72,8 +87,9 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
     rows = trace_rows(hs_tokenizer, 24, shard=0)
     first = _job(tmp_path, write_traces(tmp_path / "a.parquet", rows[:4]), hs_target, "a", engine_dir)
     second = _job(tmp_path, write_traces(tmp_path / "b.parquet", rows[4:8]), hs_target, "b", engine_dir)
+    job, reports = _engine_job(hs_target, engine_dir)
     try:
-        # two jobs, one engine: the second finds the first's running and starts none
+        # two jobs, one engine: both join the engine their job runs, neither starts one
         meta_a = extract.extract_shards(_settings(), [first])[0]
         meta_b = extract.extract_shards(_settings(), [second])[0]
         start_id = meta_a["engine"]["start_id"]
@@ -123,10 +139,13 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
         thread.join(timeout=120)
         assert failure and isinstance(failure[0], engine.EngineError), failure
         assert "died while running this job's batches" in str(failure[0]) and start_id in str(failure[0])
+        job.join(timeout=120)  # the engine job ends with its engine, and says so
+        assert reports[0]["start_id"] == start_id and reports[0]["how"] == "exited by itself", reports
         saved = sorted(p.name for p in parts.glob("batch-*.safetensors"))
         assert 0 < len(saved) < 16, saved  # killed mid-run: some batches saved, not all
 
-        # the rerun: a new engine, the saved batches kept as they were, only the others run
+        # the rerun: a new engine job, the saved batches kept as they were, only the others run
+        job, reports = _engine_job(hs_target, engine_dir)
         meta_c = extract.extract_shards(_settings(batch_tokens=1), [killed])[0]
         assert meta_c["engine"]["start_id"] != start_id
         assert meta_c["engine"]["last_run"]["batches"] == 16 - len(saved)
@@ -135,5 +154,7 @@ def test_jobs_share_one_engine_and_a_killed_engine_fails_its_client_and_the_reru
             assert len(shard) == 16
     finally:
         report = engine.stop_engine(engine_dir)
+        job.join(timeout=120)
     assert report["stopped"] in ("exited", "terminated")
+    assert reports and reports[-1]["how"] == "stopped", reports
     assert not engine.engine_alive(engine_dir)

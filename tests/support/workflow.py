@@ -277,11 +277,20 @@ def planned_jobs(args: list[str], executor: str, repo: Path = REPO) -> tuple[lis
     return jobs, settings
 
 
-def run_extraction_rule(workdir: Path, targets: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Rule extract_hidden_states (and its per-shard disk check) for `targets`, run from another
-    directory with a PATH without the venv and no GPU, on the traces the test wrote itself."""
+def extraction_rule_command(
+    workdir: Path, targets: list[str], *args: str
+) -> tuple[list[str], dict[str, str]]:
+    """The snakemake arguments and environment of run_extraction_rule (a test that runs it itself)."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
     env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     command = [*targets, "--configfile", "c.yaml", "--cores", "1", *args]
-    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states"]  # traces given, not made
+    # traces given, not made; the vllm backend's engine job with its extraction jobs
+    command += ["--allowed-rules", "check_disk_budget", "extract_hidden_states", "serve_extraction_engine"]
+    return command, env
+
+
+def run_extraction_rule(workdir: Path, targets: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Rule extract_hidden_states (and its per-shard disk check) for `targets`, run from another
+    directory with a PATH without the venv and no GPU, on the traces the test wrote itself."""
+    command, env = extraction_rule_command(workdir, targets, *args)
     return workdir_run(workdir, *command, timeout=1200, env=env)

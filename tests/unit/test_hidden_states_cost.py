@@ -36,6 +36,16 @@ def test_the_kimi_example_starts_one_engine_per_epoch_and_window(capsys):
     assert out["gpu_hours_low"] == round(expected, 1)
 
 
+def test_the_slurm_profile_plans_the_same_engine_starts(capsys):
+    # issue 37: the engine is a job grouped with its extraction jobs on the cluster too (one submission
+    # per scope), not a private engine per extraction job (1,000 starts before)
+    assert cost.main([str(KIMI), "--profile", str(REPO / "profiles" / "slurm")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["executor"] == "slurm" and out["engine_starts"] == 30
+    assert cost.main([str(KIMI)]) == 0
+    assert json.loads(capsys.readouterr().out)["executor"] == "local"
+
+
 def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
     settings = _settings(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": True})
     out = cost.estimate(settings, 7168)

@@ -245,8 +245,8 @@ def test_no_secret_in_any_file_the_run_wrote(demo_workdir: Path):
 
 def test_one_extraction_engine_served_every_shard_and_was_stopped(demo_workdir: Path):
     """Issue 22: the main and baseline shards' states come from at most 2 engine starts (one for the
-    main shards, one for the baseline's, started after the main draft's GPU jobs), each stopped
-    before its training."""
+    main shards, one for the baseline's, started after the main draft's GPU jobs), each a Snakemake job
+    (serve_extraction_engine) that Snakemake ended once its extraction jobs were done (issue 37)."""
     results = demo_workdir / "results" / "e2e"
 
     def start_ids(folder: Path) -> set[str]:
@@ -255,8 +255,10 @@ def test_one_extraction_engine_served_every_shard_and_was_stopped(demo_workdir: 
     main, baseline = start_ids(results / "hidden_states"), start_ids(results / "baseline" / "hidden_states")
     assert len(main) == len(baseline) == 1 and main != baseline, (main, baseline)  # 2 in all
     for scope in ("hidden_states/engine", "baseline/hidden_states/engine"):
-        # the stop report is temp (deleted once training is done); the stop job's log keeps its line
-        log = (results / "logs" / "stop_extraction_engine" / f"{scope}.log").read_text()
-        assert re.search(r"extraction engine \S+ (exited|terminated): busy fraction [01]\.\d+", log), log
-        assert not (results / "work" / scope / "stopped.json").exists()
+        log = (results / "logs" / "serve_extraction_engine" / f"{scope}.log").read_text()
+        ended = r"extraction engine \S+ (exited|terminated) \(ended by Snakemake \(SIGTERM\)\)"
+        ended += r": busy fraction [01]\.\d+"
+        assert re.search(ended, log), log
+        report = json.loads((results / "work" / scope / "stopped.json").read_text())  # the run's record
+        assert report["how"] == "ended by Snakemake (SIGTERM)" and report["tokens"] > 0, report
         assert not (results / "work" / scope / "process.json").exists()

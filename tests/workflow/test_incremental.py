@@ -69,6 +69,7 @@ def test_raising_num_samples_extracts_only_the_new_shards(demo_e2e_workdir, tmp_
         "stop_server": 1,  # the new shards were generated: stop the server again
         "filter_traces": new,
         "check_disk_budget": new,
+        "serve_extraction_engine": 1,  # for the new shards only: the done ones do not consume it
         "extract_hidden_states": new,
     }, planned
 

@@ -40,8 +40,8 @@ def test_demo_dry_run_plans_every_stage(tmp_path):
     assert counts["preflight_generation"] == 1  # once per run, not per shard
     assert counts["extract_hidden_states"] == shards  # one job writes both splits of a shard
     assert counts["filter_traces"] == counts["check_disk_budget"] == shards  # per shard: no barrier
-    assert counts["stop_extraction_engine"] == 1  # one engine for the main shards of the run
-    assert counts["baseline_stop_extraction_engine"] == 1  # one for the baseline's, after the main's
+    assert counts["serve_extraction_engine"] == 1  # one engine job for the main shards of the run
+    assert counts["baseline_serve_extraction_engine"] == 1  # one for the baseline's, after the main's
     assert "require_target_weights" not in counts  # the demo's target is built by its rule
 
 
@@ -59,7 +59,7 @@ def test_kimi_example_plans_without_ssh_or_network(tmp_path, kimi_target):
     # packed; the cap also holds two training state files, budget.py), every shard extracted once per epoch
     assert counts["generate_shard"] == 100 and counts["extract_hidden_states"] == 100 * 10
     assert counts["train_draft_window"] == 10 * 3 and counts["train_draft"] == 1
-    assert counts["stop_extraction_engine"] == 10 * 3  # one engine per epoch and window, not per shard
+    assert counts["serve_extraction_engine"] == 10 * 3  # one engine per epoch and window, not per shard
     assert "gpu-box" not in result.stderr  # nothing tried to reach the host
 
 
@@ -69,6 +69,8 @@ def test_kimi_example_plans_on_the_slurm_profile(tmp_path, kimi_target):
     )
     counts = job_counts(dry_run(config, "--workflow-profile", "profiles/slurm").stdout)
     assert counts["extract_hidden_states"] == 100 * 10 and counts["train_draft_window"] == 30
+    # on the cluster too, one engine job per window and epoch (grouped with its extraction jobs)
+    assert counts["serve_extraction_engine"] == 30
 
 
 def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
@@ -85,7 +87,7 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
     assert counts["extract_hidden_states"] == 4 * 3  # every shard, every epoch
     assert counts["train_draft_window"] == 2 * 3 and counts["plan_windows"] == counts["train_draft"] == 1
     assert counts["check_disk_budget"] == 4  # once per shard, not per epoch
-    assert counts["stop_extraction_engine"] == 2 * 3  # an engine per window and epoch
+    assert counts["serve_extraction_engine"] == 2 * 3  # an engine per window and epoch
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
@@ -131,11 +133,11 @@ def test_the_baseline_is_the_draft_rules_variant_and_its_serve_check_stands_alon
     assert not set(map(str, baseline.output)) & set(map(str, main.input))
     assert main.resources["draft_server"] == baseline.resources["draft_server"] == 1
     assert main.dag.workflow.global_resources["draft_server"] == 1
-    # the same rules: no second chain of baseline_* rules beyond its traces, their extraction and the
-    # stop of its extraction engine (a scope of its own: the main draft never waits on the baseline)
+    # the same rules: no second chain of baseline_* rules beyond its traces, their extraction and its
+    # extraction engine's job (a scope of its own: the main draft never waits on the baseline)
     names = {job.rule.name for job in jobs}
     assert {name for name in names if name.startswith("baseline")} == {
         "baseline_traces",
         "baseline_extract_hidden_states",
-        "baseline_stop_extraction_engine",
+        "baseline_serve_extraction_engine",
     }

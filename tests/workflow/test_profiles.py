@@ -22,8 +22,9 @@ from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, planned_jobs, write_config
 
-# The Kimi example caps the states on disk (hidden_states.max_disk_gb): training runs window by window
-GPU_RULES = ("extract_hidden_states", "train_draft_window")
+# The Kimi example caps the states on disk (hidden_states.max_disk_gb): training runs window by window;
+# its extraction engine (vllm backend) is a job of its own, grouped with its extraction jobs
+GPU_RULES = ("serve_extraction_engine", "train_draft_window")
 
 
 def render_sbatch(job, settings) -> str:
@@ -74,9 +75,12 @@ def test_gpu_rules_ask_slurm_for_8_gpus_by_the_gpu_resource(slurm_plan, rule):
 
 def test_extraction_and_training_sizes_come_from_the_profile(slurm_plan):
     settings = slurm_plan["settings"]
-    extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
+    engine = render_sbatch(slurm_plan["jobs"]["serve_extraction_engine"][0], settings)
     train = render_sbatch(slurm_plan["jobs"]["train_draft_window"][0], settings)
-    assert " -t 240 " in extract and " --mem 1000000 " in extract
+    assert " -t 720 " in engine and " --mem 1000000 " in engine
+    # an extraction job (a client of the engine): no GPU, a little memory, on the engine's partition
+    extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
+    assert "--gpus" not in extract and " --mem 4000 " in extract and " -p gpu " in extract
     assert " -t 240 " in train and " --mem 256000 " in train  # one window of one epoch
 
 
@@ -107,6 +111,22 @@ def test_no_job_carries_forbidden_flags_in_slurm_extra(slurm_plan):
             assert "--gpus" not in extra and "--gres" not in extra
 
 
+def test_each_engine_job_is_one_group_with_its_window_s_extraction_jobs(slurm_plan):
+    # issue 37: Snakemake groups a service job with its consumers (one submission on one node): one
+    # group per epoch and window, holding the engine and the window's 34 (or 32) extraction jobs
+    groups: dict = {}
+    for rule in ("serve_extraction_engine", "extract_hidden_states"):
+        for job in slurm_plan["jobs"][rule]:
+            assert job.group is not None, job
+            groups.setdefault(job.group, []).append(job.rule.name)
+    assert len(groups) == 10 * 3
+    for names in groups.values():
+        assert names.count("serve_extraction_engine") == 1 and names.count("extract_hidden_states") in (
+            32,
+            34,
+        )
+
+
 def test_the_gpu_rules_plan_every_shard(slurm_plan):
     config = yaml.safe_load(KIMI_CONFIG.read_text())
     shards = -(-config["dataset"]["num_samples"] // config["dataset"]["shard_size"])
@@ -119,11 +139,11 @@ def test_the_gpu_rules_plan_every_shard(slurm_plan):
 
 def test_gpu_model_becomes_a_typed_gpus_request(tmp_path):
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["set-resources"]["extract_hidden_states"]["gpu_model"] = "b200"
+    profile["set-resources"]["serve_extraction_engine"]["gpu_model"] = "b200"
     (tmp_path / "profile").mkdir()
     (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
     plan = _plan(tmp_path, tmp_path / "profile")
-    line = render_sbatch(plan["jobs"]["extract_hidden_states"][0], plan["settings"])
+    line = render_sbatch(plan["jobs"]["serve_extraction_engine"][0], plan["settings"])
     assert re.findall(r"--gpus=\S+", line) == ["--gpus=b200:8"]
 
 

@@ -244,7 +244,7 @@ def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finishe
 
 
 def test_turning_the_baseline_off_reruns_no_main_job(finished):
-    # the baseline's extraction engine has a stop job of its own: the main one's inputs stay the same
+    # the baseline's extraction engine is a job of its own: the main one's inputs stay the same
     _configure(finished, validate={"baseline": False})
     assert _planned(finished) == {"plot_validation": 1, "all": 1}  # the report loses the baseline
 
@@ -260,7 +260,7 @@ def test_turning_the_baseline_on_plans_baseline_jobs_only(finished):
         outputs = _planned_outputs(plan)
         main = [f for f in outputs if not f.startswith(("results/demo/baseline/", BASELINE_WORK))]
         assert main and all(f.startswith("results/demo/report/") for f in main), main  # the report gains it
-        assert "baseline_extract_hidden_states" in plan and "baseline_stop_extraction_engine" in plan
+        assert "baseline_extract_hidden_states" in plan and "baseline_serve_extraction_engine" in plan
     finally:
         aside.rename(baseline)
         _configure(finished)
@@ -312,11 +312,11 @@ def test_the_main_serve_check_runs_alone_before_the_baselines_engine(finished):
     starts = {f: i for i, jobs in enumerate(rounds) for job in jobs for f in job["output"].split(", ")}
     check = starts["results/demo/validation/serve_check.json"]
     (job,) = rounds[check]  # alone in its round
-    # while it runs, no extraction client (every slot held: max_clients 2) nor GPU job can start
-    assert job["resources"].endswith("draft_server=1, extraction_clients=2, gpu=1"), job
+    # while it runs, no extraction engine job (its one slot held) nor GPU job can start
+    assert job["resources"].endswith("draft_server=1, extraction_engines=1, gpu=1"), job
     baseline = [f for f in starts if f.startswith(("results/demo/baseline/hidden_states/", BASELINE_WORK))]
     trained = ("draft/trained/history.json", "validation/offline.json")
     baseline += [f"results/demo/baseline/{f}" for f in trained]
-    assert len(baseline) == 4 * 2 + 1 + 2, baseline  # 4 shards' states and metadata, the engine's stop
+    assert len(baseline) == 4 * 2 + 1 + 2, baseline  # 4 shards' states and metadata, the engine job
     assert all(starts[f] > check for f in baseline), {f: starts[f] for f in baseline} | {"check": check}
     assert starts["results/demo/validation/offline.json"] < check

@@ -4,9 +4,11 @@ Prints one JSON object: the plan's counts (engine starts, extraction passes, tok
 high-water mark) and GPU hours between two stated throughput assumptions. The counts follow the
 workflow's own rules (rules/common.smk, rules/hidden_states.smk):
 
-- vllm backend: one engine per run uncapped (and one for the baseline's traces, after the main
-  draft's GPU jobs), one per epoch and window under `hidden_states.max_disk_gb`; transformers backend:
-  one target load per extraction job (shard, epoch).
+- vllm backend: one engine job (serve_extraction_engine) per run uncapped (and one for the
+  baseline's traces, after the main draft's GPU jobs), one per epoch and window under
+  `hidden_states.max_disk_gb`; the same under a cluster profile (`--profile`, `make cost
+  PROFILE=profiles/slurm`), where each engine job and its extraction jobs are one submission (a
+  Snakemake service group); transformers backend: one target load per extraction job (shard, epoch).
 - extraction passes: 1 uncapped, `train.epochs` under a cap (each epoch extracts every window again).
 - tokens: every pass over every sample, `tokens_low` with completions of `--completion-tokens` on
   average, `tokens` (the upper bound, budget.py's) with every completion as long as
@@ -69,10 +71,21 @@ def plan_counts(settings: Settings, hidden_size: int) -> dict[str, Any]:
     }
 
 
+def profile_executor(profile: str | Path | None) -> str:
+    """The executor a workflow profile names (its config.yaml's `executor`; `local` without one)."""
+    if profile is None:
+        return "local"
+    import yaml
+
+    data = yaml.safe_load((Path(profile) / "config.yaml").read_text()) or {}
+    return str(data.get("executor") or "local")
+
+
 def estimate(
     settings: Settings, hidden_size: int, gpus: int | None = None, **assumptions: float
 ) -> dict[str, Any]:
-    """The cost JSON (see the module docstring)."""
+    """The cost JSON (see the module docstring). The plan is the same on every executor: the engine
+    is a job of its own, grouped with its extraction jobs, locally and on a cluster alike."""
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
     counts = plan_counts(settings, hidden_size)
     hs, samples = settings.hidden_states, settings.dataset.num_samples
@@ -130,6 +143,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     for name, value in DEFAULT_ASSUMPTIONS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"default {value:g}")
+    parser.add_argument(
+        "--profile", help="the workflow profile the run uses (e.g. profiles/slurm): its executor is printed"
+    )
     parser.add_argument("--schema", default=str(budget.REPO_ROOT / "config" / "schema.yaml"))
     return parser.parse_args(argv)
 
@@ -144,7 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
     hidden_size = budget.cli_hidden_size(settings, args.hidden_size, "the extraction cost")
     assumptions = {name: getattr(args, name) for name in DEFAULT_ASSUMPTIONS}
-    sys.stdout.write(json.dumps(estimate(settings, hidden_size, args.gpus, **assumptions)) + "\n")
+    result = estimate(settings, hidden_size, args.gpus, **assumptions)
+    result["executor"] = profile_executor(args.profile)  # the same plan: one engine job per scope
+    sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 

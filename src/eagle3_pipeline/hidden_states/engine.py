@@ -1,11 +1,14 @@
-"""The extraction engine's lifetime: one vLLM engine serves many extraction jobs (its clients).
+"""The extraction engine's lifetime: one vLLM engine serves the extraction jobs of its scope (its clients).
 
-An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window under a disk cap;
+The engine is a Snakemake job of its own (rule serve_extraction_engine, a `service()` output): Snakemake
+runs it in one group with the extraction jobs that consume it (one submission on one node on a
+cluster) and terminates it once they are all done (`serve`: SIGTERM, then the engine stops). An engine
+is a folder (`work/hidden_states/engine/`, or one per epoch and window under a disk cap;
 `work/baseline/hidden_states/engine/` for the baseline's traces):
 
-    lock          flock: one client starts (or stops) the engine at a time
+    lock          flock: one process starts (or stops) the engine at a time
     spec.json     what it runs (target, engine settings, layer ids, final norm, staging, window)
-    process.json  {start_id, pid, host, fingerprint}: written by the client that started it
+    process.json  {start_id, pid, host, fingerprint}: written by the job that started it
     heartbeat     touched every second by the engine process (its liveness, also across hosts)
     ready.json    the engine's record (vLLM version, runner, connector, settings, start_id) once up
     queue/        requests: one JSON per client job (its batches, their part files, its host and pid)
@@ -13,20 +16,20 @@ An engine is a folder (`work/hidden_states/engine/`, or one per epoch and window
     cancel/       one empty file per request its client gave up on (the engine drops its sequences)
     failed.json   the stuck stage ({start_id, stage, error}) of an engine its watchdog stopped
     stats.json    busy seconds (time in engine steps), wall from ready to the last request done, idle
+    stopped.json  the engine job's report once it ended (how it stopped, its stats): the run's record
     engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
     stop          asks the engine to exit once its queue is empty
+    slots/        flock files: at most hidden_states.vllm.max_clients clients plan and pack at once
 
-The first extraction job that has batches to run starts the engine (`start_or_join`, detached from
-the job: it outlives it) and every job queues its batches (`enqueue`, at once: the engine takes them
-as soon as it is ready, so no client's poll delays its first step) and waits for its parts
-(`wait_done`), failing loudly when the engine dies (its log's tail in the error, or the stage its
+Every client joins the engine of its scope (`join`: the live engine whose settings are the client's),
+queues its batches (`enqueue`, at once: the engine takes them as soon as it is ready) and waits for its
+parts (`wait_done`), failing loudly when the engine dies (its log's tail in the error, or the stage its
 watchdog found stuck: engine_health.py; the rerun starts a new engine and resumes from the parts
 saved). A client stopped by a signal cancels its request (`wait_or_cancel`), and the engine drops the
-requests of a client whose process is gone, so a rerun never computes a batch twice. Rule
-`stop_extraction_engine` (after every extraction job of its scope; training waits on it) stops it
-(`stop_engine`), as does the workflow's onsuccess/onerror handler, and an engine idle for
-`hidden_states.vllm.idle_timeout_s` exits by itself. Inside a SLURM allocation an engine cannot
-outlive its job: there each job owns a private engine, stopped when it ends.
+requests of a client whose process is gone, so a rerun never computes a batch twice. A client with no
+engine job to join (a rerun Snakemake planned for another reason than a missing output) starts a
+private engine, stopped when it returns (`start_or_join` in a folder of its own). The engine process
+dies with the job that started it (its parent-death signal): no engine outlives Snakemake.
 
 This module imports neither vLLM nor torch (the pipeline's side); the engine is
 `python -m eagle3_pipeline.hidden_states.vllm_worker serve DIR` in vLLM's interpreter.
@@ -35,6 +38,7 @@ This module imports neither vLLM nor torch (the pipeline's side); the engine is
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
@@ -60,6 +64,10 @@ log = logging.getLogger(__name__)
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
 HEARTBEAT_STALE_S = 60.0  # a heartbeat older than this is a dead (or frozen) engine
 POLL_S = 0.05  # a client's wait for its parts, and a stop's for the exit
+JOIN_TIMEOUT_S = 600.0  # how long a client waits for its scope's engine job to start the engine
+SERVICE_STOP_S = 30.0  # the engine job's stop: the engine's own exit, before its processes are killed
+STOPPED_FILE = "stopped.json"
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 class EngineError(VllmBackendError):
@@ -116,9 +124,17 @@ def log_tail(directory: Path, lines: int = 40, info: dict[str, Any] | None = Non
         return "(no engine log)"
 
 
+def _die_with_parent() -> None:
+    """In the engine process before it runs (Linux): SIGTERM when the job that started it dies, even
+    by SIGKILL (the worker then kills its own session: its vLLM processes with it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Start a detached engine process (a session of its own: it outlives the job that started it)."""
-    for name in ("ready.json", "heartbeat", "stop", "stats.json", engine_health.FAILED_FILE):
+    """Start an engine process: a session of its own (stopped as one process group), and ended with
+    the job that started it (a parent-death signal): it never outlives its job."""
+    for name in ("ready.json", "heartbeat", "stop", "stats.json", STOPPED_FILE, engine_health.FAILED_FILE):
         (directory / name).unlink(missing_ok=True)
     for folder in ("queue", "done", engine_health.CANCEL_DIR):  # a dead engine's: its clients failed
         for stale in (directory / folder).glob("*"):
@@ -139,6 +155,7 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
             stdout=sink,
             stderr=sink,
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, no lock taken
         )
     info = {
         "start_id": start_id,
@@ -340,6 +357,136 @@ def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
 def stop_all(root: Path, timeout_s: float = 600) -> list[dict[str, Any]]:
     """Stop every engine under `root` (the workflow's onsuccess/onerror handler: none outlives a run)."""
     return [stop_engine(info.parent, timeout_s) for info in sorted(Path(root).rglob("process.json"))]
+
+
+def needs_engine(inputs: list[str], outputs: list[str]) -> bool:
+    """Whether an extraction job consumes its scope's engine job (rules/common/engine.smk): an output of
+    it missing, or older than one of its inputs (new traces). Decided when Snakemake plans, so that an
+    engine job is planned for the stale shards only: a consumer of an engine job that runs is rerun
+    with it (its service output is new every run). A job Snakemake reruns for another reason (a
+    changed param or script) runs a private engine instead."""
+    try:
+        oldest = min(Path(path).stat().st_mtime for path in outputs)
+    except (OSError, ValueError):  # one missing (or none given)
+        return True
+    newest = max((Path(path).stat().st_mtime for path in inputs if Path(path).exists()), default=0.0)
+    return newest > oldest
+
+
+def join(directory: Path, spec: dict[str, Any], timeout_s: float = JOIN_TIMEOUT_S) -> dict[str, Any]:
+    """The process record of the engine its Snakemake job runs in `directory` (a client's side).
+
+    The engine job starts with its clients (one group): this waits for it to start the engine, and
+    checks that it runs the client's settings (both read them from the same rule params).
+
+    Raises:
+        EngineError: no live engine after `timeout_s`, or one with other settings.
+    """
+    directory = Path(directory)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = _read(directory / "process.json")
+        if info and engine_alive(directory, info):
+            if info.get("fingerprint") != fingerprint(spec):
+                raise EngineError(
+                    f"the extraction engine {info['start_id']} in {directory} runs other settings than "
+                    "this job's: rerun (the engine job and its clients read the same config)"
+                )
+            log.info("joined the extraction engine %s (pid %s)", info["start_id"], info["pid"])
+            return info
+        time.sleep(POLL_S)
+    raise EngineError(
+        f"no extraction engine started in {directory} within {timeout_s:.0f} s (rule serve_extraction_engine)"
+    )
+
+
+@contextlib.contextmanager
+def client_slot(directory: Path, slots: int) -> Iterator[int]:
+    """One of `slots` client places of the engine in `directory`, held while the block runs: Snakemake
+    starts every client of an engine job at once (one group), and this keeps at most `slots` of them
+    planning, queueing and packing (flock: released when the client exits, however it exits)."""
+    folder = Path(directory) / "slots"
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:
+        for slot in range(max(int(slots), 1)):
+            handle = open(folder / f"slot-{slot}", "a")  # noqa: SIM115 - held until the block ends
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            try:
+                yield slot
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        time.sleep(POLL_S)
+
+
+class _Terminated(Exception):
+    """The engine job was asked to end (SIGTERM: Snakemake's end of a service job, or Ctrl-C)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
+def serve(
+    directory: Path,
+    python: str,
+    spec: dict[str, Any],
+    env: dict[str, str],
+    marker: Path | None = None,
+    handle_signals: bool = True,
+) -> dict[str, Any]:
+    """Rule serve_extraction_engine: run the engine of `directory` until Snakemake ends the job (SIGTERM,
+    once every client is done) or the engine exits by itself; then stop it and write its report
+    (stopped.json: how it stopped, its stats). A leftover engine of the folder is stopped first.
+
+    Args:
+        marker: the job's service() output, written once the engine runs (its start id and pid).
+        handle_signals: SIGTERM and SIGINT end the serving (main thread only: tests serve from a thread
+            and end it with `stop_engine`).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    previous = {}
+    if handle_signals:
+        previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGINT)}
+    info: dict[str, Any] | None = None
+    how = "exited by itself"
+    try:
+        with _locked(directory):
+            old = _read(directory / "process.json")
+            if old and engine_alive(directory, old):
+                _stop(directory, old, timeout_s=SERVICE_STOP_S)
+            info = _start(directory, python, spec, env)
+        if marker is not None:
+            io.write_json(info, Path(marker))
+        while pid_alive(int(info["pid"])):  # reaps it once it exits
+            if not (directory / "process.json").exists():  # stopped by hand (stop_engine)
+                break
+            time.sleep(POLL_S)
+        if (directory / "stop").exists() or not (directory / "process.json").exists():
+            how = "stopped"  # by hand (stop_engine), not on its own (idle, watchdog, crash)
+    except _Terminated as why:
+        how = f"ended by Snakemake ({why})"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report = {"engine_dir": str(directory), "how": how}
+    if info is not None:
+        report.update(_stop(directory, info, timeout_s=SERVICE_STOP_S))
+        report["failed"] = engine_health.read_failure(directory, info["start_id"])
+    io.write_json(report, directory / STOPPED_FILE)
+    if marker is not None:
+        Path(marker).unlink(missing_ok=True)
+    log.info(
+        "extraction engine %s %s (%s): busy fraction %s", report.get("start_id"), report.get("stopped"), how,
+        report.get("busy_fraction"),
+    )  # fmt: skip
+    return report
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from eagle3_pipeline.hidden_states import final_norm, sequences, vllm_backend
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
-from eagle3_pipeline.hidden_states.plan import plan_shard
+from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
 from eagle3_pipeline.settings import HiddenStatesSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,16 @@ def extract_shards(
     if state is not None and not state.is_main_process:
         log.info("vllm backend: rank %d has nothing to do", state.process_index)
         return [None] * len(jobs)
+    if jobs[0].engine_dir is None:
+        return _extract_shards(hidden_states, jobs, keep_work)
+    # Snakemake starts every client of the engine job at once: max_clients of them work at a time
+    with engine_service.client_slot(jobs[0].engine_dir, hidden_states.vllm.max_clients):
+        return _extract_shards(hidden_states, jobs, keep_work)
+
+
+def _extract_shards(
+    hidden_states: HiddenStatesSettings, jobs: list[ShardJob], keep_work: bool
+) -> list[dict[str, Any] | None]:
     first = jobs[0]
     snapshot = vllm_backend.read_snapshot(first.server_json)
     engine = vllm_backend.engine_settings(
@@ -50,7 +60,6 @@ def extract_shards(
         {k: v for k, v in engine.items() if k != "sources"},
         engine["sources"],
     )
-    norm = final_norm.find_final_norm(first.target)
     plans = [plan_shard(hidden_states, job) for job in jobs]
     batches: list[dict[str, Any]] = []
     for plan in plans:
@@ -71,16 +80,10 @@ def extract_shards(
             for b in todo
         ]
     layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
+    norm = final_norm.find_final_norm(first.target)
     if batches:
-        python = vllm_backend.resolve_python(hidden_states.vllm, snapshot)
         records = [str(plan.job.work / "engine.json") for plan in plans]
-        spec = {
-            "engine": engine,
-            "layer_ids": layer_ids,
-            "final_norm": norm.as_dict(),
-            "hidden_size": plans[0].info.hidden_size,
-        }
-        run_on_engine(hidden_states, first, snapshot, python, spec, {"batches": batches, "records": records})
+        run_on_engine(hidden_states, first, snapshot, {"batches": batches, "records": records})
     metas: list[dict[str, Any]] = []
     for plan in plans:
         record_path = plan.job.work / "engine.json"
@@ -101,59 +104,94 @@ def extract_shards(
     return metas
 
 
-def run_on_engine(
-    hidden_states: HiddenStatesSettings,
-    job: ShardJob,
-    snapshot: dict[str, Any] | None,
-    python: str,
-    spec: dict[str, Any],
-    request: dict[str, Any],
+def engine_spec_for(
+    hidden_states: HiddenStatesSettings, target: Path, snapshot: dict[str, Any] | None, directory: Path
 ) -> dict[str, Any]:
-    """Run a job's batches on its extraction engine (started when none runs), waiting for every part.
-
-    The engine is the one of `job.engine_dir`, shared with the other jobs of its scope and stopped by
-    rule stop_extraction_engine; with no engine_dir, or inside a SLURM allocation (where an engine
-    cannot outlive the job), a private one stopped when this returns.
-
-    Raises:
-        engine.EngineError: the engine failed to start, or died (the parts saved are kept).
-    """
+    """What the engine of `directory` runs for these settings and this target (its spec.json): the engine
+    job and each of its clients build it alike, so a client checks that it joins the right engine."""
     options = hidden_states.vllm
-    private = job.engine_dir is None or "SLURM_JOB_ID" in os.environ
-    scratch = None
-    if job.engine_dir is None:
-        scratch = tempfile.TemporaryDirectory(prefix="eagle3-engine-")
-        directory = Path(scratch.name)
-    elif "SLURM_JOB_ID" in os.environ:
-        directory = Path(job.engine_dir) / f"slurm-{os.environ['SLURM_JOB_ID']}"
-    else:
-        directory = Path(job.engine_dir)
-    window = vllm_backend.in_flight_tokens(options, spec["engine"])
-    full = vllm_backend.engine_spec(
-        job.target,
-        spec["engine"],
-        spec["layer_ids"],
+    engine = vllm_backend.engine_settings(
+        options, snapshot, hidden_states.max_seq_len, hidden_states.batch_tokens
+    )
+    info = target_info(Path(target), hidden_states.trust_remote_code)
+    layers = sequences.resolve_layers(hidden_states.layers, info.num_layers)
+    window = vllm_backend.in_flight_tokens(options, engine)
+    return vllm_backend.engine_spec(
+        target,
+        engine,
+        sequences.vllm_layer_ids(layers) + [info.num_layers],
         hidden_states.dtype,
-        spec["final_norm"],
-        vllm_backend.staging_dir(options, directory, window, spec["hidden_size"]),
+        final_norm.find_final_norm(Path(target)).as_dict(),
+        vllm_backend.staging_dir(options, Path(directory), window, info.hidden_size),
         window,
         options.idle_timeout_s,
         mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
     )
-    if job.engine_log and not private:
-        full["log"] = str(job.engine_log)
-    directory.mkdir(parents=True, exist_ok=True)
-    env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
-    try:
-        info = engine_service.start_or_join(directory, python, full, env)
-        # queued before the engine is ready: it takes the batches as soon as it is, with no wait
-        name = engine_service.enqueue(directory, request)
-        log.info("extraction engine %s: %d batches queued", info["start_id"], len(request["batches"]))
-        done = engine_service.wait_or_cancel(directory, info, name)
-        log.info("extraction engine %s: %d tokens in %.1f s", info["start_id"], done["tokens"], done["s"])
-        return done
-    finally:
-        if private:
+
+
+def serve_engine(
+    hidden_states: HiddenStatesSettings,
+    target: Path,
+    server_json: Path | None,
+    directory: Path,
+    engine_log: Path | None = None,
+    marker: Path | None = None,
+    handle_signals: bool = True,
+) -> dict[str, Any]:
+    """Rule serve_extraction_engine: the engine of `directory` for its clients, until Snakemake ends the
+    job (engine.serve); returns its report (how it stopped, busy fraction, tokens).
+
+    Raises:
+        vllm_backend.VllmBackendError: no interpreter with vLLM, or a bad setting.
+        final_norm.FinalNormError: the target's final norm cannot be rebuilt (use transformers).
+    """
+    snapshot = vllm_backend.read_snapshot(Path(server_json) if server_json else None)
+    python = vllm_backend.resolve_python(hidden_states.vllm, snapshot)
+    spec = engine_spec_for(hidden_states, target, snapshot, directory)
+    if engine_log:
+        spec["log"] = str(engine_log)
+    env = vllm_backend.worker_env(vllm_backend.package_path(Path(directory)), snapshot)
+    return engine_service.serve(Path(directory), python, spec, env, marker, handle_signals)
+
+
+def run_on_engine(
+    hidden_states: HiddenStatesSettings,
+    job: ShardJob,
+    snapshot: dict[str, Any] | None,
+    request: dict[str, Any],
+) -> dict[str, Any]:
+    """Run a job's batches on its extraction engine, waiting for every part.
+
+    The engine is the one its Snakemake job runs in `job.engine_dir` (rule serve_extraction_engine,
+    shared with the other jobs of its scope); with no engine_dir (a rerun Snakemake planned without an
+    engine job: the outputs were there; tests, benchmarks) a private one, stopped when this returns.
+
+    Raises:
+        engine.EngineError: the engine failed to start, or died (the parts saved are kept).
+    """
+    if job.engine_dir is not None:
+        directory = Path(job.engine_dir)
+        spec = engine_spec_for(hidden_states, job.target, snapshot, directory)
+        if job.engine_log:
+            spec["log"] = str(job.engine_log)
+        info = engine_service.join(directory, spec)
+        return _submit(directory, info, request)
+    with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as scratch:
+        directory = Path(scratch)
+        spec = engine_spec_for(hidden_states, job.target, snapshot, directory)
+        python = vllm_backend.resolve_python(hidden_states.vllm, snapshot)
+        env = vllm_backend.worker_env(vllm_backend.package_path(directory), snapshot)
+        try:
+            info = engine_service.start_or_join(directory, python, spec, env)
+            return _submit(directory, info, request)
+        finally:
             log.info("private engine: %s", engine_service.stop_engine(directory))
-        if scratch is not None:
-            scratch.cleanup()
+
+
+def _submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    # queued before the engine is ready: it takes the batches as soon as it is, with no wait
+    name = engine_service.enqueue(directory, request)
+    log.info("extraction engine %s: %d batches queued", info["start_id"], len(request["batches"]))
+    done = engine_service.wait_or_cancel(directory, info, name)
+    log.info("extraction engine %s: %d tokens in %.1f s", info["start_id"], done["tokens"], done["s"])
+    return done

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -31,7 +32,7 @@ import torch
 
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import final_norm
-from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError
+from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError, _kill_own_session
 from eagle3_pipeline.logs import setup_logging
 
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")
@@ -178,8 +179,16 @@ def _heartbeat(path: Path) -> None:
         time.sleep(HEARTBEAT_S)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM (its job ended, even by SIGKILL: the parent-death signal engine.py sets): the engine's
+    whole session goes at once, its vLLM processes with it."""
+    log.info("engine terminated (signal %d): stopping its processes", signum)
+    _kill_own_session()
+
+
 def serve(directory: Path) -> None:
     """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
+    signal.signal(signal.SIGTERM, _terminated)
     threading.Thread(target=_heartbeat, args=(directory / "heartbeat",), daemon=True).start()
     spec = json.loads((directory / "spec.json").read_text())
     # a folder of this engine's own under the staging folder: removed whole when it exits
