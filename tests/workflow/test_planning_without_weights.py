@@ -71,7 +71,7 @@ def test_the_production_dry_run_plans_without_the_weights(scratch, command):
     # 3 windows x 10 epochs, each window's engine started once; and the one job standing in for the weights
     assert counts["generate_shard"] == counts["check_disk_budget"] == 100
     assert counts["extract_hidden_states"] == 100 * 10
-    assert counts["train_draft_window"] == counts["stop_extraction_engine"] == 3 * 10
+    assert counts["train_draft_window"] == counts["serve_extraction_engine"] == 3 * 10
     assert counts["require_target_weights"] == 1 and "build_demo_target" not in counts
     assert sum(counts.values()) == 1479
     line = f"the target's weights are not on this machine ({WEIGHTS}/config.json: target.model)"
