@@ -15,7 +15,11 @@ TRAIN_PARAMS = {
 }
 TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
 # EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained;
-# draft.init_from likewise only when set
+# draft.init_from likewise only when set. draft.architecture is recorded as configured (auto, llama,
+# deepseek_mla): what auto resolves to follows from the target's config.json, an input of these rules
+# (a new target reruns them), and resolving it here would need that file when the workflow is parsed,
+# which the demo builds in the same run and a plan without weights lacks: the param would change
+# between two invocations and retrain a finished draft.
 DRAFT_PARAMS = {
     k: v
     for k, v in as_params(SETTINGS.draft).items()
