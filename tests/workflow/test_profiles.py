@@ -160,8 +160,12 @@ def test_forbidden_slurm_extra_is_refused_by_the_plugin(tmp_path):
 
 
 def test_default_profile_caps_gpu_requests_to_what_the_machine_has(tmp_path):
-    """Locally a rule asking for 8 GPUs on a 1-GPU profile is given 1, and launched with 1 process."""
-    config = write_config(tmp_path / "demo.yaml", run=f"test-{tmp_path.name}")
+    """Locally a rule asking for 8 GPUs on a 1-GPU profile is given 1, and launched with 1 process.
+    Extraction on the transformers backend, where its jobs hold the GPUs (under vllm they are the
+    clients of an engine job, grouped with it: a group's GPUs are summed)."""
+    config = write_config(
+        tmp_path / "demo.yaml", run=f"test-{tmp_path.name}", hidden_states={"backend": "transformers"}
+    )
     jobs, _ = planned_jobs(
         ["--configfile", str(config), "--set-resources", "extract_hidden_states:gpu=8", "train_draft:gpu=8"],
         "local",
