@@ -1,7 +1,8 @@
 """The vLLM side of the vLLM backend: one long-lived engine turns its clients' batches into part files.
 
 Run as `VLLM_PYTHON -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR` (engine.py starts
-it, detached, for the first extraction job that has batches to run), in an interpreter that has vLLM
+it for the engine job of its scope, rule serve_extraction_engine, and it dies with that job), in an
+interpreter that has vLLM
 (the pipeline's has none, and vLLM pins its own torch). Imports only vLLM, torch, safetensors and this
 package's light modules, so the spawned engine processes import it cheaply.
 
