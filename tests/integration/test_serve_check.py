@@ -64,7 +64,9 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, train
 
     # offline: the same validation questions, the target's greedy replies as long as the served ones
     asked = questions(12, skip=300)
-    greedy_traces(served_target, asked, max_tokens).write_parquet(tmp_path / "validation-traces.parquet")
+    greedy_traces(served_target, asked, max_tokens, batch=len(asked)).write_parquet(
+        tmp_path / "validation-traces.parquet"
+    )
     shard = extract(
         served_target,
         tmp_path / "validation-traces.parquet",
