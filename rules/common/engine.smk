@@ -130,9 +130,7 @@ def engine_job(where):
     """
     scope = where.removeprefix(f"{WORK}/")
     log = f"{LOGS}/extraction_engine/{scope}.log"
-    return job_text(
-        as_params(SETTINGS.hidden_states), where, log, f"{where}/{ENGINE_SERVICE}"
-    )
+    return job_text(SETTINGS.hidden_states, where, log, f"{where}/{ENGINE_SERVICE}")
 
 
 def get_engine_job(wildcards):

@@ -15,15 +15,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.logs import setup_logging
-from eagle3_pipeline.settings import HiddenStatesSettings, section
+from eagle3_pipeline.settings import HiddenStatesSettings, as_params, section
 
 
-def job_text(hidden_states: dict[str, Any], directory: str, log: str | None, service: str) -> str:
+def job_text(hidden_states: HiddenStatesSettings, directory: str, log: str | None, service: str) -> str:
     """The rule's params.job: the engine job's settings and paths, as one JSON text (a shell word)."""
-    data = {"hidden_states": hidden_states, "dir": directory, "log": log, "service": service}
+    data = {"hidden_states": as_params(hidden_states), "dir": directory, "log": log, "service": service}
     return json.dumps(data, sort_keys=True)
 
 
