@@ -83,7 +83,7 @@ def readme_commands() -> list[str]:
 
 def as_run(command: str) -> str:
     """The command as this test runs it: a dry run where it would start real work."""
-    if re.fullmatch(r"make (demo|test)", command):
+    if re.fullmatch(r"make (demo|test)( DEMO=\w+)?", command):  # DEMO=kimi: the Kimi-family demo
         return command.replace("make ", "make -n ", 1)
     if command.startswith("snakemake ") and " -n" not in command and "--report" not in command:
         return command.replace("snakemake ", "snakemake -n ", 1)
@@ -148,4 +148,9 @@ def test_every_readme_command_runs_as_written(scratch):
                 "tests/workflow/test_planning_without_weights.py)"
             )
         ran.append(run)
-    assert "make -n demo" in ran and "snakemake -n" in ran and "snakemake -n --cores all" in ran
+    assert (
+        "make -n demo" in ran
+        and "make -n demo DEMO=kimi" in ran
+        and "snakemake -n" in ran
+        and "snakemake -n --cores all" in ran
+    )
