@@ -1,7 +1,8 @@
 # The Kimi-family demo's head-to-head (demo.family kimi): a Llama draft trained on the MLA draft's own
 # states (the main draft's hidden states, vocabulary map and training settings; only the attention
 # differs), selected, exported and measured offline on the same validation states by the main draft's
-# own rules (`use rule`), and validation/head_to_head.json comparing the two (demo/head_to_head.py).
+# own rules (`use rule`), and validation/head_to_head.json comparing the two (demo/head_to_head.py), with
+# its page in the report (report/head_to_head.html, validate/report_head_to_head.py).
 # Included after rules/validate.smk (the rules it reuses); DEMO_OUTPUTS (rules/demo.smk) puts the
 # comparison into rule all.
 from types import SimpleNamespace
@@ -103,8 +104,16 @@ if HEAD_TO_HEAD:
             mla_offline=variant_output(rules.validate_offline.output[0], ""),
             llama_config=rules.head_to_head_export_llama.output.config,
             llama_offline=rules.head_to_head_validate_llama.output[0],
+            mla_selection=variant_output(rules.select_checkpoint.output.selection, ""),
+            llama_selection=rules.head_to_head_select_llama.output.selection,
         output:
-            f"{RESULTS}/validation/head_to_head.json",
+            json=f"{RESULTS}/validation/head_to_head.json",
+            page=report(
+                f"{RESULTS}/report/head_to_head.html",
+                caption="../report/head_to_head.rst",
+                labels={"figure": "MLA vs Llama draft"},
+                category="4. Validation",
+            ),
         log:
             f"{LOGS}/head_to_head/compare.log",
         conda:

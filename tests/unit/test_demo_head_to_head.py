@@ -82,7 +82,14 @@ def test_compare_writes_both_drafts_side_by_side(tmp_path: Path) -> None:
     )
     served = tmp_path / "serve_check.json"
     served.write_text(
-        json.dumps({"acceptance_length": 2.1, "sampled": {"acceptance_length": 1.9}, "questions": 1})
+        json.dumps(
+            {
+                "acceptance_length": 2.1,
+                "ci95": [1.8, 2.4],
+                "sampled": {"acceptance_length": 1.9, "ci95": [1.7, 2.1]},
+                "questions": 1,
+            }
+        )
     )
     out = tmp_path / "head_to_head.json"
     result = compare(mla_config, mla_offline, llama_config, llama_offline, 3, out, mla_served=served)
@@ -92,9 +99,28 @@ def test_compare_writes_both_drafts_side_by_side(tmp_path: Path) -> None:
     assert result["deepseek_mla"]["offline"]["acceptance_length"] == 2.0
     assert result["deepseek_mla"]["served"] == {
         "acceptance_length": 2.1,
+        "ci95": [1.8, 2.4],
         "sampled_acceptance_length": 1.9,
+        "sampled_ci95": [1.7, 2.1],
         "questions": 1,
     }
+    assert "selection" not in result["llama"]  # no selection file given
+    # with the selection files: the epoch each draft shipped, counted from 1
+    selection = tmp_path / "selection.json"
+    selection.write_text(
+        json.dumps({"chosen": {"epoch": 6, "acceptance_length": 2.0}, "candidates": [{}] * 8})
+    )
+    result = compare(
+        mla_config,
+        mla_offline,
+        llama_config,
+        llama_offline,
+        3,
+        out,
+        mla_selection=selection,
+        llama_selection=selection,
+    )
+    assert result["deepseek_mla"]["selection"] == {"chosen_epoch": 7, "epochs": 8}
     assert result["llama"]["served"] == {"reason": LLAMA_NOT_SERVED}
     assert result["llama"]["kv_cache_bytes_per_token"] == 512
     assert result["offline_difference_mla_minus_llama"]["difference"] == pytest.approx((18 - 10) / 10)

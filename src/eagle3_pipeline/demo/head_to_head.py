@@ -21,6 +21,7 @@ from typing import Any
 from safetensors import safe_open
 
 from eagle3_pipeline import io
+from eagle3_pipeline.validate.headline import selection_figures
 
 LLAMA_NOT_SERVED = (
     "not served: vLLM 0.32's CPU build refuses a standard-attention draft beside an MLA target "
@@ -100,14 +101,33 @@ def _offline_figures(offline: dict[str, Any], k: int) -> dict[str, Any]:
     }
 
 
-def _draft(checkpoint_config: Path, offline_path: Path, k: int) -> dict[str, Any]:
+def _draft(
+    checkpoint_config: Path, offline_path: Path, k: int, selection_path: str | Path | None = None
+) -> dict[str, Any]:
     config = json.loads(checkpoint_config.read_text())
-    return {
+    draft = {
         "checkpoint": str(checkpoint_config.parent),
         "architectures": config.get("architectures"),
         "parameters": parameters(checkpoint_config.parent),
         "kv_cache_bytes_per_token": kv_bytes_per_token(config),
         "offline": _offline_figures(json.loads(offline_path.read_text()), k),
+    }
+    if selection_path:
+        chosen = selection_figures(json.loads(Path(selection_path).read_text()))
+        draft["selection"] = {"chosen_epoch": chosen["chosen_epoch"], "epochs": chosen["epochs"]}
+    return draft
+
+
+def _served_figures(serve_check: dict[str, Any]) -> dict[str, Any]:
+    """The MLA draft served by vLLM: greedy and at the generation's sampling, each with its 95%
+    question-level interval (serve_check.json's own)."""
+    sampled = serve_check.get("sampled") or {}
+    return {
+        "acceptance_length": serve_check.get("acceptance_length"),
+        "ci95": serve_check.get("ci95"),
+        "sampled_acceptance_length": sampled.get("acceptance_length"),
+        "sampled_ci95": sampled.get("ci95"),
+        "questions": serve_check.get("questions"),
     }
 
 
@@ -119,17 +139,15 @@ def compare(
     k: int,
     output_path: str | Path,
     mla_served: str | Path | None = None,
+    mla_selection: str | Path | None = None,
+    llama_selection: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Write validation/head_to_head.json: both drafts' figures at k draft tokens and their difference."""
-    mla = _draft(Path(mla_config), Path(mla_offline), k)
-    llama = _draft(Path(llama_config), Path(llama_offline), k)
+    """Write validation/head_to_head.json: both drafts' figures at k draft tokens and their difference
+    (with the selection files, the epoch each draft shipped)."""
+    mla = _draft(Path(mla_config), Path(mla_offline), k, mla_selection)
+    llama = _draft(Path(llama_config), Path(llama_offline), k, llama_selection)
     if mla_served:
-        served = json.loads(Path(mla_served).read_text())
-        mla["served"] = {
-            "acceptance_length": served.get("acceptance_length"),
-            "sampled_acceptance_length": (served.get("sampled") or {}).get("acceptance_length"),
-            "questions": served.get("questions"),
-        }
+        mla["served"] = _served_figures(json.loads(Path(mla_served).read_text()))
     llama["served"] = {"reason": LLAMA_NOT_SERVED}
     result = {
         "num_speculative_tokens": k,
