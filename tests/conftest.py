@@ -26,6 +26,7 @@ pytest_plugins = [
     "support.sshd",
     "support.traces",
     "support.workflow",
+    "support.timeline",  # TEST_TIMELINE=path: each phase's start and stop, per worker
 ]
 
 
