@@ -17,14 +17,18 @@ Two estimates:
 
 `check_free_space` fails early, with the numbers, when the results filesystem cannot hold them.
 
-With `hidden_states.max_disk_gb` (a cap on the states held on disk at once) the shards are trained in
-windows of `window_shards` shards whose states are deleted once trained on: the disk holds at most one
-window, whatever the corpus size. A window is sized from the config alone (every sample of a shard as
-long as max_seq_len), so the cap is never exceeded; a cap smaller than one shard is refused. The cap
-also holds the training state files that windowed training keeps (STATE_FILES_AT_ONCE: the previous
-window's and the current one's, draft/train.py), each the draft's trained fp32 weights and AdamW's two
-fp32 moments (`state_file_bytes`: 10.8 GB for the Kimi-K2.5 example's MLA draft, 13.7 GB with
-draft.architecture llama).
+With `hidden_states.max_disk_gb` (a cap on the states held on disk at once) the plan is a WindowPlan:
+when every shard fits the cap at once, one extraction pass whose states stay for every epoch (as
+uncapped); else per epoch windows of shards whose states are extracted, trained on and deleted, so
+the disk holds at most one window, whatever the corpus size. A shard counts its states once plus the
+batch part being packed (shard_peak_bytes); its states are its traces' real bytes where its
+check_disk_budget record is up to date (traced_states: read when the workflow is parsed), else its
+upper bound from the config (every sample as long as max_seq_len), so the cap is never exceeded; a cap
+smaller than one shard's bound is refused. The cap also holds the training state files that training
+keeps (STATE_FILES_AT_ONCE: the previous window's and the current one's, draft/train.py), each the
+draft's trained fp32 weights and AdamW's two fp32 moments (`state_file_bytes`: 14.3 GB for the
+Kimi-K2.5 example's draft, a Llama draft of SpecForge's shape since it sets draft.head_dim; 10.8 GB
+for the MLA draft `draft.architecture: auto` gives that target without a head size).
 """
 
 from __future__ import annotations
@@ -397,68 +401,400 @@ def check_disk_budget(
         )
     figures = check_free_space(budget, hidden_states_dir, 0, headroom)
     logger.info("%s", describe(budget, figures))
-    io.write_json(budget.to_json(), output, indent=2)
+    # what it was made for too: a cap's plan sizes the shard from it (traced_states)
+    io.write_json({**budget.to_json(), "max_seq_len": max_seq_len, "overlong": overlong}, output, indent=2)
     return budget
 
 
-def held_at_once(settings: Settings, budget: Budget) -> tuple[Budget, str]:
+def held_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None = None) -> tuple[Budget, str]:
     """`budget` reduced to what is on disk at once (on_disk_at_once), with why, for check_free_space."""
-    peak, why = on_disk_at_once(settings, budget)
+    peak, why = on_disk_at_once(settings, budget, plan)
     if peak == budget.total_bytes:
         return budget, why
-    window = capped_window_shards(settings, budget.hidden_size) or 0
-    samples = min(budget.samples, window * settings.dataset.shard_size)
+    plan = plan or _config_plan(settings, budget.hidden_size)
+    samples = budget.samples
+    if plan is not None and not plan.one_pass:
+        samples = min(samples, plan.largest_window * settings.dataset.shard_size)
     held = dataclasses.replace(
         budget, samples=samples, tokens=peak // budget.bytes_per_token, total_bytes=peak
     )
     return held, why
 
 
-def on_disk_at_once(settings: Settings, budget: Budget) -> tuple[int, str]:
+def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None = None) -> tuple[int, str]:
     """(bytes, why): the most the hidden states take on disk at once for this estimate of the corpus.
 
-    Uncapped, every shard stays: the whole estimate. Capped, one window at a time: at most
-    window_shards x one shard's peak (its upper bound once, plus the part being packed; never more
-    than the whole corpus), plus the training state files held at once (STATE_FILES_AT_ONCE).
+    Uncapped, every shard stays: the whole estimate. Capped, the cap's plan (`plan`, else the one from
+    the config alone): one pass holds every shard once plus a part each; windows one window at a time,
+    at most its shards once plus a part each (never more than the estimate plus those parts); both
+    plus the training state files held at once (STATE_FILES_AT_ONCE).
     """
-    window = capped_window_shards(settings, budget.hidden_size)
-    if window is None:
+    plan = plan or _config_plan(settings, budget.hidden_size)
+    if plan is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
-    state = parse_time_state_bytes(settings, budget.hidden_size)
-    bound = window * shard_peak_bytes(settings, budget.hidden_size)
-    epochs = settings.train.epochs
+    # never more than this estimate of the corpus with a part being packed for each shard at once
+    held = min(plan.held_bytes, budget.total_bytes + plan.largest_window * plan.sizing.part)
     why = (
-        f"capped by hidden_states.max_disk_gb = {settings.hidden_states.max_disk_gb} GB: windows of "
-        f"{window:,} shards extracted, trained on and deleted, once per epoch ({epochs} extraction passes "
-        f"over the corpus); at most {format_bytes(bound)} (a window, each shard once plus a part) "
-        f"and {STATE_FILES_AT_ONCE} training state files of {format_bytes(state)}"
+        f"capped by hidden_states.max_disk_gb = {settings.hidden_states.max_disk_gb} GB: "
+        f"{plan.describe()}; at most {format_bytes(plan.held_bytes)} "
+        f"({'every shard' if plan.one_pass else 'a window'}, each shard once plus a part) and "
+        f"{STATE_FILES_AT_ONCE} training state files of {format_bytes(plan.state_file_bytes)}"
     )
-    return min(budget.total_bytes, bound) + STATE_FILES_AT_ONCE * state, why
+    return held + STATE_FILES_AT_ONCE * plan.state_file_bytes, why
 
 
 def capped_window_shards(settings: Settings, hidden_size: int) -> int | None:
-    """`window_shards` with the training state files counted (what rules/common/windows.smk plans with)."""
+    """`window_shards` with the training state files counted: shards per window when every shard is at
+    its config bound (None uncapped). The plan itself is a WindowPlan (window_plan)."""
     if settings.hidden_states.max_disk_gb is None:
         return None
     return window_shards(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
 
 
-def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> list[list[str]]:
-    """The training windows of one epoch under a cap: the shards in an order seeded by (seed, epoch),
-    cut into windows of `size` (the last may be shorter), each window's shards sorted.
-
-    A pure function of its arguments, so the rules (which shard is extracted for which window) and the
-    plan (draft/windows/plan.json records the result) agree, and a run is reproducible. A new order
-    every epoch: a shard meets other shards' samples in its batches from one epoch to the next.
-    """
+def epoch_order(seed: int, epoch: int, shards: Sequence[str]) -> list[str]:
+    """The shards in the order of one epoch under a cap, seeded by (seed, epoch): a new order every
+    epoch, so a shard meets other shards' samples in its batches from one epoch to the next."""
     order = list(shards)
     # a str seed is hashed with SHA-512 (random.seed, version 2): the same order on every machine
     random.Random(f"windows:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> list[list[str]]:
+    """The training windows of one epoch when every shard weighs the same: epoch_order cut into
+    windows of `size` (the last may be shorter), each window's shards sorted (what sized_windows gives
+    for equal shards, `size` of them to a window).
+
+    A pure function of its arguments, so the rules (which shard is extracted for which window) and the
+    plan (draft/windows/plan.json records the result) agree, and a run is reproducible.
+    """
+    order = epoch_order(seed, epoch, shards)
     return [sorted(order[i : i + size]) for i in range(0, len(order), size)]
 
 
-def budget_at_start(settings: Settings, run_dir: str | Path) -> str:
-    """What a run prints as it starts: the config's upper bound against the free space, in a few lines.
+def shard_peak(states: int, part: int) -> int:
+    """One shard's most on disk while it is extracted: its states once (parts are moved into the packed
+    file one at a time, each deleted once written: hidden_states/packing.py), plus the part being
+    moved (at most the states themselves)."""
+    return states + min(part, states)
+
+
+def cut_windows(order: Sequence[str], peaks: Mapping[str, int], room: int) -> list[list[str]]:
+    """Consecutive shards of `order` in windows whose peaks sum to at most `room`: each window takes
+    shards until the next would not fit (for equal shards: floor(room / peak) a window).
+
+    Raises:
+        DiskBudgetError: one shard alone does not fit `room`.
+    """
+    windows: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for shard in order:
+        peak = peaks[shard]
+        if peak > room:
+            raise DiskBudgetError(
+                f"shard {shard}: its hidden states take {format_bytes(peak)} while extracted, more than "
+                f"the {format_bytes(room)} hidden_states.max_disk_gb leaves beside the training state "
+                "files: raise the cap or lower dataset.shard_size"
+            )
+        if current and used + peak > room:
+            windows.append(current)
+            current, used = [], 0
+        current.append(shard)
+        used += peak
+    if current:
+        windows.append(current)
+    return windows
+
+
+def sized_windows(
+    seed: int, epochs: int, shards: Sequence[str], peaks: Mapping[str, int], room: int
+) -> list[list[list[str]]] | None:
+    """The windows of every epoch for shards of these peaks under `room` bytes: None when every shard
+    fits at once (one extraction pass, the states kept for all epochs), else per epoch epoch_order cut
+    by cut_windows, each window's shards sorted. The number of windows can differ between epochs when
+    the shards differ in size."""
+    if sum(peaks[k] for k in shards) <= room:
+        return None
+    orders = [epoch_order(seed, e, shards) for e in range(epochs)]
+    return [[sorted(w) for w in cut_windows(order, peaks, room)] for order in orders]
+
+
+@dataclass(frozen=True)
+class WindowSizing:
+    """What sizes the plan under hidden_states.max_disk_gb (window_sizing; plain values, so a rule can
+    pass it to a job as params): the cap, one training state file, one shard's config bound, one
+    batch's part, the epochs' seed and count, and what a shard's check_disk_budget record must have
+    been made for (hidden size, dtype, max_seq_len, overlong) to size it from its traces."""
+
+    cap_bytes: int
+    state_file_bytes: int
+    shard_bound: int
+    part: int
+    seed: int
+    epochs: int
+    hidden_size: int
+    dtype: str
+    max_seq_len: int
+    overlong: str
+
+    @property
+    def room(self) -> int:
+        """Bytes the hidden states may take at once: the cap less the training state files."""
+        return self.cap_bytes - STATE_FILES_AT_ONCE * self.state_file_bytes
+
+    def plan(
+        self, shards: Sequence[str], states: Mapping[str, int] | None = None, source: str | None = None
+    ) -> WindowPlan:
+        """The plan for `shards`, each at its bytes in `states` where given (its traces), else at its
+        config bound; `source` names where the sizes came from (default: traces, config or both)."""
+        known = states or {}
+        traced = sum(1 for k in shards if k in known)
+        if source is None:
+            source = "traces" if traced == len(shards) else "config" if not traced else "traces and config"
+        peaks = {k: shard_peak(known.get(k, self.shard_bound), self.part) for k in shards}
+        windows = sized_windows(self.seed, self.epochs, shards, peaks, self.room)
+        return WindowPlan(source, list(shards), peaks, traced, windows, self)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How extraction fits hidden_states.max_disk_gb: one pass (`windows` None: every shard extracted
+    once and kept for every epoch, as uncapped), or per epoch its windows of shard ids (extracted,
+    trained on and deleted, once per epoch)."""
+
+    source: str  # "config" (every shard at its bound), "traces" (their real bytes), "traces and config"
+    shards: list[str]
+    shard_bytes: Mapping[str, int]  # each shard's most on disk while extracted (shard_peak)
+    traced: int  # shards sized from their traces
+    windows: list[list[list[str]]] | None
+    sizing: WindowSizing
+
+    @property
+    def room(self) -> int:
+        """Bytes the states may take at once (the cap less the training state files)."""
+        return self.sizing.room
+
+    @property
+    def state_file_bytes(self) -> int:
+        return self.sizing.state_file_bytes
+
+    @property
+    def one_pass(self) -> bool:
+        return self.windows is None
+
+    @property
+    def engine_scopes(self) -> int:
+        """Extraction scopes (one engine job each under the vllm backend): 1, or every epoch's windows."""
+        return 1 if self.windows is None else sum(len(windows) for windows in self.windows)
+
+    @property
+    def extraction_passes(self) -> int:
+        """Passes over the corpus: 1, or one per epoch."""
+        return 1 if self.windows is None else len(self.windows)
+
+    @property
+    def largest_window(self) -> int:
+        """Shards in the largest window (every shard in one pass)."""
+        if self.windows is None:
+            return len(self.shards)
+        return max(len(window) for windows in self.windows for window in windows)
+
+    @property
+    def held_bytes(self) -> int:
+        """The most the states take at once: every shard's peak in one pass, else the largest window's."""
+        if self.windows is None:
+            return sum(self.shard_bytes.values())
+        return max(sum(self.shard_bytes[k] for k in w) for windows in self.windows for w in windows)
+
+    def describe(self) -> str:
+        """One phrase: what the plan does and where its sizes came from."""
+        sized = {
+            "config": "each shard at its config bound",
+            "traces": "each shard from its traces",
+            "traces and config": f"{self.traced:,} of {len(self.shards):,} shards from their traces, "
+            "the rest at their config bound",
+        }.get(self.source, self.source)
+        if self.windows is None:
+            return f"every shard fits at once ({sized}): one extraction pass, its states kept for every epoch"
+        counts = sorted({len(windows) for windows in self.windows})
+        per_epoch = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        return (
+            f"windows of at most {self.largest_window:,} shards ({per_epoch} per epoch, {sized}) extracted, "
+            f"trained on and deleted, once per epoch ({self.extraction_passes} extraction passes over the "
+            "corpus)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "one_pass": self.one_pass,
+            "engine_scopes": self.engine_scopes,
+            "extraction_passes": self.extraction_passes,
+            "shards": len(self.shards),
+            "traced": self.traced,
+            "largest_window": self.largest_window,
+            "held_bytes": self.held_bytes,
+            "room": self.room,
+            "state_file_bytes": self.state_file_bytes,
+            "windows": self.windows,
+        }
+
+
+def window_sizing(settings: Settings, hidden_size: int) -> WindowSizing | None:
+    """The cap's sizing from the config and the target's hidden size (None: no cap).
+
+    Raises:
+        DiskBudgetError: the cap cannot hold one shard at its config bound (window_shards' message).
+    """
+    hs = settings.hidden_states
+    if hs.max_disk_gb is None:
+        return None
+    state = parse_time_state_bytes(settings, hidden_size)
+    window_shards(settings, hidden_size, state)  # a cap below one shard's bound: refused, with the numbers
+    return WindowSizing(
+        cap_bytes=math.floor(hs.max_disk_gb * GB),
+        state_file_bytes=state,
+        shard_bound=shard_bound_bytes(settings, hidden_size),
+        part=part_bound_bytes(settings, hidden_size),
+        seed=settings.train.seed,
+        epochs=settings.train.epochs,
+        hidden_size=hidden_size,
+        dtype=hs.dtype,
+        max_seq_len=hs.max_seq_len,
+        overlong=hs.overlong,
+    )
+
+
+def budget_record(results: str | Path, shard: str) -> Path:
+    """Shard `shard`'s check_disk_budget record (rules/budget.smk)."""
+    return Path(results) / "budget" / "hidden_states" / f"shard-{shard}.json"
+
+
+def traced_states(results: str | Path, shards: Sequence[str], sizing: WindowSizing) -> dict[str, int]:
+    """Each shard's states' bytes from its traces, where its check_disk_budget record is up to date:
+    newer than every split's trace file of the shard and made for the same hidden size and dtype (and,
+    where the record names them, max_seq_len and overlong). Shards without one are left out (their
+    config bound stands). Cheap enough for parse time: a stat per file and a small JSON per shard."""
+    from eagle3_pipeline.config import SPLITS
+
+    want = {
+        "hidden_size": sizing.hidden_size,
+        "dtype": sizing.dtype,
+        "max_seq_len": sizing.max_seq_len,
+        "overlong": sizing.overlong,
+    }
+    states = {}
+    for shard in shards:
+        record = budget_record(results, shard)
+        traces = [Path(results) / "traces" / "shards" / split / f"shard-{shard}.parquet" for split in SPLITS]
+        try:
+            made = record.stat().st_mtime_ns
+            if any(path.stat().st_mtime_ns > made for path in traces):
+                continue
+            data = json.loads(record.read_text())
+            total = int(data["total_bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if all(data.get(key, value) == value for key, value in want.items()):
+            states[shard] = total
+    return states
+
+
+def window_plan(
+    settings: Settings, hidden_size: int, shards: Sequence[str], results: str | Path | None = None
+) -> WindowPlan | None:
+    """The plan under the cap (None: no cap): every shard at its config bound, or with `results` (the
+    run's folder) each shard whose traces are checked at its real bytes (traced_states). This is what
+    rules/common/windows.smk plans with when the workflow is parsed.
+
+    Raises:
+        DiskBudgetError: the cap cannot hold one shard at its config bound.
+    """
+    sizing = window_sizing(settings, hidden_size)
+    if sizing is None:
+        return None
+    return sizing.plan(shards, traced_states(results, shards, sizing) if results is not None else None)
+
+
+def _config_plan(settings: Settings, hidden_size: int) -> WindowPlan | None:
+    from eagle3_pipeline.config import shard_ids
+
+    dataset = settings.dataset
+    return window_plan(settings, hidden_size, shard_ids(dataset.num_samples, dataset.shard_size))
+
+
+def describe_windows(windows: Sequence[Sequence[Sequence[str]]] | None) -> str:
+    """A plan's windows in a few words: one pass, or the windows and extraction passes."""
+    if windows is None:
+        return "one extraction pass (1 engine start)"
+    scopes = sum(len(epoch) for epoch in windows)
+    passes = len(windows)
+    return f"{scopes} windows over {passes} epochs ({scopes} engine starts, {passes} extraction passes)"
+
+
+def confirm_window_plan(
+    planned: Sequence[Sequence[Sequence[str]]] | None, current: WindowPlan, hidden_states_dir: str | Path
+) -> dict[str, Any]:
+    """The check before a capped run's first extraction (rule check_window_plan): the plan the workflow
+    was parsed with (`planned`: its windows, None for one pass) is the one the shards' checked traces
+    give now (`current`), and no states of the other layout are on disk beside it; returns the plan's
+    JSON.
+
+    Raises:
+        DiskBudgetError: the traces plan otherwise (the run was planned before they were checked:
+            nothing was extracted under the cap yet, a rerun plans from them), or states of the other
+            layout (hidden_states/{split}/ for windows, hidden_states/epoch-*/ for one pass) would
+            sit uncounted beside the plan's.
+    """
+    planned = None if planned is None else [[list(w) for w in epoch] for epoch in planned]
+    if planned != current.windows:
+        raise DiskBudgetError(
+            f"hidden_states.max_disk_gb: this run was planned, when the workflow was parsed, as "
+            f"{describe_windows(planned)}, but the shards' checked traces now plan "
+            f"{describe_windows(current.windows)} ({current.describe()}). Nothing has been extracted under "
+            "the cap yet: run snakemake again, which plans from the traces (the windows are chosen when the "
+            "workflow is parsed; docs/hidden_states.md)"
+        )
+    from eagle3_pipeline.config import SPLITS
+
+    root = Path(hidden_states_dir)
+    pattern = "epoch-*/{split}/*.safetensors" if current.one_pass else "{split}/*.safetensors"
+    stray = sorted(p for split in SPLITS for p in root.glob(pattern.format(split=split)))
+    if stray:
+        layout = "in windows, per epoch" if current.one_pass else "in one pass"
+        raise DiskBudgetError(
+            f"hidden_states.max_disk_gb: {len(stray)} hidden-state files extracted {layout} by an earlier "
+            f"plan are still under {root} (e.g. {stray[0]}), outside this plan ({current.describe()}) and "
+            "not counted in the cap: delete them (the plan extracts what it needs again)"
+        )
+    return current.to_json()
+
+
+def check_window_plan(
+    planned: Sequence[Sequence[Sequence[str]]] | None,
+    sizing: WindowSizing,
+    shards: Sequence[str],
+    results: str | Path,
+    output: str | Path,
+) -> WindowPlan:
+    """Rule check_window_plan: the plan from every shard's checked traces (traced_states, as the
+    workflow plans when parsed) confirmed against the one the run was parsed with (confirm_window_plan),
+    and written to `output`.
+
+    Raises:
+        DiskBudgetError: see confirm_window_plan.
+    """
+    current = sizing.plan(shards, traced_states(results, shards, sizing))
+    record = confirm_window_plan(planned, current, Path(results) / "hidden_states")
+    logger.info("hidden_states.max_disk_gb: %s", current.describe())
+    io.write_json(record, output, indent=1)
+    return current
+
+
+def budget_at_start(settings: Settings, run_dir: str | Path, plan: WindowPlan | None = None) -> str:
+    """What a run prints as it starts: the config's upper bound against the free space, in a few lines;
+    under a cap what the plan (`plan`: the one the workflow was parsed with) holds at once.
 
     Never raises: the real check is rule check_disk_budget, on the real lengths, before extraction.
     """
@@ -471,7 +807,7 @@ def budget_at_start(settings: Settings, run_dir: str | Path) -> str:
             "check_disk_budget checks it before extraction"
         )
     budget = estimate_from_settings(settings, hidden_size)
-    held, why = held_at_once(settings, budget)
+    held, why = held_at_once(settings, budget, plan)
     peak = held.total_bytes
     try:
         figures = check_free_space(held, run_dir, existing_bytes(Path(run_dir) / "hidden_states"))
@@ -531,11 +867,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.results) / settings.run
     budget = estimate_from_settings(settings, hidden_size, args.prompt_tokens)
     hs, dataset = settings.hidden_states, settings.dataset
+    shards = shard_ids(dataset.num_samples, dataset.shard_size)
     traces = sorted((run_dir / "traces" / "shards").glob("*/shard-*.parquet"))
-    if len(traces) == len(SPLITS) * len(shard_ids(dataset.num_samples, dataset.shard_size)):
+    if len(traces) == len(SPLITS) * len(shards):
         budget = estimate_from_traces(traces, hidden_size, hs.max_seq_len, hs.overlong, hs.dtype)
-    try:
-        held, why = held_at_once(settings, budget)
+    try:  # under a cap, the plan the workflow makes: shards whose traces are checked at their real bytes
+        held, why = held_at_once(settings, budget, window_plan(settings, hidden_size, shards, run_dir))
     except DiskBudgetError as error:  # a cap below one shard
         sys.stdout.write(describe(budget) + f"\nREFUSED: {error}\n")
         return 1

@@ -155,8 +155,10 @@ def test_cli_prints_the_kimi_budget_and_says_it_does_not_fit(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "174,080,000 tokens" in out and "57,353 B" in out and "9.98 TB" in out
     # the example caps the states on disk at 4,100 GB: windows of 34 shards with the two training state
-    # files counted (a shard once, plus the part being packed), 4.06 TB of states and 2 x 16.93 GB
-    assert "windows of 34 shards" in out and "10 extraction passes" in out
+    # files counted (a shard once, plus the part being packed), 4.06 TB of states and 2 x 16.93 GB; no
+    # traces checked yet: every shard at its config bound
+    assert "windows of at most 34 shards (3 per epoch, each shard at its config bound)" in out
+    assert "10 extraction passes" in out
     assert "2 training state files of 16.93 GB" in out
     assert code == (0 if free_bytes(tmp_path) > 4.3e12 else 1)
 
@@ -229,7 +231,7 @@ def test_windows_are_sized_from_the_config_counting_each_shard_once():
     assert window_shards(_capped(5 * bound / GB), 128) == 4  # floor(5B / (B + part))
     peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_settings(_capped(None), 128))
     state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
-    assert peak == 4 * (bound + part) + 2 * state <= 5 * bound and "windows of 4 shards" in why
+    assert peak == 4 * (bound + part) + 2 * state <= 5 * bound and "windows of at most 4 shards" in why
     assert "3 extraction passes" in why
 
 
@@ -351,3 +353,158 @@ def test_a_state_file_counts_the_trained_tensors_of_the_drafts_architecture(arch
     assert state_file_bytes(draft, kimi) == 12 * trained + STATE_FILE_OVERHEAD
     mla = state_file_bytes(DraftSettings(architecture="deepseek_mla"), kimi)
     assert mla < state_file_bytes(DraftSettings(architecture="llama"), kimi)  # 10.8 against 13.7 GB
+
+
+# Windows from the traces (issue 37 item 2): the plan under a cap sizes each shard from its checked
+# traces where they exist, and a cap that holds every shard extracts once.
+
+
+def test_equal_shards_give_the_fixed_size_windows():
+    from eagle3_pipeline.budget import epoch_windows, sized_windows
+
+    shards = [f"{k:05d}" for k in range(10)]
+    peaks = dict.fromkeys(shards, 100)
+    windows = sized_windows(7, 3, shards, peaks, 399)  # floor(399 / 100) = 3 shards a window
+    assert windows == [epoch_windows(7, e, shards, 3) for e in range(3)]
+    assert [len(w) for w in windows[0]] == [3, 3, 3, 1]
+
+
+def test_windows_are_cut_from_each_shards_own_bytes():
+    from eagle3_pipeline.budget import epoch_order, sized_windows
+
+    shards = [f"{k:05d}" for k in range(8)]
+    peaks = {k: 100 * (1 + i % 3) for i, k in enumerate(shards)}  # 100, 200 or 300 bytes
+    windows = sized_windows(0, 4, shards, peaks, 400)
+    assert windows is not None and len(windows) == 4
+    for epoch, epoch_windows_ in enumerate(windows):
+        assert sorted(k for w in epoch_windows_ for k in w) == shards  # every shard once an epoch
+        assert all(sum(peaks[k] for k in w) <= 400 for w in epoch_windows_)  # each window fits
+        # greedy in the epoch's order: a window ends only where the next shard would not fit
+        order = epoch_order(0, epoch, shards)
+        starts = [order.index(min(w, key=order.index)) for w in epoch_windows_]
+        for w, start in zip(epoch_windows_[:-1], starts[1:], strict=True):
+            assert sum(peaks[k] for k in w) + peaks[order[start]] > 400
+    assert sized_windows(0, 4, shards, peaks, 300 * 3 + 200 * 3 + 100 * 2) is None  # all fit: one pass
+    with pytest.raises(DiskBudgetError, match=r"shard \d{5}: its hidden states take 300 B while extracted"):
+        sized_windows(0, 1, shards, peaks, 250)
+
+
+def test_a_cap_that_holds_every_shard_extracts_once():
+    from eagle3_pipeline.budget import window_plan
+
+    shard = shard_peak_bytes(_capped(None), 128)
+    state = parse_time_state_bytes(_capped(None), 128)
+    shards = [f"{k:05d}" for k in range(8)]  # 512 samples in shards of 64
+    holds = window_plan(_capped((8 * shard + 2 * state) / GB + 1e-6), 128, shards)
+    assert holds.one_pass and holds.windows is None and holds.source == "config"
+    assert holds.engine_scopes == 1 and holds.extraction_passes == 1  # 1 start, 1 pass
+    assert holds.held_bytes == 8 * shard and holds.largest_window == 8
+    corpus = estimate_from_settings(_capped(None), 128)
+    peak, why = on_disk_at_once(_capped((8 * shard + 2 * state) / GB + 1e-6), corpus, holds)
+    assert peak == 8 * shard + 2 * state
+    assert "every shard fits at once" in why and "one extraction pass" in why
+    short = window_plan(_capped((8 * shard + 2 * state - 1) / GB), 128, shards)  # a byte short: windows
+    assert not short.one_pass and short.engine_scopes == 3 * 2 and short.extraction_passes == 3  # 7 + 1
+    assert window_plan(_capped(None), 128, shards) is None  # uncapped: no plan, every shard kept
+
+
+def _record(results: Path, shard: str, total: int, **made_for) -> Path:
+    """Shard `shard`'s traces (empty files: only their times count) and then its check_disk_budget record."""
+    import os
+
+    from eagle3_pipeline.budget import budget_record
+
+    for split in ("train", "validation"):
+        trace = results / "traces" / "shards" / split / f"shard-{shard}.parquet"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        trace.write_bytes(b"")
+        os.utime(trace, ns=(10**18, 10**18))
+    record = budget_record(results, shard)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    made = {"hidden_size": 128, "dtype": "bfloat16", "max_seq_len": 2048, "overlong": "truncate"}
+    record.write_text(json.dumps({"total_bytes": total, **made, **made_for}))
+    os.utime(record, ns=(10**18 + 1, 10**18 + 1))
+    return record
+
+
+def test_traced_states_read_only_up_to_date_records(tmp_path):
+    import os
+
+    from eagle3_pipeline.budget import traced_states, window_sizing
+
+    sizing = window_sizing(_capped(1.0), 128)
+    shards = [f"{k:05d}" for k in range(6)]
+    for k in shards[:5]:
+        _record(tmp_path, k, 1000 + int(k))
+    legacy = budget_record_of(tmp_path, shards[1])  # a record from before max_seq_len was written
+    legacy.write_text(json.dumps({"total_bytes": 1001, "hidden_size": 128, "dtype": "bfloat16"}))
+    os.utime(legacy, ns=(10**18 + 1, 10**18 + 1))
+    _record(tmp_path, shards[2], 1002, max_seq_len=1024)  # made for another max_seq_len
+    _record(tmp_path, shards[3], 1003, hidden_size=64)  # for another target
+    stale = tmp_path / "traces" / "shards" / "validation" / f"shard-{shards[4]}.parquet"
+    os.utime(stale, ns=(10**18 + 2, 10**18 + 2))  # traces rewritten after the check
+    # shard 5 has no record at all
+    assert traced_states(tmp_path, shards, sizing) == {"00000": 1000, "00001": 1001}
+
+
+def budget_record_of(results: Path, shard: str) -> Path:
+    from eagle3_pipeline.budget import budget_record
+
+    return budget_record(results, shard)
+
+
+def test_the_plan_sizes_checked_shards_from_their_traces(tmp_path):
+    from eagle3_pipeline.budget import window_plan
+
+    config = _capped(0.6)  # 8 shards at their bound (152 MB each) need windows of 3
+    shards = [f"{k:05d}" for k in range(8)]
+    before = window_plan(config, 128, shards, tmp_path)
+    assert before.source == "config" and before.engine_scopes == 3 * 3
+    for k in shards[:4]:
+        _record(tmp_path, k, 40_000_000)  # replies far shorter than max_seq_len: 40 MB each
+    some = window_plan(config, 128, shards, tmp_path)
+    assert some.source == "traces and config" and some.traced == 4 and not some.one_pass
+    assert "4 of 8 shards from their traces" in some.describe()
+    for k in shards[4:]:
+        _record(tmp_path, k, 40_000_000)
+    after = window_plan(config, 128, shards, tmp_path)
+    part = 16384 * (4 * 128 * 2 + 9)
+    assert after.source == "traces" and after.one_pass and after.held_bytes == 8 * (40_000_000 + part)
+    assert "every shard fits at once (each shard from its traces)" in after.describe()
+
+
+def test_check_disk_budget_records_what_it_was_made_for(tmp_path):
+    traces = [_traces(tmp_path / "t.parquet", {"prompt_token_ids": [[1, 2]], "completion_token_ids": [[3]]})]
+    target = tmp_path / "config.json"
+    target.write_text(json.dumps({"hidden_size": 128}))
+    out = tmp_path / "shard-00000.json"
+    check_disk_budget(traces, target, tmp_path / "hs", out, max_seq_len=64, overlong="drop")
+    record = json.loads(out.read_text())
+    assert (record["hidden_size"], record["dtype"], record["max_seq_len"], record["overlong"]) == (
+        128, "bfloat16", 64, "drop")  # fmt: skip
+
+
+def test_the_window_plan_check_confirms_the_parsed_plan_or_asks_for_a_rerun(tmp_path):
+    from eagle3_pipeline.budget import check_window_plan, window_plan, window_sizing
+
+    config = _capped(0.6)
+    shards = [f"{k:05d}" for k in range(8)]
+    sizing = window_sizing(config, 128)
+    parsed = window_plan(config, 128, shards, tmp_path)  # before the traces: windows at the bound
+    for k in shards:
+        _record(tmp_path, k, 40_000_000)
+    out = tmp_path / "budget" / "window_plan.json"
+    with pytest.raises(DiskBudgetError) as error:  # the traces hold every shard at once: a rerun
+        check_window_plan(parsed.windows, sizing, shards, tmp_path, out)
+    message = str(error.value)
+    assert "planned, when the workflow was parsed, as 9 windows over 3 epochs (9 engine starts" in message
+    assert "now plan one extraction pass (1 engine start)" in message and "run snakemake again" in message
+    assert not out.exists()
+    reparsed = window_plan(config, 128, shards, tmp_path)  # the next run's plan: from the traces
+    checked = check_window_plan(reparsed.windows, sizing, shards, tmp_path, out)
+    assert checked.one_pass and json.loads(out.read_text())["one_pass"] is True
+    left = tmp_path / "hidden_states" / "epoch-0" / "train" / "shard-00003.safetensors"
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"x")  # a window's states left by an earlier windowed plan: not in the cap
+    with pytest.raises(DiskBudgetError, match="1 hidden-state files extracted in windows, per epoch"):
+        check_window_plan(reparsed.windows, sizing, shards, tmp_path, out)
