@@ -58,10 +58,12 @@ def test_rows_give_every_acceptance_figure_with_its_interval() -> None:
 
 
 def test_difference_text_says_what_the_interval_says() -> None:
-    assert "-0.08 [-0.17, +0.03]" in difference_text(result()) and "no measurable" in difference_text(
+    assert "-0.080 [-0.170, +0.030]" in difference_text(result()) and "no measurable" in difference_text(
         result()
     )
     assert "MLA draft is accepted more" in difference_text(result(0.2, (0.1, 0.3)))
+    # a lower bound that two decimals would print as +0.00 keeps its sign
+    assert "+0.099 [+0.005, +0.192]" in difference_text(result(0.0992, (0.0049, 0.1923)))
     assert "Llama draft is accepted more" in difference_text(result(-0.2, (-0.3, -0.1)))
 
 

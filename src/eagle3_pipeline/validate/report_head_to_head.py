@@ -68,7 +68,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
 
 
 def difference_text(result: dict[str, Any]) -> str:
-    """The paired difference in words, with its interval and what it says."""
+    """The paired difference in words, with its interval and what it says (three decimals: a bound near 0
+    decides the verdict, and two would print +0.00 for a difference the interval holds above it)."""
     paired = result["offline_difference_mla_minus_llama"]
     if paired.get("difference") is None:
         return "MLA minus Llama, paired by question: no question measured by both drafts."
@@ -81,7 +82,7 @@ def difference_text(result: dict[str, Any]) -> str:
         verdict = "no measurable difference at this size (the interval holds 0)"
     return (
         f"MLA minus Llama, offline at k = {result['num_speculative_tokens']}, paired by question: "
-        f"{paired['difference']:+.2f} [{low:+.2f}, {high:+.2f}] tokens per target step (95% bootstrap "
+        f"{paired['difference']:+.3f} [{low:+.3f}, {high:+.3f}] tokens per target step (95% bootstrap "
         f"interval over the {paired['questions']} validation questions, {paired.get('draws')} draws): "
         f"{verdict}."
     )
