@@ -32,6 +32,13 @@ def test_kimi_demo_plans_every_stage_and_the_head_to_head(checkout: Path) -> Non
     assert counts["generate_shard"] == counts["extract_hidden_states"] == 4  # 128 prompts, shards of 32
     assert counts["train_draft"] == counts["serve_check"] == 2  # the MLA draft and its baseline
     assert all(counts[rule] == 1 for rule in HEAD_TO_HEAD), counts
+    # the comparison's page in the report, written by rule head_to_head beside its JSON
+    page = snakemake(
+        "-n", "results/demo-kimi/report/head_to_head.html", "--configfile", KIMI_DEMO, cwd=checkout
+    )
+    assert page.returncode == 0 and "rule head_to_head:" in page.stdout, (
+        page.stdout[-3000:] + page.stderr[-3000:]
+    )
 
 
 def test_kimi_demo_builds_its_own_target_and_unit_beside_the_llama_demo(checkout: Path) -> None:
