@@ -2,6 +2,7 @@
 work/ run by eagle3_pipeline.launch (one process per GPU, one spreading the target over them under
 hidden_states.device_map, or the vllm backend's one client of its extraction engine)."""
 
+import os
 from dataclasses import fields
 
 from eagle3_pipeline.hidden_states.job import launch_mode, rule_jobs, write_jobs
@@ -30,6 +31,8 @@ jobs = rule_jobs(
     engine_log=engine["log"],
 )
 job_file = write_jobs(hidden_states, jobs, f"{params.work}/job.json")
+if snakemake.threads == 0:  # a vllm client (no core of its own): Snakemake's OMP_NUM_THREADS=0 is
+    os.environ["OMP_NUM_THREADS"] = "1"  # refused by libgomp; one thread packs beside the engine
 exec_job(
     "eagle3_pipeline.hidden_states",
     job_file,

@@ -21,6 +21,13 @@ ENGINE_DIR = (
 )
 ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
 ENGINE_SERVICE = "service.json"  # the engine job's service() output, in its folder
+# where a run keeps each engine start's stats (engine.write_record): the engine folder's path under
+# results/RUN/ with engine_stats for engine (hidden_states/engine_stats[/epoch-E-window-W],
+# baseline/hidden_states/engine_stats); the report's table of engine starts reads them
+ENGINE_STATS_ROOTS = [
+    f"{RESULTS}/hidden_states/engine_stats",
+    f"{RESULTS}/{BASELINE}hidden_states/engine_stats",
+]
 # hidden_states.vllm keys that never change a state (memory, graphs, connector, interpreter, pacing):
 # run-time only, declared once in the package (vllm_backend.RUNTIME_KEYS, also out of the parts' key)
 ENGINE_RUNTIME_KEYS = RUNTIME_KEYS
@@ -124,13 +131,25 @@ def get_baseline_engine_runtime(wildcards):
     return engine_runtime(baseline_shard_engine(wildcards))
 
 
+def engine_stats_dir(where):
+    """The results folder of the engine stats of the engine folder `where` (ENGINE_STATS_ROOTS)."""
+    scope = where.removeprefix(f"{WORK}/")
+    return f"{RESULTS}/" + scope.replace(
+        "hidden_states/engine", "hidden_states/engine_stats", 1
+    )
+
+
 def engine_job(where):
     """serve_extraction_engine's params.job (engine_job.job_text): the whole hidden_states section (its
-    clients' settings, which they check), its folder, its engine's log and its service() output.
+    clients' settings, which they check), its folder, its engine's log, its service() output and the
+    results folder of its stats.
     """
     scope = where.removeprefix(f"{WORK}/")
     log = f"{LOGS}/extraction_engine/{scope}.log"
-    return job_text(SETTINGS.hidden_states, where, log, f"{where}/{ENGINE_SERVICE}")
+    service = f"{where}/{ENGINE_SERVICE}"
+    return job_text(
+        SETTINGS.hidden_states, where, log, service, engine_stats_dir(where)
+    )
 
 
 def get_engine_job(wildcards):

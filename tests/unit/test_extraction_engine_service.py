@@ -4,6 +4,7 @@ jobs Snakemake starts together at work."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,3 +48,62 @@ def test_client_slots_let_max_clients_work_at_once_and_free_a_slot_when_its_clie
     out, _ = third.communicate(timeout=30)
     slot, took = out.split()
     assert slot in ("0", "1") and float(took) >= released
+
+
+def test_a_client_plans_before_it_takes_a_slot_and_packs_after_it_left_it(
+    hs_target, hs_tokenizer, tmp_path, monkeypatch
+):
+    """Issue 37, item 5: Snakemake starts every client with the engine; each plans its shard at once
+    (while the engine starts and other clients' batches run), holds a slot only while its request is
+    queued and runs, and packs after: the next client's request is queued while this one's drains.
+    EAGLE3_CLIENT_SLOT=job (benchmarks/extraction_engine.py's "before") holds it from plan to pack."""
+    import contextlib
+
+    from support.hidden_states import trace_rows, write_traces
+
+    from eagle3_pipeline.hidden_states import job, vllm_extraction
+    from eagle3_pipeline.settings import HiddenStatesSettings, section
+
+    traces = []
+    for split, n in (("train", 2), ("validation", 1)):
+        traces.append(str(write_traces(tmp_path / f"{split}.parquet", trace_rows(hs_tokenizer, n))))
+    outputs = [str(tmp_path / "out" / s / "shard-00000.safetensors") for s in ("train", "validation")]
+    jobs = job.rule_jobs(
+        traces, outputs, [o.replace(".safetensors", ".json") for o in outputs], 0,
+        str(hs_target / "config.json"), str(tmp_path / "work"), engine_dir=str(tmp_path / "engine"),
+    )  # fmt: skip
+    settings = section(HiddenStatesSettings, {"backend": "vllm", "max_seq_len": 400, "batch_tokens": 256})
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def slot(directory, slots):
+        events.append("slot")
+        yield 0
+        events.append("free")
+
+    plan_shard = vllm_extraction.plan_shard
+    monkeypatch.setattr(vllm_extraction, "plan_shard", lambda *a: events.append("plan") or plan_shard(*a))
+    monkeypatch.setattr(engine, "client_slot", slot)
+    monkeypatch.setattr(engine, "join", lambda directory, spec: {"start_id": "s", "pid": 1})
+    monkeypatch.setattr(vllm_extraction, "_submit", lambda *a: events.append("run") or {"tokens": 0})
+    monkeypatch.setattr(vllm_extraction, "finish_shard", lambda *a: events.append("pack") or {})
+    monkeypatch.setattr(vllm_extraction, "commit_shard", lambda *a: None)
+    monkeypatch.delenv(vllm_extraction.CLIENT_SLOT_ENV, raising=False)
+    vllm_extraction.extract_shards(settings, jobs)
+    assert events == ["plan", "plan", "slot", "run", "free", "pack", "pack"]
+    events.clear()
+    monkeypatch.setenv(vllm_extraction.CLIENT_SLOT_ENV, "job")
+    vllm_extraction.extract_shards(settings, jobs)
+    assert events == ["slot", "plan", "plan", "run", "pack", "pack", "free"]
+
+
+def test_the_runs_record_of_an_engine_start_keeps_its_stats_and_how_it_ran(tmp_path):
+    report = {"start_id": "20261205T120000-ab", "how": "ended by Snakemake (SIGTERM)", "busy_fraction": 0.93}
+    ready = {"start_id": "20261205T120000-ab", "engine_start_s": 41.5, "runner": "v1", "layer_ids": [2]}
+    path = engine.write_record(report, ready, tmp_path / "engine_stats")
+    record = json.loads(path.read_text())
+    assert path.name == "20261205T120000-ab.json"
+    assert record == {"engine_start_s": 41.5, "runner": "v1", **report}  # not every ready key
+    # a former engine's ready record (another start id) says nothing about this one
+    other = json.loads(engine.write_record(report, {**ready, "start_id": "old"}, tmp_path).read_text())
+    assert "engine_start_s" not in other and other["busy_fraction"] == 0.93

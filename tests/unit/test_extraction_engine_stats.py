@@ -33,3 +33,26 @@ def test_an_engine_that_got_no_request_reports_no_fraction(tmp_path):
     stats = server.stats()
     assert stats["busy_fraction"] is None and stats["busy_fraction_working"] is None
     assert stats["requests"] == 0 and stats["tokens"] == 0
+
+
+def test_every_answered_request_is_on_the_timeline_from_the_engine_ready(tmp_path):
+    """stats()["timeline"]: each request's queued (its queue file's time), taken and done seconds from
+    the engine ready: a client that queued before the engine was ready shows a negative queued_s."""
+    import json
+    import os
+    import time
+
+    server = _server(tmp_path)
+    (tmp_path / "queue").mkdir()
+    (tmp_path / "done").mkdir()
+    now = time.time()
+    request = tmp_path / "queue" / "c1.json"
+    request.write_text(json.dumps({"name": "c1", "batches": []}))
+    os.utime(request, (now - 5, now - 5))
+    server.ready_wall = now - 2
+    server._take_requests({})  # a request with no batch is done at once
+    (entry,) = server.stats()["timeline"]
+    assert entry["name"] == "c1" and entry["tokens"] == 0
+    assert entry["queued_s"] == pytest.approx(-3, abs=0.01)
+    assert 2 <= entry["taken_s"] <= entry["done_s"] < 60
+    assert json.loads((tmp_path / "done" / "c1.json").read_text())["ok"]

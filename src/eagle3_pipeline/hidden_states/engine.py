@@ -16,10 +16,11 @@ is a folder (`work/hidden_states/engine/`, or one per epoch and window under a d
     cancel/       one empty file per request its client gave up on (the engine drops its sequences)
     failed.json   the stuck stage ({start_id, stage, error}) of an engine its watchdog stopped
     stats.json    busy seconds (time in engine steps), wall from ready to the last request done, idle
-    stopped.json  the engine job's report once it ended (how it stopped, its stats): the run's record
+    stopped.json  the engine job's report once it ended (how it stopped, its stats); also kept in the
+                  run's results (`record_dir`/START_ID.json: results/RUN/hidden_states/engine_stats/)
     engine.log    the engine's own log (or the spec's `log`: the rules put it under logs/)
     stop          asks the engine to exit once its queue is empty
-    slots/        flock files: at most hidden_states.vllm.max_clients clients plan and pack at once
+    slots/        flock files: at most hidden_states.vllm.max_clients requests queued or running at once
 
 Every client joins the engine of its scope (`join`: the live engine whose settings are the client's),
 queues its batches (`enqueue`, at once: the engine takes them as soon as it is ready) and waits for its
@@ -67,6 +68,9 @@ POLL_S = 0.05  # a client's wait for its parts, and a stop's for the exit
 JOIN_TIMEOUT_S = 600.0  # how long a client waits for its scope's engine job to start the engine
 SERVICE_STOP_S = 30.0  # the engine job's stop: the engine's own exit, before its processes are killed
 STOPPED_FILE = "stopped.json"
+# what of the engine's ready record its stats record keeps (how it ran), beside how it stopped
+RECORD_KEYS = ("engine_start_s", "vllm_version", "runner", "connector", "device", "dtype",
+               "tensor_parallel_size", "enable_expert_parallel")  # fmt: skip
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -403,8 +407,10 @@ def join(directory: Path, spec: dict[str, Any], timeout_s: float = JOIN_TIMEOUT_
 @contextlib.contextmanager
 def client_slot(directory: Path, slots: int) -> Iterator[int]:
     """One of `slots` client places of the engine in `directory`, held while the block runs: Snakemake
-    starts every client of an engine job at once (one group), and this keeps at most `slots` of them
-    planning, queueing and packing (flock: released when the client exits, however it exits)."""
+    starts every client of an engine job at once (one group); each plans its shards first, then holds a
+    slot while its request is queued and runs (vllm_extraction.run_on_engine), and packs after: at most
+    `slots` requests are in the engine's queue, the next queued as soon as one is done (flock: released
+    when the client exits, however it exits)."""
     folder = Path(directory) / "slots"
     folder.mkdir(parents=True, exist_ok=True)
     while True:
@@ -439,6 +445,7 @@ def serve(
     env: dict[str, str],
     marker: Path | None = None,
     handle_signals: bool = True,
+    record_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Rule serve_extraction_engine: run the engine of `directory` until Snakemake ends the job (SIGTERM,
     once every client is done) or the engine exits by itself; then stop it and write its report
@@ -448,6 +455,8 @@ def serve(
         marker: the job's service() output, written once the engine runs (its start id and pid).
         handle_signals: SIGTERM and SIGINT end the serving (main thread only: tests serve from a thread
             and end it with `stop_engine`).
+        record_dir: where the run keeps every engine start's stats (`write_record`): the report's
+            table of engine starts (validate/report_engine.py).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -480,6 +489,8 @@ def serve(
         report.update(_stop(directory, info, timeout_s=SERVICE_STOP_S))
         report["failed"] = engine_health.read_failure(directory, info["start_id"])
     io.write_json(report, directory / STOPPED_FILE)
+    if record_dir is not None and info is not None:
+        write_record(report, _read(directory / "ready.json") or {}, Path(record_dir))
     if marker is not None:
         Path(marker).unlink(missing_ok=True)
     log.info(
@@ -487,6 +498,19 @@ def serve(
         report.get("busy_fraction"),
     )  # fmt: skip
     return report
+
+
+def write_record(report: dict[str, Any], ready: dict[str, Any], record_dir: Path) -> Path:
+    """The run's record of one engine start, `record_dir/START_ID.json`: how it ran (its ready record:
+    start seconds, vLLM, runner, device, TP), how it stopped, and its stats (busy fraction over its
+    ready time, where the rest went, each request's queued/taken/done times). Kept in the results, one
+    file per start, so a run's engine starts and their busy time are read from its files (the report
+    shows them). Not a Snakemake output: the engine job's only output is its service file."""
+    same = ready.get("start_id") == report.get("start_id")  # not a former engine's ready record
+    record = {**{key: ready[key] for key in RECORD_KEYS if same and key in ready}, **report}
+    path = Path(record_dir) / f"{report['start_id']}.json"
+    io.write_json(record, path)
+    return path
 
 
 def main(argv: list[str]) -> int:

@@ -2,8 +2,10 @@
 `python -m eagle3_pipeline.hidden_states.engine_job JOB TARGET_CONFIG SERVER_JSON LOG`.
 
 JOB is the rule's params.job, one JSON object (`job_text`): the whole hidden_states section, the
-engine's folder and log, and the service() output; TARGET_CONFIG the target's config.json and
-SERVER_JSON the served unit's snapshot (the rule's input and params).
+engine's folder and log, the service() output and the folder where the run keeps its engine stats
+(results/RUN/hidden_states/engine_stats/[epoch-E-window-W/], one START_ID.json per engine start);
+TARGET_CONFIG the target's config.json and SERVER_JSON the served unit's snapshot (the rule's input
+and params).
 The rule runs this with `shell:` and `exec`, not `script:`: Snakemake ends a service job by signalling
 the process it started for a `shell:` command, and a `script:` one is never signalled (Snakemake
 9.27.1, shell.py registers only a rule's own shell commands). The engine serves its extraction jobs
@@ -20,10 +22,16 @@ from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.settings import HiddenStatesSettings, as_params, section
 
 
-def job_text(hidden_states: HiddenStatesSettings, directory: str, log: str | None, service: str) -> str:
+def job_text(
+    hidden_states: HiddenStatesSettings,
+    directory: str,
+    log: str | None,
+    service: str,
+    stats: str | None = None,
+) -> str:
     """The rule's params.job: the engine job's settings and paths, as one JSON text (a shell word)."""
     data = {"hidden_states": as_params(hidden_states), "dir": directory, "log": log, "service": service}
-    return json.dumps(data, sort_keys=True)
+    return json.dumps(data | {"stats": stats}, sort_keys=True)
 
 
 def main(argv: list[str]) -> int:
@@ -42,6 +50,7 @@ def main(argv: list[str]) -> int:
         Path(job["dir"]),
         engine_log=Path(job["log"]) if job["log"] else None,
         marker=Path(job["service"]),
+        record_dir=Path(job["stats"]) if job.get("stats") else None,
     )
     return 0
 

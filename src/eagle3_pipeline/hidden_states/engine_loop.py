@@ -114,6 +114,7 @@ class Request:
         self.client: dict[str, Any] | None = data.get("client")  # engine_health.client_record
         self.cancelled = ""  # why its client is gone: its remaining sequences are dropped
         self.started = time.time()
+        self.queued = float(data.get("queued_at") or self.started)  # its file's time in queue/
 
 
 class Server:
@@ -142,6 +143,10 @@ class Server:
         self.requests = 0
         # perf_counter marks: engine ready, first request taken, last engine step, last request done
         self.ready_at = self.first_request = self.last_step = self.last_done = 0.0
+        self.ready_wall = 0.0  # time.time() at ready: the timeline's zero
+        # every request answered: queued, taken and done, in seconds from the engine ready (queued
+        # before the engine was ready: negative); where the engine waited for its clients
+        self.timeline: list[dict[str, Any]] = []
 
     def _queued(self) -> list[tuple[float, Path]]:
         """queue/'s requests, oldest first (one its client unqueued meanwhile is skipped)."""
@@ -152,13 +157,13 @@ class Server:
         return sorted(found)
 
     def _take_requests(self, record: dict[str, Any]) -> None:
-        for _, path in self._queued():
+        for queued, path in self._queued():
             try:
                 data = json.loads(path.read_text())
                 path.unlink()
             except FileNotFoundError:  # cancelled by its client (engine_health.request_cancel)
                 continue
-            request = Request(data)
+            request = Request({**data, "queued_at": queued})
             why = engine_health.dropped(self.directory, request.name, request.client)
             if why:  # its client gone before it ran: nothing of it is sent
                 log.info("request %s dropped before it ran (%s)", request.name, why)
@@ -196,6 +201,16 @@ class Server:
         io.write_json(result, self.directory / "done" / f"{request.name}.json", indent=None)
         self.requests += 1
         self.last_done = time.perf_counter()
+        zero = self.ready_wall or request.started
+        self.timeline.append(
+            {
+                "name": request.name,
+                "tokens": request.tokens,
+                "queued_s": round(request.queued - zero, 3),
+                "taken_s": round(request.started - zero, 3),
+                "done_s": round(time.time() - zero, 3),
+            }
+        )
 
     def _write_loop(self, finisher: Finisher) -> None:
         """The writer thread: its death is recorded for the watchdog, which stops the engine."""
@@ -330,6 +345,7 @@ class Server:
             "requests": self.requests,
             "cancelled": self.cancelled,
             "mode": self.spec.get("mode", "stream"),
+            "timeline": list(self.timeline),  # appended by the writer thread
         }
 
     def run(self, llm: Any, record: dict[str, Any]) -> None:
@@ -360,6 +376,7 @@ class Server:
         watchdog = engine_health.Watchdog(self.health, self._on_stall, self.stall_s)
         watchdog.start()
         self.ready_at = last_work = time.perf_counter()
+        self.ready_wall = time.time()
         stats_at = 0.0
         while True:
             loop_start = time.perf_counter()
@@ -404,6 +421,7 @@ class DrainServer(Server):
         finisher = Finisher(self.spec)
         params = SamplingParams(max_tokens=1, temperature=0.0)
         self.ready_at = last_work = time.perf_counter()
+        self.ready_wall = time.time()
         while True:
             self._take_requests(record)
             for request in self.open:

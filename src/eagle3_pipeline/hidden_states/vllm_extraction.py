@@ -25,6 +25,9 @@ from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
 from eagle3_pipeline.settings import HiddenStatesSettings
 
 log = logging.getLogger(__name__)
+# benchmarks/extraction_engine.py's "before": "job" holds the client slot from planning to packing, as
+# the clients did before they planned ahead of it (unset: the slot covers the engine's run only)
+CLIENT_SLOT_ENV = "EAGLE3_CLIENT_SLOT"
 
 
 def extract_shards(
@@ -33,6 +36,12 @@ def extract_shards(
     """Every job's missing batches through the extraction engine, then each shard packed; the work
     folders go once all are written (`keep_work`: they stay, for a test that packs them again).
 
+    A client of an engine job (Snakemake starts all of them with the engine, one group) plans its
+    shards at once, while the engine starts and the other clients' batches run; it takes one of the
+    engine's `max_clients` slots only to queue its batches and wait for them (run_on_engine), and
+    packs after it left the slot: the next client's request is in the queue before this one's last
+    batch is done, so the engine never waits for a client to plan or pack.
+
     Raises:
         vllm_backend.VllmBackendError: no interpreter with vLLM, a bad setting, or the engine failed.
         final_norm.FinalNormError: the target's final norm cannot be rebuilt (use transformers).
@@ -40,11 +49,11 @@ def extract_shards(
     if state is not None and not state.is_main_process:
         log.info("vllm backend: rank %d has nothing to do", state.process_index)
         return [None] * len(jobs)
-    if jobs[0].engine_dir is None:
-        return _extract_shards(hidden_states, jobs, keep_work)
-    # Snakemake starts every client of the engine job at once: max_clients of them work at a time
-    with engine_service.client_slot(jobs[0].engine_dir, hidden_states.vllm.max_clients):
-        return _extract_shards(hidden_states, jobs, keep_work)
+    if jobs[0].engine_dir is not None and os.environ.get(CLIENT_SLOT_ENV) == "job":
+        # the benchmark's "before": the slot held from planning to packing, as it was
+        with engine_service.client_slot(jobs[0].engine_dir, hidden_states.vllm.max_clients):
+            return _extract_shards(hidden_states, jobs, keep_work)
+    return _extract_shards(hidden_states, jobs, keep_work)
 
 
 def _extract_shards(
@@ -137,9 +146,11 @@ def serve_engine(
     engine_log: Path | None = None,
     marker: Path | None = None,
     handle_signals: bool = True,
+    record_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Rule serve_extraction_engine: the engine of `directory` for its clients, until Snakemake ends the
-    job (engine.serve); returns its report (how it stopped, busy fraction, tokens).
+    job (engine.serve); returns its report (how it stopped, busy fraction, tokens), also written to
+    `record_dir`/START_ID.json (the run's engine stats, engine.write_record).
 
     Raises:
         vllm_backend.VllmBackendError: no interpreter with vLLM, or a bad setting.
@@ -151,7 +162,7 @@ def serve_engine(
     if engine_log:
         spec["log"] = str(engine_log)
     env = vllm_backend.worker_env(vllm_backend.package_path(Path(directory)), snapshot)
-    return engine_service.serve(Path(directory), python, spec, env, marker, handle_signals)
+    return engine_service.serve(Path(directory), python, spec, env, marker, handle_signals, record_dir)
 
 
 def run_on_engine(
@@ -163,7 +174,8 @@ def run_on_engine(
     """Run a job's batches on its extraction engine, waiting for every part.
 
     The engine is the one its Snakemake job runs in `job.engine_dir` (rule serve_extraction_engine,
-    shared with the other jobs of its scope); with no engine_dir (a rerun Snakemake planned without an
+    shared with the other jobs of its scope), the request queued and waited for in one of its client
+    slots (engine.client_slot); with no engine_dir (a rerun Snakemake planned without an
     engine job: the outputs were there; tests, benchmarks) a private one, stopped when this returns.
 
     Raises:
@@ -175,7 +187,12 @@ def run_on_engine(
         if job.engine_log:
             spec["log"] = str(job.engine_log)
         info = engine_service.join(directory, spec)
-        return _submit(directory, info, request)
+        if os.environ.get(CLIENT_SLOT_ENV) == "job":  # held since planning (extract_shards)
+            return _submit(directory, info, request)
+        # a slot while this request is queued or runs: at most max_clients requests in the engine's
+        # queue, the next one queued as soon as one is done
+        with engine_service.client_slot(directory, hidden_states.vllm.max_clients):
+            return _submit(directory, info, request)
     with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as scratch:
         directory = Path(scratch)
         spec = engine_spec_for(hidden_states, job.target, snapshot, directory)
