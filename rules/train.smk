@@ -119,7 +119,7 @@ if WINDOW:
             runtime=get_window_training_runtime,
             # also the main-process port's key: the same for every window (they run one at a time)
             work=f"{WORK}/train",
-            windows=WINDOW_COUNT,
+            windows=get_window_count,  # in its epoch: its last one ends the epoch
         script:
             # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch)
             "../scripts/train_draft_window.py"
@@ -129,7 +129,7 @@ if WINDOW:
 
     rule train_draft:
         input:
-            state=window_training_state(EPOCHS - 1, WINDOW_COUNT - 1),
+            state=last_window_training_state(),
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:

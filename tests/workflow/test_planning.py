@@ -6,9 +6,22 @@ exist here, so a dry run that tried SSH, HTTP or the hub at parse time would fai
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
 
-from support.workflow import KIMI_CONFIG, dry_run, job_counts, planned_jobs, snakemake, write_config
+import yaml
+from support.workflow import (
+    DEMO_CONFIG,
+    KIMI_CONFIG,
+    dry_run,
+    job_counts,
+    planned_jobs,
+    scratch_workdir,
+    snakemake,
+    write_config,
+)
 
 PIPELINE_RULES = {
     "snapshot_server",
@@ -88,6 +101,66 @@ def test_a_disk_cap_plans_windows_per_epoch(tmp_path):
     assert counts["train_draft_window"] == 2 * 3 and counts["plan_windows"] == counts["train_draft"] == 1
     assert counts["check_disk_budget"] == 4  # once per shard, not per epoch
     assert counts["serve_extraction_engine"] == 2 * 3  # an engine per window and epoch
+
+
+def test_a_cap_that_holds_every_shard_plans_one_extraction_pass(tmp_path):
+    # 4 shards of 76.2 MB each (a shard once plus a part being packed) and two training state files of
+    # 6.3 MB fit 1 GB at once: extracted once and kept for every epoch, as uncapped (issue 37, item 2)
+    config = write_config(
+        tmp_path / "holds.yaml",
+        run=f"test-{tmp_path.name}",
+        hidden_states={"max_disk_gb": 1.0},
+        train={"epochs": 3},
+        validate={"baseline": False, "learning_curve": []},
+    )
+    counts = job_counts(dry_run(config).stdout)
+    assert counts["extract_hidden_states"] == 4  # every shard once, not once per epoch
+    assert counts["serve_extraction_engine"] == 1  # one engine start
+    assert counts["train_draft"] == 1 and "train_draft_window" not in counts and "plan_windows" not in counts
+    assert counts["check_window_plan"] == 1  # the plan checked against the traces before extracting
+
+
+def _checked_traces(workdir: Path, run: str, shards: int, total_bytes: int) -> None:
+    """Every shard's traces (empty files: the plan reads their times) and its check_disk_budget record
+    (the real bytes of its states), newer than its traces, as a run that generated them leaves them."""
+    hidden_states = yaml.safe_load(DEMO_CONFIG.read_text())["hidden_states"]
+    made = {"hidden_size": 128, "dtype": "bfloat16"}  # the demo target's
+    made |= {key: hidden_states[key] for key in ("max_seq_len", "overlong")}
+    results = workdir / "results" / run
+    for k in range(shards):
+        for split in ("train", "validation"):
+            trace = results / "traces" / "shards" / split / f"shard-{k:05d}.parquet"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_bytes(b"")
+            os.utime(trace, ns=(10**18, 10**18))
+        record = results / "budget" / "hidden_states" / f"shard-{k:05d}.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"total_bytes": total_bytes, **made}))
+        os.utime(record, ns=(10**18 + 1, 10**18 + 1))
+
+
+def test_the_checked_traces_size_the_plan(tmp_path):
+    # 0.2 GB holds 2 shards at their bound (76.2 MB each): windows. Once every shard's traces are checked
+    # at 20 MB of states (28.5 MB with a part), all 4 fit at once: the next dry run plans one pass
+    (tmp_path / "work").mkdir()
+    workdir = scratch_workdir(tmp_path / "work")
+    run = f"test-{tmp_path.name}"
+    config = write_config(
+        tmp_path / "capped.yaml",
+        run=run,
+        hidden_states={"max_disk_gb": 0.2},
+        train={"epochs": 3},
+        validate={"baseline": False, "learning_curve": []},
+    )
+    before = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    assert before["extract_hidden_states"] == 4 * 3 and before["serve_extraction_engine"] == 2 * 3
+    _checked_traces(workdir, run, 4, 20_000_000)
+    after = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    assert after["extract_hidden_states"] == 4 and after["serve_extraction_engine"] == 1
+    assert after["train_draft"] == 1 and "train_draft_window" not in after
+    _checked_traces(workdir, run, 4, 60_000_000)  # longer replies (68.5 MB with a part): windows of 2
+    again = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    assert again["extract_hidden_states"] == 4 * 3 and again["train_draft_window"] == 2 * 3
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):
