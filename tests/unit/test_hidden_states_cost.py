@@ -23,33 +23,90 @@ def _settings(path: Path, **changes: dict) -> Settings:
     return build_settings(check_config(raw, SCHEMA))
 
 
-def test_the_kimi_example_starts_one_engine_per_epoch_and_window(capsys):
-    assert cost.main([str(KIMI)]) == 0
+def test_the_kimi_example_prints_the_expected_plan_beside_the_bound(capsys, tmp_path):
+    assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0  # no traces checked there
     out = json.loads(capsys.readouterr().out)  # one JSON object
-    assert out["engine_starts"] == 30  # 10 epochs x 3 windows of 34 shards (per shard: 1,000)
-    assert out["extraction_passes"] == 10 and out["plan"]["extraction_jobs"] == 1000
-    assert out["tokens"] == 10 * 20000 * 8704  # every sample at min(512 + 8192, max_seq_len), 10 passes
-    assert out["disk_peak_bytes"] <= 4100 * 10**9 + out["staging_bytes"]
+    # the bound: every shard at 200 x 10,240 tokens, windows of 34: 10 epochs x 3 windows (per shard: 1,000)
+    assert out["engine_starts_bound"] == 30 and out["extraction_passes_bound"] == 10
+    assert out["plan_bound"]["window_shards"] == 34 and out["plan_bound"]["extraction_jobs"] == 1000
+    assert out["tokens_bound"] == 10 * 20000 * 8704  # every sample at min(512 + 8192, max_seq_len)
+    # the plan, labelled an estimate: completions of 3,000 tokens make a shard 200 x 3,512 x 57,353 B =
+    # 40.28 GB, 42.16 GB with its part being packed; 4,100 GB less 2 state files holds 96 of the 100
+    # shards, so still 2 windows an epoch (the corpus alone, 4.03 TB, would fit; its parts do not)
+    assert out["plan_source"] == "expected" and "estimate" in out["plan_basis"]
+    assert "every completion 3,000 tokens" in out["plan_basis"]
+    assert out["engine_starts"] == 20 and out["extraction_passes"] == 10
+    assert out["plan"]["window_shards"] == 96 and not out["plan"]["one_pass"]
+    assert out["tokens"] == 10 * 20000 * 3512
+    for peak in (out["disk_peak_bytes"], out["disk_peak_bytes_bound"]):
+        assert peak <= 4100 * 10**9 + out["staging_bytes"]
     assert 0 < out["gpu_hours_low"] < out["gpu_hours_high"]
-    low = out["assumptions"]
-    expected = 8 * (30 * low["start_s_fast"] + out["tokens_low"] / low["tokens_per_s_fast"]) / 3600
+    low, high = out["assumptions"], out["assumptions"]
+    expected = 8 * (20 * low["start_s_fast"] + out["tokens"] / low["tokens_per_s_fast"]) / 3600
     assert out["gpu_hours_low"] == round(expected, 1)
+    expected = 8 * (30 * high["start_s_slow"] + out["tokens_bound"] / high["tokens_per_s_slow"]) / 3600
+    assert out["gpu_hours_high"] == round(expected, 1)
 
 
-def test_the_slurm_profile_plans_the_same_engine_starts(capsys):
+def test_shorter_expected_replies_fit_the_cap_in_one_pass(capsys, tmp_path):
+    # at 2,850 completion tokens every shard fits the 4,100 GB at once (with its part and the state
+    # files): one engine start, one extraction pass, the states kept for every epoch
+    assert cost.main([str(KIMI), "--results", str(tmp_path), "--completion-tokens", "2850"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine_starts"] == 1 and out["extraction_passes"] == 1 and out["plan"]["one_pass"]
+    assert out["plan"]["extraction_jobs"] == 100 and out["tokens"] == 20000 * 3362
+    assert out["engine_starts_bound"] == 30  # the bound is the config's, whatever the assumption
+
+
+def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):
     # issue 37: the engine is a job grouped with its extraction jobs on the cluster too (one submission
     # per scope), not a private engine per extraction job (1,000 starts before)
-    assert cost.main([str(KIMI), "--profile", str(REPO / "profiles" / "slurm")]) == 0
+    slurm = str(REPO / "profiles" / "slurm")
+    assert cost.main([str(KIMI), "--profile", slurm, "--results", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["executor"] == "slurm" and out["engine_starts"] == 30
-    assert cost.main([str(KIMI)]) == 0
+    assert out["executor"] == "slurm" and out["engine_starts"] == 20 and out["engine_starts_bound"] == 30
+    assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["executor"] == "local"
+
+
+def _checked_traces(results: Path, shards: int, tokens: int) -> None:
+    """Every shard's traces (empty: only their times count) and check_disk_budget record, as a run
+    leaves them: `tokens` tokens a shard at Kimi-K2.5's 57,353 B a token."""
+    import os
+
+    for k in range(shards):
+        for split in ("train", "validation"):
+            trace = results / "traces" / "shards" / split / f"shard-{k:05d}.parquet"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_bytes(b"")
+            os.utime(trace, ns=(10**18, 10**18))
+        record = results / "budget" / "hidden_states" / f"shard-{k:05d}.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        made = {"hidden_size": 7168, "dtype": "bfloat16", "max_seq_len": 10240, "overlong": "truncate"}
+        record.write_text(json.dumps({"tokens": tokens, "total_bytes": tokens * 57353, **made}))
+        os.utime(record, ns=(10**18 + 1, 10**18 + 1))
+
+
+def test_once_the_traces_are_checked_the_plan_is_theirs(capsys, tmp_path):
+    # replies of 2,800 tokens on average: 200 x 3,312 tokens a shard, every shard fits at once
+    _checked_traces(tmp_path / "kimi-k2.5", 100, 200 * 3312)
+    assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan_source"] == "traces" and "100 of 100 shards" in out["plan_basis"]
+    assert out["engine_starts"] == 1 and out["extraction_passes"] == 1 and out["tokens"] == 100 * 200 * 3312
+    assert out["engine_starts_bound"] == 30
+    _checked_traces(tmp_path / "kimi-k2.5", 100, 200 * 6000)  # longer replies: windows again
+    assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan_source"] == "traces" and out["extraction_passes"] == 10
+    assert out["engine_starts"] == 10 * 2 and out["plan"]["window_shards"] == 57  # 4,066 GB / 70.7 GB a shard
 
 
 def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
     settings = _settings(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": True})
     out = cost.estimate(settings, 7168)
     assert out["engine_starts"] == 2 and out["extraction_passes"] == 1  # the baseline's after the main's
+    assert out["engine_starts_bound"] == 2 and out["plan"]["one_pass"]
     no_baseline = _settings(KIMI, hidden_states={"max_disk_gb": None}, validate={"baseline": False})
     assert cost.estimate(no_baseline, 7168)["engine_starts"] == 1
     assert out["plan"]["extraction_jobs"] == 200  # 100 shards + the baseline's 100

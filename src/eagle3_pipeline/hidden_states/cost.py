@@ -1,36 +1,46 @@
-"""What extraction will cost, from a config alone, before anything runs: `make cost CONFIG=path`.
+"""What extraction will cost, before it runs: `make cost CONFIG=path`.
 
 Prints one JSON object: the plan's counts (engine starts, extraction passes, tokens, the disk's
-high-water mark) and GPU hours between two stated throughput assumptions. The counts follow the
-workflow's own rules (rules/common.smk, rules/hidden_states.smk):
+high-water mark) and GPU hours between two stated throughput assumptions, for two plans side by side:
 
-- vllm backend: one engine job (serve_extraction_engine) per run uncapped (and one for the
-  baseline's traces, after the main draft's GPU jobs), one per epoch and window under
-  `hidden_states.max_disk_gb`; the same under a cluster profile (`--profile`, `make cost
-  PROFILE=profiles/slurm`), where each engine job and its extraction jobs are one submission (a
-  Snakemake service group); transformers backend: one target load per extraction job (shard, epoch).
-- extraction passes: 1 uncapped, `train.epochs` under a cap (each epoch extracts every window again).
-- tokens: every pass over every sample, `tokens_low` with completions of `--completion-tokens` on
-  average, `tokens` (the upper bound, budget.py's) with every completion as long as
-  `generation.max_tokens`, both capped at `hidden_states.max_seq_len`.
-- disk_peak_bytes: budget.on_disk_at_once on the upper bound (a shard counted once, plus the part
-  being packed), plus the engine's staging window.
+- the plan (`engine_starts`, `extraction_passes`, `tokens`, `disk_peak_bytes`, `plan`): once the
+  shards' traces are checked (their check_disk_budget records under `--results`), the one the workflow
+  makes from them (`plan_source` "traces", or "traces and config" while some shards have none, those at
+  their bound: budget.window_plan, as rules/common/windows.smk); before, an estimate at the expected
+  length (`plan_source` "expected": every completion `--completion-tokens` long, every prompt
+  `--prompt-tokens`, capped at `hidden_states.max_seq_len`);
+- the bound (`..._bound`, `plan_bound`): every completion as long as `generation.max_tokens` and every
+  shard at its upper bound, what the workflow plans from the config alone (no traces checked).
 
-GPU hours = GPUs x (starts x start time + tokens / prefill throughput), low with the fast assumptions
-and the low token count, high with the slow ones and the upper bound. Training is not included.
+`plan_basis` says which the plan is, in words. The counts follow the workflow's own rules
+(rules/common/windows.smk, rules/hidden_states.smk):
+
+- vllm backend: one engine job (serve_extraction_engine) per run uncapped or when the cap holds every
+  shard at once (and one for the baseline's traces, after the main draft's GPU jobs), one per epoch and
+  window under `hidden_states.max_disk_gb` otherwise; the same under a cluster profile (`--profile`,
+  `make cost PROFILE=profiles/slurm`), where each engine job and its extraction jobs are one
+  submission (a Snakemake service group); transformers backend: one target load per extraction job.
+- extraction passes: 1 (uncapped, or a cap that holds every shard), else `train.epochs` (each epoch
+  extracts every window again).
+- tokens: every pass over every sample at the plan's lengths.
+- disk_peak_bytes: budget.on_disk_at_once under the plan (a shard counted once, plus the part being
+  packed; the training state files), plus the engine's staging window.
+
+GPU hours = GPUs x (starts x start time + tokens / prefill throughput): low for the plan with the fast
+assumptions, high for the bound with the slow ones. Training is not included.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import budget
+from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import vllm_backend
 from eagle3_pipeline.settings import Settings
 
@@ -38,7 +48,7 @@ from eagle3_pipeline.settings import Settings
 # 32 B-active MoE at ~64 GFLOP/token; 20,000 tokens/s is ~25% of the GPUs' dense bf16 peak, 10,000 half
 # that. An engine start loads ~600 GB from local NVMe, profiles and warms up: 5 to 10 minutes.
 DEFAULT_ASSUMPTIONS = {
-    "completion_tokens": 3000,  # mean completion (docs/cluster.md); the upper bound uses max_tokens
+    "completion_tokens": 3000,  # mean completion (docs/cluster.md); the bound uses max_tokens
     "prompt_tokens": budget.DEFAULT_PROMPT_TOKENS,
     "tokens_per_s_fast": 20000.0,
     "tokens_per_s_slow": 10000.0,
@@ -47,23 +57,24 @@ DEFAULT_ASSUMPTIONS = {
 }
 
 
-def plan_counts(settings: Settings, hidden_size: int) -> dict[str, Any]:
-    """Shards, windows, passes and engine starts of a config (the workflow's rules, no DAG built)."""
+def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
+    """Shards, windows, passes and engine starts of a config under `plan` (the cap's, None uncapped),
+    by the workflow's rules (no DAG built)."""
     from eagle3_pipeline.config import shard_ids
 
     shards = len(shard_ids(settings.dataset.num_samples, settings.dataset.shard_size))
-    window = budget.capped_window_shards(settings, hidden_size)
-    epochs = settings.train.epochs
-    windows = math.ceil(shards / window) if window else 0
-    passes = epochs if window else 1
-    baseline = settings.validate.baseline and not window
+    windowed = plan is not None and not plan.one_pass
+    passes = plan.extraction_passes if plan is not None else 1
+    baseline = settings.validate.baseline and plan is None  # refused under a cap
     jobs = shards * passes + (shards if baseline else 0)
     vllm = settings.hidden_states.backend == "vllm"
-    starts = (epochs * windows if window else 1 + baseline) if vllm else jobs
+    scopes = plan.engine_scopes if plan is not None else 1
+    starts = scopes + baseline if vllm else jobs
     return {
         "shards": shards,
-        "window_shards": window,
-        "windows": windows,
+        "one_pass": not windowed,
+        "window_shards": plan.largest_window if windowed else None,  # the largest window's
+        "windows": scopes if windowed else 0,  # every epoch's
         "extraction_passes": passes,
         "extraction_jobs": jobs,
         "baseline": baseline,
@@ -81,22 +92,69 @@ def profile_executor(profile: str | Path | None) -> str:
     return str(data.get("executor") or "local")
 
 
+def _expected_states(settings: Settings, hidden_size: int, per_sample: int) -> dict[str, int]:
+    """Each shard's states' bytes with every sample `per_sample` tokens long."""
+    from eagle3_pipeline.config import shard_ids
+
+    dataset, hs = settings.dataset, settings.hidden_states
+    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    shards = shard_ids(dataset.num_samples, dataset.shard_size)
+    return {
+        k: min(dataset.shard_size, dataset.num_samples - i * dataset.shard_size) * per_sample * per_token
+        for i, k in enumerate(shards)
+    }
+
+
 def estimate(
-    settings: Settings, hidden_size: int, gpus: int | None = None, **assumptions: float
+    settings: Settings,
+    hidden_size: int,
+    gpus: int | None = None,
+    results: str | Path | None = None,
+    **assumptions: float,
 ) -> dict[str, Any]:
-    """The cost JSON (see the module docstring). The plan is the same on every executor: the engine
-    is a job of its own, grouped with its extraction jobs, locally and on a cluster alike."""
+    """The cost JSON (see the module docstring); `results`: the results folder whose run's checked
+    traces size the plan (None: the expected-length estimate). The plan is the same on every executor:
+    the engine is a job of its own, grouped with its extraction jobs, locally and on a cluster alike."""
+    from eagle3_pipeline.config import shard_ids
+
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
-    counts = plan_counts(settings, hidden_size)
-    hs, samples = settings.hidden_states, settings.dataset.num_samples
+    hs, dataset = settings.hidden_states, settings.dataset
+    shards = shard_ids(dataset.num_samples, dataset.shard_size)
+    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    per_sample = int(min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len))
+    expected_states = _expected_states(settings, hidden_size, per_sample)
+    sizing = budget.window_sizing(settings, hidden_size)
+    traced = budget.traced_states(Path(results) / settings.run, shards, sizing or _sizing_for_records(
+        settings, hidden_size)) if results is not None else {}  # fmt: skip
+    if traced:  # what the workflow plans now: the checked shards from their traces, the rest at the bound
+        bound = budget.shard_bound_bytes(settings, hidden_size)
+        states = {k: traced.get(k, bound) for k in shards}
+        source = "traces" if len(traced) == len(shards) else "traces and config"
+        basis = (
+            f"the traces' real token counts of {len(traced):,} of {len(shards):,} shards (their "
+            f"check_disk_budget records under {Path(results) / settings.run / 'budget'})"
+            + ("" if source == "traces" else ", the rest at their bound")
+        )
+    else:
+        states, source = expected_states, "expected"
+        basis = (
+            f"an estimate: every completion {stated['completion_tokens']:,.0f} tokens and every prompt "
+            f"{stated['prompt_tokens']:,.0f} (--completion-tokens, --prompt-tokens), capped at "
+            "hidden_states.max_seq_len; the traces' real lengths replace it once they are checked"
+        )
+    plan = sizing.plan(shards, states, source) if sizing else None
+    plan_bound = sizing.plan(shards) if sizing else None
+    counts, counts_bound = plan_counts(settings, plan), plan_counts(settings, plan_bound)
     upper = budget.estimate_from_settings(settings, hidden_size, int(stated["prompt_tokens"]))
-    per_sample_low = min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len)
-    passes = counts["extraction_passes"]
-    baseline_share = (1 - settings.traces.validation_fraction) if counts["baseline"] else 0.0
-    scale = passes + baseline_share  # the baseline extracts its train split once, beside the main pass
-    tokens_low = int(samples * per_sample_low * scale)
-    tokens_high = int(upper.tokens * scale)
-    peak, _ = budget.on_disk_at_once(settings, upper)
+    tokens_once = sum(states.values()) // per_token  # one pass over every sample at the plan's lengths
+    # the baseline extracts its train split once, beside the main pass
+    share = (1 - settings.traces.validation_fraction) if counts["baseline"] else 0.0
+    tokens = int(tokens_once * (counts["extraction_passes"] + share))
+    tokens_bound = int(upper.tokens * (counts_bound["extraction_passes"] + share))
+    corpus = budget.Budget(source, dataset.num_samples, tokens_once, hidden_size, hs.dtype, per_token,
+                           tokens_once * per_token)  # fmt: skip
+    peak, _ = budget.on_disk_at_once(settings, corpus, plan)
+    peak_bound, _ = budget.on_disk_at_once(settings, upper, plan_bound)
     vllm = hs.backend == "vllm"
     if gpus is None:
         gpus = int(hs.vllm.tensor_parallel_size or 1) if vllm else 1
@@ -107,26 +165,42 @@ def estimate(
         # staged states stay in the engine's window until the writer reads them (back-pressure): the
         # staging folder holds at most one window
         staging = window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
-    starts = counts["engine_starts"]
 
-    def hours(tokens: int, per_s: float, start_s: float) -> float:
+    def hours(starts: int, tokens: int, per_s: float, start_s: float) -> float:
         return round(gpus * (starts * start_s + tokens / per_s) / 3600, 1)
 
     return {
-        "engine_starts": starts,
-        "extraction_passes": passes,
-        "tokens": tokens_high,
-        "tokens_low": tokens_low,
+        "engine_starts": counts["engine_starts"],
+        "extraction_passes": counts["extraction_passes"],
+        "plan_source": source,
+        "plan_basis": basis,
+        "engine_starts_bound": counts_bound["engine_starts"],
+        "extraction_passes_bound": counts_bound["extraction_passes"],
+        "tokens": tokens,
+        "tokens_bound": tokens_bound,
         "disk_peak_bytes": peak + staging,
-        "gpu_hours_low": hours(tokens_low, stated["tokens_per_s_fast"], stated["start_s_fast"]),
-        "gpu_hours_high": hours(tokens_high, stated["tokens_per_s_slow"], stated["start_s_slow"]),
+        "disk_peak_bytes_bound": peak_bound + staging,
+        "gpu_hours_low": hours(
+            counts["engine_starts"], tokens, stated["tokens_per_s_fast"], stated["start_s_fast"]
+        ),
+        "gpu_hours_high": hours(
+            counts_bound["engine_starts"], tokens_bound, stated["tokens_per_s_slow"], stated["start_s_slow"]
+        ),
         "gpus": gpus,
         "backend": hs.backend,
         "plan": counts,
+        "plan_bound": counts_bound,
         "staging_bytes": staging,
         "hidden_size": hidden_size,
         "assumptions": stated,
     }
+
+
+def _sizing_for_records(settings: Settings, hidden_size: int) -> budget.WindowSizing:
+    """Uncapped, what a shard's check_disk_budget record must have been made for (traced_states)."""
+    hs = settings.hidden_states
+    return budget.WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
+                               hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -146,6 +220,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--profile", help="the workflow profile the run uses (e.g. profiles/slurm): its executor is printed"
     )
+    parser.add_argument(
+        "--results", default="results", help="the results folder: its run's checked traces size the plan"
+    )
     parser.add_argument("--schema", default=str(budget.REPO_ROOT / "config" / "schema.yaml"))
     return parser.parse_args(argv)
 
@@ -160,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
     hidden_size = budget.cli_hidden_size(settings, args.hidden_size, "the extraction cost")
     assumptions = {name: getattr(args, name) for name in DEFAULT_ASSUMPTIONS}
-    result = estimate(settings, hidden_size, args.gpus, **assumptions)
+    result = estimate(settings, hidden_size, args.gpus, args.results, **assumptions)
     result["executor"] = profile_executor(args.profile)  # the same plan: one engine job per scope
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
