@@ -266,9 +266,20 @@ rule plot_validation:
             labels={"figure": "Where the draft is accepted"},
             category="4. Validation",
         ),
+        engine=report(
+            f"{RESULTS}/report/engine.html",
+            caption="../report/engine.rst",
+            labels={"figure": "Extraction engine"},
+            category="5. Extraction engine",
+        ),
     log:
         f"{LOGS}/plot_validation.log",
     conda:
         "../envs/pipeline.yaml"
+    params:
+        # every engine start's stats, written by the engine jobs (not inputs: records of runs, read as
+        # they are; validate/report_engine.py)
+        engine_stats=ENGINE_STATS_ROOTS,
+        run_dir=RESULTS,
     script:
         "../scripts/plot_validation.py"

@@ -44,6 +44,7 @@ def test_report_builds_from_finished_results(tmp_path, baseline):
         "comparison.png",
         "selection.png",  # validate.select_every_epochs and validate.learning_curve, on in the demo
         "learning_curve.png",
+        "engine.html",  # the extraction engine's starts (none recorded in this tree: the page says so)
     ):
         assert name in html, f"{name} missing from the report"
     assert "4. Validation" in html and "Published Kimi-K2.5 drafts" in html

@@ -26,6 +26,7 @@ FIGURES = (
     ("trace_lengths.png", "Trace lengths", "prompt, completion, thinking against answer"),
     ("trace_stats.html", "Trace statistics", "prompts kept and dropped, split sizes"),
     ("server.html", "Server snapshot", "the unit and vLLM flags the traces came from"),
+    ("engine.html", "Extraction engine", "each engine start, its busy fraction over its ready time"),
 )  # fmt: skip
 
 
