@@ -27,8 +27,8 @@ def figure_text(value: float | None, ci95: list[float] | None) -> str:
     return f"{value:.2f}" + (f" [{ci95[0]:.2f}, {ci95[1]:.2f}]" if ci95 else "")
 
 
-def _served(draft: dict[str, Any], sampled: bool) -> str:
-    served = draft.get("served") or {}
+def _served(record: dict[str, Any], sampled: bool) -> str:
+    served = record.get("served") or {}
     if "reason" in served:
         return served["reason"] if sampled else "not served (the row above says why)"
     if not served:
@@ -38,8 +38,8 @@ def _served(draft: dict[str, Any], sampled: bool) -> str:
     return figure_text(served.get("acceptance_length"), served.get("ci95"))
 
 
-def _selection(draft: dict[str, Any]) -> str:
-    selection = draft.get("selection")
+def _selection(record: dict[str, Any]) -> str:
+    selection = record.get("selection")
     if not selection:
         return "the last epoch"
     return f"epoch {selection['chosen_epoch']} of {selection['epochs']} (counted from 1)"
