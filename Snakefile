@@ -7,7 +7,8 @@
 #   generations/   shard-{k:05d}.parquet (one row per prompt: ok | skipped | failed)
 #   traces/        shards/{split}/shard-{k:05d}.parquet, traces.parquet, train.parquet,
 #                  validation.parquet, stats.json, conversations.jsonl
-#   budget/        hidden_states/shard-{k:05d}.json (disk need, checked before shard k's extraction)
+#   budget/        hidden_states/shard-{k:05d}.json (disk need, checked before shard k's extraction);
+#                  window_plan.json (under hidden_states.max_disk_gb: the plan checked against them)
 #   hidden_states/ {split}/shard-{k:05d}.safetensors (+ .json metadata); under hidden_states.max_disk_gb
 #                  epoch-{e}/{split}/..., deleted once trained on
 #   draft/         vocab_map.safetensors, windows/ (under a cap), trained/ (epochs/: the kept epochs),
