@@ -49,14 +49,14 @@ def target_info(target: Path, trust_remote_code: bool = False) -> TargetInfo:
     return TargetInfo(text.num_hidden_layers, text.hidden_size, text.vocab_size, sha)
 
 
-def _stated_shape(config: dict[str, Any]) -> tuple[int, int, int] | None:
+def _stated_shape(model_config: dict[str, Any]) -> tuple[int, int, int] | None:
     """The language model's (layers, hidden, vocab) as config.json states them, or None when it does not
     say them plainly: a key missing (a config class's default or renamed attribute), or a nested
     config other than text_config that could be the language model's."""
-    nested = [key for key, value in config.items() if isinstance(value, dict) and "hidden_size" in value]
+    nested = [k for k, v in model_config.items() if isinstance(v, dict) and "hidden_size" in v]
     if nested not in ([], ["text_config"]):
         return None
-    text = config["text_config"] if nested else config
+    text = model_config["text_config"] if nested else model_config
     values = [text.get(key) for key in SHAPE_KEYS]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return None
