@@ -619,8 +619,9 @@ class WindowPlan:
             return f"every shard fits at once ({sized}): one extraction pass, its states kept for every epoch"
         counts = sorted({len(windows) for windows in self.windows})
         per_epoch = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        most = f"{self.largest_window:,} shard{'s' if self.largest_window != 1 else ''}"
         return (
-            f"windows of at most {self.largest_window:,} shards ({per_epoch} per epoch, {sized}) extracted, "
+            f"windows of at most {most} ({per_epoch} per epoch, {sized}) extracted, "
             f"trained on and deleted, once per epoch ({self.extraction_passes} extraction passes over the "
             "corpus)"
         )
