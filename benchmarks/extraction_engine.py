@@ -189,8 +189,8 @@ def run_workflow(case: str, work: Path, target: Path, traces: Path, args: argpar
 def pool_fits(shards: int, cores: int) -> bool:
     """Whether Snakemake's local executor starts every job of the engine's group at once: it runs them
     in a pool of cores + 5 threads (grown to the group's size, without counting the thread running the
-    group itself), so with more than cores + 4 clients one starts only once another has finished, and
-    plans late. A real node's --cores (tens) covers a window's clients; this machine's 2 cover 5."""
+    group itself), so with more than cores + 3 clients (cores + 4 jobs with the engine) one starts only
+    once another has finished, and plans late: 5 clients fit on 2 cores."""
     return shards + 2 <= cores + 5
 
 
@@ -343,7 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--prequeued", action="store_true", help="the issue-22 in-process comparison")
-    parser.add_argument("--shards", type=int, default=5, help="at most --cores + 4: see pool_fits")
+    parser.add_argument("--shards", type=int, default=5, help="at most --cores + 3: see pool_fits")
     parser.add_argument("--tokens-per-shard", type=int, default=96000, help="train split; validation 1/8")
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--max-seq-len", type=int, default=1024, help="the synthetic rows: at most 996")
