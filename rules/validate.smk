@@ -280,6 +280,5 @@ rule plot_validation:
         # every engine start's stats, written by the engine jobs (not inputs: records of runs, read as
         # they are; validate/report_engine.py)
         engine_stats=ENGINE_STATS_ROOTS,
-        run_dir=RESULTS,
     script:
         "../scripts/plot_validation.py"

@@ -49,20 +49,29 @@ def engine_dir(epoch=None, shard=None):
     return ENGINE_DIR.format(epoch=epoch, window=window_of(epoch, shard))
 
 
-def engine_runtime(where):
+# The pack slots' folders (hidden_states.pack_slots, packing.pack_slot): one for the run's extraction
+# jobs (under a cap its windows are extracted one after another), one for the baseline's
+PACK_DIR = f"{WORK}/hidden_states/pack_slots"
+BASELINE_PACK_DIR = f"{WORK}/{BASELINE}hidden_states/pack_slots"
+
+
+def engine_runtime(where, pack_dir=PACK_DIR):
     """An extraction job's run-time values (not recorded: see runtime_only): hidden_states.device_map
-    (recorded through launch_mode), the engine's run-time keys, its folder and its log.
+    (recorded through launch_mode) and pack_slots, the engine's run-time keys, its folder and its log,
+    and the folder of the pack slots (both backends).
     """
     scope = where.removeprefix(f"{WORK}/") if where else None
     return runtime_only(
         hidden_states={
             "device_map": SETTINGS.hidden_states.device_map,
+            "pack_slots": SETTINGS.hidden_states.pack_slots,
             "vllm": as_params(SETTINGS.hidden_states.vllm, *ENGINE_RUNTIME_KEYS),
         },
         engine={
             "dir": where,
             "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,
         },
+        packing={"dir": pack_dir},
     )
 
 
@@ -128,15 +137,14 @@ def get_engine_runtime(wildcards):
 
 
 def get_baseline_engine_runtime(wildcards):
-    return engine_runtime(baseline_shard_engine(wildcards))
+    return engine_runtime(baseline_shard_engine(wildcards), BASELINE_PACK_DIR)
 
 
 def engine_stats_dir(where):
     """The results folder of the engine stats of the engine folder `where` (ENGINE_STATS_ROOTS)."""
     scope = where.removeprefix(f"{WORK}/")
-    return f"{RESULTS}/" + scope.replace(
-        "hidden_states/engine", "hidden_states/engine_stats", 1
-    )
+    stats = scope.replace("hidden_states/engine", "hidden_states/engine_stats", 1)
+    return f"{RESULTS}/{stats}"
 
 
 def engine_job(where):
