@@ -25,6 +25,7 @@ from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, planned_jobs
 # The Kimi example caps the states on disk (hidden_states.max_disk_gb): training runs window by window;
 # its extraction engine (vllm backend) is a job of its own, grouped with its extraction jobs
 GPU_RULES = ("serve_extraction_engine", "train_draft_window")
+KIMI_CONFIG_TARGET = yaml.safe_load(KIMI_CONFIG.read_text())["target"]["model"]  # /models/Kimi-K2.5
 
 
 def render_sbatch(job, settings) -> str:
@@ -50,17 +51,15 @@ def render_sbatch(job, settings) -> str:
 SMALL = {"dataset": {"num_samples": 800}, "hidden_states": {"max_disk_gb": 300}}
 
 
-def _plan(tmp_path: Path, profile: Path, **overrides) -> dict[str, list]:
-    target = tmp_path / "Kimi-K2.5"
-    target.mkdir(exist_ok=True)
-    (target / "config.json").write_text(json.dumps(KIMI_TARGET_CONFIG))
-    config = write_config(
-        tmp_path / "kimi.yaml",
-        KIMI_CONFIG,
-        run=f"test-{tmp_path.name}",
-        target={"model": str(target)},
-        **overrides,
-    )
+def _plan(tmp_path: Path, profile: Path, weights: bool = True, **overrides) -> dict[str, list]:
+    """The plan on `profile`: with a stand-in of the weights' config.json, or (weights False) as a login
+    node without them plans it, the example's target.model absent (rule require_target_weights)."""
+    if weights:
+        target = tmp_path / "Kimi-K2.5"
+        target.mkdir(exist_ok=True)
+        (target / "config.json").write_text(json.dumps(KIMI_TARGET_CONFIG))
+        overrides["target"] = {"model": str(target)}
+    config = write_config(tmp_path / "kimi.yaml", KIMI_CONFIG, run=f"test-{tmp_path.name}", **overrides)
     jobs, settings = planned_jobs(["--workflow-profile", str(profile), "--configfile", str(config)], "slurm")
     by_rule: dict[str, list] = {}
     for job in jobs:
@@ -70,7 +69,20 @@ def _plan(tmp_path: Path, profile: Path, **overrides) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def slurm_plan(tmp_path_factory):
-    return _plan(tmp_path_factory.mktemp("slurm"), REPO / "profiles" / "slurm")
+    """The whole example on profiles/slurm, planned where its weights are not (a login node): the
+    documented `snakemake -n --workflow-profile profiles/slurm` (test_planning_without_weights.py runs
+    it without the profile)."""
+    if Path(KIMI_CONFIG_TARGET).exists():
+        pytest.skip(f"{KIMI_CONFIG_TARGET} exists here: this plan is the one made without the weights")
+    return _plan(tmp_path_factory.mktemp("slurm"), REPO / "profiles" / "slurm", weights=False)
+
+
+def test_without_the_weights_one_job_stands_in_for_them(slurm_plan):
+    assert len(slurm_plan["jobs"]["require_target_weights"]) == 1
+    assert "build_demo_target" not in slurm_plan["jobs"]
+    # the jobs that read the target's config.json wait on that job, none on the absent file
+    engine = slurm_plan["jobs"]["serve_extraction_engine"][0]
+    assert any(str(f).endswith("work/target/config.json.absent") for f in engine.input)
 
 
 @pytest.mark.parametrize("rule", GPU_RULES)
