@@ -13,7 +13,11 @@ LENGTHS = as_params(SETTINGS.hidden_states, "max_seq_len", "overlong")
 TRAIN_PARAMS = {
     k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
 }
-TRAIN_RUNTIME = runtime_only(train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS))
+# engines: where a training job waits for an extraction engine still exiting on this host (its GPUs)
+TRAIN_RUNTIME = runtime_only(
+    train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS),
+    engines={"roots": ENGINE_ROOTS},
+)
 # EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained;
 # draft.init_from likewise only when set. draft.architecture is recorded as configured (auto, llama,
 # deepseek_mla): what auto resolves to follows from the target's config.json, an input of these rules

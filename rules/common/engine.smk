@@ -21,6 +21,8 @@ ENGINE_DIR = (
 )
 ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
 ENGINE_SERVICE = "service.json"  # the engine job's service() output, in its folder
+# every engine folder of the run: a GPU job waits there for a stopping engine's exit (engine.wait_gone)
+ENGINE_ROOTS = [ENGINE_ROOT, BASELINE_ENGINE_DIR] if VLLM_ENGINE else []
 # where a run keeps each engine start's stats (engine.write_record): the engine folder's path under
 # results/RUN/ with engine_stats for engine (hidden_states/engine_stats[/epoch-E-window-W],
 # baseline/hidden_states/engine_stats); the report's table of engine starts reads them

@@ -118,6 +118,7 @@ def get_window_training_runtime(wildcards):
     return runtime_only(
         train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS),
         window={"shards": window_shards(wildcards.epoch, wildcards.window)},
+        engines={"roots": ENGINE_ROOTS},  # as train_draft's (rules/train.smk)
     )
 
 

@@ -107,3 +107,40 @@ def test_the_runs_record_of_an_engine_start_keeps_its_stats_and_how_it_ran(tmp_p
     # a former engine's ready record (another start id) says nothing about this one
     other = json.loads(engine.write_record(report, {**ready, "start_id": "old"}, tmp_path).read_text())
     assert "engine_start_s" not in other and other["busy_fraction"] == 0.93
+
+
+def _engine_session(seconds: float) -> subprocess.Popen:
+    """A stand-in for an exiting engine: a session of its own whose leader has a child (as vLLM's
+    engine-core process is), the leader exiting first and the child `seconds` later."""
+    child = f"import time; time.sleep({seconds})"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def test_a_gpu_job_waits_until_a_stopped_engine_s_whole_session_is_gone(tmp_path):
+    session = _engine_session(1.5)
+    session.wait()  # the leader is gone, its child still runs in the session
+    record = tmp_path / "engine" / "epoch-0-window-1" / engine.STOPPED_FILE
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"pid": session.pid, "host": engine.socket.gethostname()}))
+    # another host's engine (its own GPUs) and a folder without a record are not waited for
+    other = tmp_path / "engine" / "other" / "process.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({"pid": os.getpid(), "host": "another-node"}))
+    start = time.monotonic()
+    assert engine.wait_gone([tmp_path / "engine", tmp_path / "baseline"]) == [str(record.parent)]
+    assert time.monotonic() - start >= 1.0  # it waited for the child
+    assert engine.wait_gone([tmp_path / "engine"]) == []  # gone: nothing to wait for
+
+
+def test_an_engine_session_that_outlives_the_timeout_is_left_with_a_warning(tmp_path, caplog):
+    session = _engine_session(30)
+    session.wait()
+    (tmp_path / "process.json").write_text(
+        json.dumps({"pid": session.pid, "host": engine.socket.gethostname()})
+    )
+    try:
+        assert engine.wait_gone([tmp_path], timeout_s=0.3) == [str(tmp_path)]
+        assert "still has processes" in caplog.text
+    finally:
+        os.killpg(session.pid, 9)

@@ -329,7 +329,7 @@ def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, 
         os.waitpid(pid, os.WNOHANG)
     stats = _read(directory / "stats.json") or {}
     (directory / "process.json").unlink(missing_ok=True)
-    return {"start_id": info["start_id"], "pid": pid, "stopped": how, **stats}
+    return {"start_id": info["start_id"], "pid": pid, "host": info.get("host"), "stopped": how, **stats}
 
 
 def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
@@ -361,6 +361,50 @@ def stop_engine(directory: Path, timeout_s: float = 600) -> dict[str, Any]:
 def stop_all(root: Path, timeout_s: float = 600) -> list[dict[str, Any]]:
     """Stop every engine under `root` (the workflow's onsuccess/onerror handler: none outlives a run)."""
     return [stop_engine(info.parent, timeout_s) for info in sorted(Path(root).rglob("process.json"))]
+
+
+GONE_TIMEOUT_S = 2 * SERVICE_STOP_S + 30  # an engine job's stop kills its session well within this
+
+
+def _session_alive(pgid: int) -> bool:
+    """Any process left in the engine's session (vLLM's engine-core processes included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_gone(roots: list[Path], timeout_s: float = GONE_TIMEOUT_S) -> list[str]:
+    """Wait until no extraction engine started on this host under `roots` has a process left.
+
+    A GPU job calls it before it starts: Snakemake ends an engine job by a signal once its clients are
+    done and starts the next job without waiting for the engine to exit, which takes seconds while
+    vLLM frees the GPUs. Engines on other hosts (their own GPUs) are not waited for. Past `timeout_s`
+    the job goes on with a warning (an engine that outlived its job's own kill is a pid reused).
+
+    Returns:
+        The engine folders that were waited for.
+    """
+    host, deadline, waited = socket.gethostname(), time.monotonic() + timeout_s, []
+    records = [path for root in roots for name in ("process.json", STOPPED_FILE) for path in
+               Path(root).rglob(name)]  # fmt: skip
+    for record in records:
+        info = _read(record) or {}
+        if info.get("host") != host or not info.get("pid"):
+            continue
+        pgid = int(info["pid"])
+        if _session_alive(pgid):
+            waited.append(str(record.parent))
+        while _session_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if _session_alive(pgid):
+            log.warning("engine %s (session %d) still has processes: going on", record.parent, pgid)
+    if waited:
+        log.info("waited for the extraction engines of %s to exit", ", ".join(sorted(set(waited))))
+    return waited
 
 
 def needs_engine(inputs: list[str], outputs: list[str]) -> bool:
