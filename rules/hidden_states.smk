@@ -58,7 +58,8 @@ rule extract_hidden_states:
             "device_map" if SETTINGS.hidden_states.device_map or VLLM_ENGINE else "ddp"
         ),
         vllm=ENGINE_PARAMS,
-        runtime=get_engine_runtime,  # device_map, the engine's folder and pacing: no rerun trigger
+        # device_map, pack_slots and their folder, the engine's folder and pacing: no rerun trigger
+        runtime=get_engine_runtime,
         # the snapshot exists: the traces come from generation, which needs it
         server_json=rules.snapshot_server.output.server,
         work=f"{WORK}/hidden_states/{EPOCH_DIR}{{shard}}",  # a folder per split inside

@@ -29,6 +29,7 @@ jobs = rule_jobs(
     server_json=params.server_json,
     engine_dir=engine["dir"],
     engine_log=engine["log"],
+    pack_dir=params.runtime.section("packing").get("dir"),  # its pack slots (packing.pack_slot)
 )
 job_file = write_jobs(hidden_states, jobs, f"{params.work}/job.json")
 if snakemake.threads == 0:  # a vllm client (no core of its own): Snakemake's OMP_NUM_THREADS=0 is

@@ -162,6 +162,7 @@ class HiddenStatesSettings:
     device_map: bool = False
     trust_remote_code: bool = False
     max_disk_gb: float | None = None
+    pack_slots: int = 4  # shards packing at once (hidden_states/packing.pack_slot)
 
 
 @dataclass(frozen=True)

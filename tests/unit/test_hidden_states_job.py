@@ -38,6 +38,10 @@ def test_one_job_per_split_round_trips_through_its_file(tmp_path):
     path = write_jobs(HIDDEN_STATES, [train, validation], tmp_path / "job.json")
     assert read_jobs(path) == (HIDDEN_STATES, [train, validation])
     assert json.loads(path.read_text())["jobs"][0]["server_json"] == "r/server/server.json"
+    assert train.pack_dir is None  # no pack slots: packs at once (tests, benchmarks)
+    kept = jobs(pack_dir="r/work/hidden_states/pack_slots")
+    assert read_jobs(write_jobs(HIDDEN_STATES, kept, tmp_path / "kept.json"))[1] == kept
+    assert kept[0].pack_dir == Path("r/work/hidden_states/pack_slots")
     assert json.loads(path.read_text())["hidden_states"]["vllm"]["tensor_parallel_size"] == 2
 
 
@@ -76,8 +80,12 @@ def test_bad_jobs_are_named(tmp_path):
 
 def test_the_rules_run_time_values_join_the_recorded_section():
     # as rules/common.smk's engine_runtime: the engine's pacing keys beside the recorded hidden_states.vllm
-    runtime = runtime_only(hidden_states={"device_map": True, "vllm": {"max_clients": 3}})
+    runtime = runtime_only(
+        hidden_states={"device_map": True, "pack_slots": 2, "vllm": {"max_clients": 3}},
+        packing={"dir": "r/work/hidden_states/pack_slots"},
+    )
     recorded = {"backend": "transformers", "vllm": {"python": "p", "tensor_parallel_size": 2}}
     typed = runtime.typed(HiddenStatesSettings, "hidden_states", recorded)
-    assert typed.device_map and typed.backend == "transformers"
+    assert typed.device_map and typed.backend == "transformers" and typed.pack_slots == 2
+    assert runtime.section("packing")["dir"] == "r/work/hidden_states/pack_slots"
     assert (typed.vllm.python, typed.vllm.tensor_parallel_size, typed.vllm.max_clients) == ("p", 2, 3)

@@ -17,7 +17,17 @@ from typing import Any
 from eagle3_pipeline import launch
 from eagle3_pipeline.settings import HiddenStatesSettings, as_params, section
 
-PATH_FIELDS = ("traces", "target", "output", "metadata", "work", "server_json", "engine_dir", "engine_log")
+PATH_FIELDS = (
+    "traces",
+    "target",
+    "output",
+    "metadata",
+    "work",
+    "server_json",
+    "engine_dir",
+    "engine_log",
+    "pack_dir",
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,8 @@ class ShardJob:
     # engine for this call, stopped when it returns (tests, benchmarks)
     engine_dir: Path | None = None
     engine_log: Path | None = None  # the engine's own log (None: engine_dir/engine.log)
+    # the pack slots' folder, shared by the run's extraction jobs (packing.pack_slot); None: no slot
+    pack_dir: Path | None = None
 
 
 def rule_jobs(
@@ -51,6 +63,7 @@ def rule_jobs(
     server_json: str | None = None,
     engine_dir: str | None = None,
     engine_log: str | None = None,
+    pack_dir: str | None = None,
 ) -> list[ShardJob]:
     """One job per split, in the order of `traces`; each split's resumable state in WORK/<split>.
 
@@ -64,6 +77,7 @@ def rule_jobs(
         server_json: The served unit's snapshot (the vllm backend's engine settings).
         engine_dir: The vllm backend's shared extraction engine (engine.py); None: a private one.
         engine_log: That engine's log (under logs/); None: engine_dir/engine.log.
+        pack_dir: The pack slots' folder of the run's extraction jobs (packing.pack_slot); None: none.
 
     Raises:
         ValueError: traces, outputs and metadata do not name one path per split each.
@@ -84,6 +98,7 @@ def rule_jobs(
             server_json=Path(server_json) if server_json else None,
             engine_dir=Path(engine_dir) if engine_dir else None,
             engine_log=Path(engine_log) if engine_log else None,
+            pack_dir=Path(pack_dir) if pack_dir else None,
         )
         for t, o, m in zip(traces, outputs, metadata, strict=True)
     ]

@@ -1,14 +1,20 @@
 """The packed shard: the saved parts moved into one file in trace-row order under the work folder, one
 part at a time (each deleted once written: the shard is on disk once), validated, then renamed into
-its output with its metadata as the JSON sibling once every split is packed. Both backends pack alike."""
+its output with its metadata as the JSON sibling once every split is packed. Both backends pack alike,
+each shard in one of the run's hidden_states.pack_slots (pack_slot): at most that many shards have a
+part in flight at once, which is what budget.py reserves under hidden_states.max_disk_gb."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import shutil
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,56 @@ from eagle3_pipeline.hidden_states.sequences import TrainingSequence
 from eagle3_pipeline.settings import HiddenStatesSettings
 
 log = logging.getLogger(__name__)
+PACK_POLL_S = 0.1  # how often a job waiting for a pack slot tries again
+
+
+class PackSlotError(RuntimeError):
+    """The pack slots' folder cannot be locked (a filesystem without flock)."""
+
+
+@contextlib.contextmanager
+def pack_slot(folder: Path | None, slots: int) -> Iterator[int | None]:
+    """One of `slots` places to pack a shard, held while the block runs: the run's extraction jobs
+    (every one of an engine scope started at once under vllm; as many as hold the GPUs under
+    transformers, any number on a cluster) share `folder` (rule extract_hidden_states' runtime:
+    work/hidden_states/pack_slots), so at most `slots` shards have a part in flight beside their
+    states, as budget.pack_reserve counts. A lock file per slot (flock: released when the process
+    exits, however it exits). `folder` None (tests, benchmarks): no slot, the block runs at once.
+
+    Raises:
+        PackSlotError: the folder's filesystem refuses flock (on a cluster, one without locks across
+            nodes); the message names the folder and the setting.
+    """
+    if folder is None:
+        yield None
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    while True:
+        for slot in range(max(int(slots), 1)):
+            handle = open(folder / f"slot-{slot}", "a")  # noqa: SIM115 - held until the block ends
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held by another job
+                handle.close()
+                continue
+            except OSError as err:
+                handle.close()
+                raise PackSlotError(
+                    f"{folder}: cannot lock a pack slot ({err}): the results filesystem must support flock "
+                    "(hidden_states.pack_slots; on Lustre mount with -o flock)"
+                ) from err
+            waited = time.monotonic() - started
+            if waited >= 1:
+                log.info("pack slot %d of %d after %.1f s waiting", slot, slots, waited)
+            try:
+                yield slot
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        time.sleep(PACK_POLL_S)
 
 
 def token_counts(seqs: list[TrainingSequence]) -> dict[str, int]:
@@ -150,14 +206,16 @@ def _move_part(
 def finish_shard(
     hidden_states: HiddenStatesSettings, plan: ShardPlan, backend: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Pack the saved parts into the shard under the work folder and validate it; returns the metadata.
+    """Pack the saved parts into the shard under the work folder and validate it, in one of the
+    run's pack slots (pack_slot, in job.pack_dir); returns the metadata.
 
     Nothing is committed: the caller commits every split's shard (`commit_shard`) once all are packed,
     so that a job dying in its second split keeps the first one's packed file (Snakemake deletes a
     failed job's outputs, never the work folder).
     """
     meta = shard_metadata(hidden_states, plan, backend)
-    write_shard(hidden_states, plan, meta)
+    with pack_slot(plan.job.pack_dir, hidden_states.pack_slots):  # at most pack_slots parts in flight
+        write_shard(hidden_states, plan, meta)
     log.info(
         "packed %s: %d samples, %d tokens, %s bytes/token (floor %d)",
         plan.job.output,
