@@ -20,21 +20,26 @@ Two estimates:
 With `hidden_states.max_disk_gb` (a cap on the states held on disk at once) the plan is a WindowPlan:
 when every shard fits the cap at once, one extraction pass whose states stay for every epoch (as
 uncapped); else per epoch windows of shards whose states are extracted, trained on and deleted, so
-the disk holds at most one window, whatever the corpus size. A shard counts its states once plus the
-batch part being packed (shard_peak_bytes); its states are its traces' real bytes where its
-check_disk_budget record is up to date (traced_states: read when the workflow is parsed), else its
-upper bound from the config (every sample as long as max_seq_len), so the cap is never exceeded; a cap
-smaller than one shard's bound is refused. The cap also holds the training state files that training
-keeps (STATE_FILES_AT_ONCE: the previous window's and the current one's, draft/train.py), each the
-draft's trained fp32 weights and AdamW's two fp32 moments (`state_file_bytes`: 14.3 GB for the
-Kimi-K2.5 example's draft, a Llama draft of SpecForge's shape since it sets draft.head_dim; 10.8 GB
-for the MLA draft `draft.architecture: auto` gives that target without a head size).
+the disk holds at most one window, whatever the corpus size. A shard counts its states once (its
+parts are moved into its packed file one at a time, each deleted once written); on top, one batch part
+for each shard that may be packing at once: at most hidden_states.pack_slots of them, whatever the
+window's size (hidden_states/packing.pack_slot: a shard's packing holds one of the run's pack slots),
+so a window reserves min(pack_slots, its shards) parts (pack_reserve). A shard's states are its traces'
+real bytes where its check_disk_budget record is up to date (traced_states: read when the workflow is
+parsed), else its upper bound from the config (every sample as long as max_seq_len), so the cap is
+never exceeded; a cap smaller than one shard's bound (plus a part) is refused. The cap also holds
+the training state files that training keeps (STATE_FILES_AT_ONCE: the previous window's and the
+current one's, draft/train.py), each the draft's trained fp32 weights and AdamW's two fp32 moments
+(`state_file_bytes`: 14.3 GB for the Kimi-K2.5 example's draft, a Llama draft of SpecForge's shape
+since it sets draft.head_dim; 10.8 GB for the MLA draft `draft.architecture: auto` gives that target
+without a head size).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import json
 import logging
 import math
@@ -137,7 +142,8 @@ def part_bound_bytes(settings: Settings, hidden_size: int) -> int:
 def shard_peak_bytes(settings: Settings, hidden_size: int) -> int:
     """The most one shard takes on disk while it is extracted: its states once (the parts are moved
     into the packed file one at a time, each deleted once written: hidden_states/packing.py), plus the
-    part being moved."""
+    part being moved. A window of many shards reserves that part for at most hidden_states.pack_slots
+    of them (pack_reserve)."""
     bound = shard_bound_bytes(settings, hidden_size)
     return bound + min(part_bound_bytes(settings, hidden_size), bound)
 
@@ -199,11 +205,13 @@ def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:
 def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
-    Decided from the config alone, at parse time: floor((cap - 2S) / (B + P)), B one shard's upper
-    bound, P one batch's part and S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of
-    them). A shard is counted once: its parts are moved into the packed file one at a time and each
-    deleted once written (shard_peak_bytes), and on a cluster every shard of a window may be extracted
-    at the same time.
+    Decided from the config alone, at parse time: the most shards n with n x B + min(K, n) x P <=
+    cap - 2S, B one shard's upper bound, P one batch's part (at most B), K hidden_states.pack_slots
+    (shards packing at once) and S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of
+    them): floor((cap - 2S - K x P) / B) when that is at least K, else floor((cap - 2S) / (B + P)). A
+    shard is counted once: its parts are moved into the packed file one at a time and each deleted once
+    written (shard_peak_bytes); every shard of a window may be extracted at the same time, at most K
+    of them packing (hidden_states/packing.pack_slot).
 
     Raises:
         DiskBudgetError: the cap cannot hold one window of one shard; the message gives the numbers.
@@ -215,7 +223,11 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
     bound = shard_bound_bytes(settings, hidden_size)
     peak = shard_peak_bytes(settings, hidden_size)
     states = STATE_FILES_AT_ONCE * state_bytes
-    shards = int(max(0, cap_gb * GB - states) // peak)
+    room = max(0, cap_gb * GB - states)
+    slots = hs.pack_slots
+    shards = int(max(0, room - slots * (peak - bound)) // bound)
+    if shards < slots:  # fewer shards than pack slots: each of them may be packing at once
+        shards = int(room // peak)
     if shards < 1:
         held = (
             f" plus {STATE_FILES_AT_ONCE} training state files of {format_bytes(state_bytes)}"
@@ -432,12 +444,14 @@ def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None 
     plan = plan or _config_plan(settings, budget.hidden_size)
     if plan is None:
         return budget.total_bytes, "every shard is kept (hidden_states.max_disk_gb: null)"
-    # never more than this estimate of the corpus with a part being packed for each shard at once
-    held = min(plan.held_bytes, budget.total_bytes + plan.largest_window * plan.sizing.part)
+    # never more than this estimate of the corpus with a part for each shard that may be packing
+    held = min(plan.held_bytes, budget.total_bytes + plan.reserve_bytes)
+    slots = min(plan.sizing.pack_slots, plan.largest_window)
     why = (
         f"capped by hidden_states.max_disk_gb = {settings.hidden_states.max_disk_gb} GB: "
         f"{plan.describe()}; at most {format_bytes(plan.held_bytes)} "
-        f"({'every shard' if plan.one_pass else 'a window'}, each shard once plus a part) and "
+        f"({'every shard' if plan.one_pass else 'a window'} once, plus a part for each of the "
+        f"{slots} shard{'s' if slots != 1 else ''} packing at once: hidden_states.pack_slots) and "
         f"{STATE_FILES_AT_ONCE} training state files of {format_bytes(plan.state_file_bytes)}"
     )
     return held + STATE_FILES_AT_ONCE * plan.state_file_bytes, why
@@ -479,53 +493,79 @@ def shard_peak(states: int, part: int) -> int:
     return states + min(part, states)
 
 
-def cut_windows(order: Sequence[str], peaks: Mapping[str, int], room: int) -> list[list[str]]:
-    """Consecutive shards of `order` in windows whose peaks sum to at most `room`: each window takes
-    shards until the next would not fit (for equal shards: floor(room / peak) a window).
+def pack_reserve(states: Iterable[int], part: int, slots: int) -> int:
+    """What a window of shards of these `states` reserves on top of them for packing: at most `slots`
+    of its shards pack at once (hidden_states/packing.pack_slot), each with one part in flight of at
+    most min(part, its states); the largest `slots` of those (min(slots, shards) parts for equal ones)."""
+    return sum(heapq.nlargest(max(int(slots), 1), (min(part, s) for s in states)))
+
+
+def cut_windows(
+    order: Sequence[str], states: Mapping[str, int], room: int, part: int = 0, slots: int = 1
+) -> list[list[str]]:
+    """Consecutive shards of `order` in windows whose states, with the window's pack_reserve (`part`,
+    `slots`), take at most `room`: each window takes shards until the next would not fit (for equal
+    shards: the most n with n x states + min(slots, n) x part <= room).
 
     Raises:
-        DiskBudgetError: one shard alone does not fit `room`.
+        DiskBudgetError: one shard alone (with its part) does not fit `room`.
     """
+    slots = max(int(slots), 1)
     windows: list[list[str]] = []
     current: list[str] = []
     used = 0
+    extras: list[int] = []  # a min-heap of the window's `slots` largest parts in flight
     for shard in order:
-        peak = peaks[shard]
-        if peak > room:
+        size, extra = states[shard], min(part, states[shard])
+        if size + extra > room:
             raise DiskBudgetError(
-                f"shard {shard}: its hidden states take {format_bytes(peak)} while extracted, more than "
-                f"the {format_bytes(room)} hidden_states.max_disk_gb leaves beside the training state "
+                f"shard {shard}: its hidden states take {format_bytes(size + extra)} while extracted, more "
+                f"than the {format_bytes(room)} hidden_states.max_disk_gb leaves beside the training state "
                 "files: raise the cap or lower dataset.shard_size"
             )
-        if current and used + peak > room:
+        reserve = sum(extras)
+        grown = reserve + extra if len(extras) < slots else reserve + max(0, extra - extras[0])
+        if current and used + size + grown > room:
             windows.append(current)
-            current, used = [], 0
+            current, used, extras = [], 0, []
         current.append(shard)
-        used += peak
+        used += size
+        if len(extras) < slots:
+            heapq.heappush(extras, extra)
+        else:
+            heapq.heappushpop(extras, extra)
     if current:
         windows.append(current)
     return windows
 
 
 def sized_windows(
-    seed: int, epochs: int, shards: Sequence[str], peaks: Mapping[str, int], room: int
+    seed: int,
+    epochs: int,
+    shards: Sequence[str],
+    states: Mapping[str, int],
+    room: int,
+    part: int = 0,
+    slots: int = 1,
 ) -> list[list[list[str]]] | None:
-    """The windows of every epoch for shards of these peaks under `room` bytes: None when every shard
-    fits at once (one extraction pass, the states kept for all epochs), else per epoch epoch_order cut
-    by cut_windows, each window's shards sorted. The number of windows can differ between epochs when
-    the shards differ in size."""
-    if sum(peaks[k] for k in shards) <= room:
+    """The windows of every epoch for shards of these `states` under `room` bytes, each window with its
+    pack_reserve (`part`, `slots`; part 0: `states` are whole peaks): None when every shard fits at
+    once (one extraction pass, the states kept for all epochs), else per epoch epoch_order cut by
+    cut_windows, each window's shards sorted. The number of windows can differ between epochs when the
+    shards differ in size."""
+    if sum(states[k] for k in shards) + pack_reserve((states[k] for k in shards), part, slots) <= room:
         return None
     orders = [epoch_order(seed, e, shards) for e in range(epochs)]
-    return [[sorted(w) for w in cut_windows(order, peaks, room)] for order in orders]
+    return [[sorted(w) for w in cut_windows(order, states, room, part, slots)] for order in orders]
 
 
 @dataclass(frozen=True)
 class WindowSizing:
     """What sizes the plan under hidden_states.max_disk_gb (window_sizing; plain values, so a rule can
     pass it to a job as params): the cap, one training state file, one shard's config bound, one
-    batch's part, the epochs' seed and count, and what a shard's check_disk_budget record must have
-    been made for (hidden size, dtype, max_seq_len, overlong) to size it from its traces."""
+    batch's part, the epochs' seed and count, what a shard's check_disk_budget record must have been
+    made for (hidden size, dtype, max_seq_len, overlong) to size it from its traces, and how many
+    shards may pack at once (hidden_states.pack_slots: a window reserves a part for each)."""
 
     cap_bytes: int
     state_file_bytes: int
@@ -537,6 +577,11 @@ class WindowSizing:
     dtype: str
     max_seq_len: int
     overlong: str
+    pack_slots: int = 1
+
+    def reserve(self, states: Iterable[int]) -> int:
+        """What a window of shards of these states reserves for packing (pack_reserve)."""
+        return pack_reserve(states, self.part, self.pack_slots)
 
     @property
     def room(self) -> int:
@@ -552,9 +597,9 @@ class WindowSizing:
         traced = sum(1 for k in shards if k in known)
         if source is None:
             source = "traces" if traced == len(shards) else "config" if not traced else "traces and config"
-        peaks = {k: shard_peak(known.get(k, self.shard_bound), self.part) for k in shards}
-        windows = sized_windows(self.seed, self.epochs, shards, peaks, self.room)
-        return WindowPlan(source, list(shards), peaks, traced, windows, self)
+        sizes = {k: known.get(k, self.shard_bound) for k in shards}
+        windows = sized_windows(self.seed, self.epochs, shards, sizes, self.room, self.part, self.pack_slots)
+        return WindowPlan(source, list(shards), sizes, traced, windows, self)
 
 
 @dataclass(frozen=True)
@@ -565,7 +610,7 @@ class WindowPlan:
 
     source: str  # "config" (every shard at its bound), "traces" (their real bytes), "traces and config"
     shards: list[str]
-    shard_bytes: Mapping[str, int]  # each shard's most on disk while extracted (shard_peak)
+    shard_bytes: Mapping[str, int]  # each shard's states (a window adds WindowSizing.reserve)
     traced: int  # shards sized from their traces
     windows: list[list[list[str]]] | None
     sizing: WindowSizing
@@ -600,12 +645,23 @@ class WindowPlan:
             return len(self.shards)
         return max(len(window) for windows in self.windows for window in windows)
 
+    def _scopes(self) -> list[list[str]]:
+        """The shards on disk together: every shard in one pass, else each window."""
+        return [list(self.shards)] if self.windows is None else [w for ws in self.windows for w in ws]
+
     @property
     def held_bytes(self) -> int:
-        """The most the states take at once: every shard's peak in one pass, else the largest window's."""
-        if self.windows is None:
-            return sum(self.shard_bytes.values())
-        return max(sum(self.shard_bytes[k] for k in w) for windows in self.windows for w in windows)
+        """The most the states take at once: every shard's states in one pass, else the largest
+        window's, with their parts in flight (WindowSizing.reserve: at most pack_slots shards pack)."""
+        return max(
+            sum(self.shard_bytes[k] for k in w) + self.sizing.reserve(self.shard_bytes[k] for k in w)
+            for w in self._scopes()
+        )
+
+    @property
+    def reserve_bytes(self) -> int:
+        """The most any window (or the one pass) reserves for the parts being packed at once."""
+        return max(self.sizing.reserve(self.shard_bytes[k] for k in w) for w in self._scopes())
 
     def describe(self) -> str:
         """One phrase: what the plan does and where its sizes came from."""
@@ -636,6 +692,8 @@ class WindowPlan:
             "traced": self.traced,
             "largest_window": self.largest_window,
             "held_bytes": self.held_bytes,
+            "pack_slots": self.sizing.pack_slots,
+            "reserve_bytes": self.reserve_bytes,
             "room": self.room,
             "state_file_bytes": self.state_file_bytes,
             "windows": self.windows,
@@ -664,6 +722,7 @@ def window_sizing(settings: Settings, hidden_size: int) -> WindowSizing | None:
         dtype=hs.dtype,
         max_seq_len=hs.max_seq_len,
         overlong=hs.overlong,
+        pack_slots=hs.pack_slots,
     )
 
 

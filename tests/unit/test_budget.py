@@ -205,13 +205,16 @@ def test_a_run_prints_the_upper_bound_as_it_starts(tmp_path, monkeypatch):
     assert "upper bound does not fit" in short and "3.00 TB free" in short and "check_disk_budget" in short
 
 
-def _capped(cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048) -> Settings:
+def _capped(
+    cap_gb: float | None, shard_size: int = 64, max_seq_len: int = 2048, pack_slots: int = 4
+) -> Settings:
+    hidden_states = {"max_seq_len": max_seq_len, "dtype": "bfloat16", "max_disk_gb": cap_gb}
     return section(
         Settings,
         {
             "dataset": {"path": "d.jsonl", "num_samples": 512, "shard_size": shard_size},
             "generation": {"max_tokens": 2048},
-            "hidden_states": {"max_seq_len": max_seq_len, "dtype": "bfloat16", "max_disk_gb": cap_gb},
+            "hidden_states": {**hidden_states, "pack_slots": pack_slots},
             "train": {"epochs": 3},
             "target": {"model": "/absent"},
             "demo": {"enabled": True},
@@ -228,7 +231,7 @@ def test_windows_are_sized_from_the_config_counting_each_shard_once():
     assert shard_peak_bytes(_capped(None), 128) == bound + part == 152_322_048
     assert window_shards(_capped(None), 128) is None  # no cap: no windows
     assert window_shards(_capped(2 * bound / GB), 128) == 1
-    assert window_shards(_capped(5 * bound / GB), 128) == 4  # floor(5B / (B + part))
+    assert window_shards(_capped(5 * bound / GB), 128) == 4  # floor((5B - 4 parts) / B): 4 pack slots
     peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_settings(_capped(None), 128))
     state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
     assert peak == 4 * (bound + part) + 2 * state <= 5 * bound and "windows of at most 4 shards" in why
@@ -247,18 +250,59 @@ def test_a_cap_below_one_shard_is_refused_with_the_numbers():
 def test_the_kimi_example_cap_holds_windows_of_34_shards():
     config = check_config(yaml.safe_load(Path(KIMI_CONFIG).read_text()), SCHEMA)
     settings = build_settings(config)
-    assert settings.hidden_states.max_disk_gb == 4100
-    shard = 200 * 10240 * 57353 + 32768 * 57353  # 117.46 GB once, plus a 1.88 GB part being packed
-    assert window_shards(settings, 7168) == 34  # 4,100 GB / 119.34 GB, without state files
+    assert settings.hidden_states.max_disk_gb == 4100 and settings.hidden_states.pack_slots == 4
+    bound, part = 200 * 10240 * 57353, 32768 * 57353  # 117.46 GB a shard, a 1.88 GB part being packed
+    # 34 shards once plus 4 parts (at most hidden_states.pack_slots pack at once): (4,100 - 7.52) / 117.46
+    assert window_shards(settings, 7168) == 34
     state = parse_time_state_bytes(settings, 7168)  # no weights at hand: the bound from the hidden size
-    assert capped_window_shards(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB) / 119.34 GB
-    with_4080 = check_config(
-        {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4080}}, SCHEMA
+    assert capped_window_shards(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB - 7.52 GB) / 117.46 GB
+    with_4020 = check_config(
+        {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4020}}, SCHEMA
     )
-    assert window_shards(build_settings(with_4080), 7168) == 34
-    assert capped_window_shards(build_settings(with_4080), 7168) == 33  # the state files cost a shard
+    assert window_shards(build_settings(with_4020), 7168) == 34  # (4,020 - 7.52) / 117.46 = 34.2
+    assert capped_window_shards(build_settings(with_4020), 7168) == 33  # the state files cost a shard
     peak, _ = on_disk_at_once(settings, estimate_from_settings(settings, 7168))
-    assert peak == 34 * shard + 2 * state <= 4100 * GB
+    assert peak == 34 * bound + 4 * part + 2 * state <= 4100 * GB
+
+
+def test_a_window_reserves_a_part_for_each_pack_slot_not_each_shard():
+    from eagle3_pipeline.budget import cut_windows, pack_reserve, sized_windows
+
+    assert pack_reserve([100] * 10, 7, 4) == 4 * 7  # min(slots, shards) parts
+    assert pack_reserve([100] * 3, 7, 4) == 3 * 7
+    assert pack_reserve([5, 100, 3, 100], 7, 2) == 7 + 7  # the largest parts in flight: min(part, states)
+    assert pack_reserve([5, 3], 7, 4) == 5 + 3  # a part is never more than its shard's states
+    shards = [f"{k:05d}" for k in range(10)]
+    states = dict.fromkeys(shards, 100)
+    # every shard at once: 1,000 B + 4 parts of 7 = 1,028; one part per shard would be 1,070
+    assert sized_windows(0, 2, shards, states, 1028, part=7, slots=4) is None
+    assert sized_windows(0, 2, shards, states, 1027, part=7, slots=4) is not None  # a byte short
+    assert sized_windows(0, 2, shards, states, 1028, part=7, slots=10) is not None  # 10 packing: 1,070
+    # windows: the most n with 100 n + 7 min(4, n) <= room
+    assert [len(w) for w in cut_windows(shards, states, 528, part=7, slots=4)] == [5, 5]
+    assert [len(w) for w in cut_windows(shards, states, 527, part=7, slots=4)] == [4, 4, 2]
+    assert [len(w) for w in cut_windows(shards, states, 321, part=7, slots=4)] == [3, 3, 3, 1]
+    with pytest.raises(DiskBudgetError, match="shard 00000"):
+        cut_windows(shards, states, 106, part=7, slots=4)  # one shard and its part: 107
+
+
+def test_the_plan_reserves_min_of_pack_slots_and_shards_parts():
+    from eagle3_pipeline.budget import window_plan
+
+    bound = shard_bound_bytes(_capped(None), 128)
+    part = 16384 * (4 * 128 * 2 + 9)
+    state = parse_time_state_bytes(_capped(None), 128)
+    shards = [f"{k:05d}" for k in range(8)]  # 512 samples in shards of 64
+    cap = (8 * bound + 4 * part + 2 * state) / GB + 1e-6  # every shard, 4 parts: one pass at 4 slots
+    plan = window_plan(_capped(cap), 128, shards)
+    assert plan.one_pass and plan.sizing.pack_slots == 4 and plan.reserve_bytes == 4 * part
+    assert plan.held_bytes == 8 * bound + 4 * part and plan.to_json()["pack_slots"] == 4
+    peak, why = on_disk_at_once(_capped(cap), estimate_from_settings(_capped(None), 128), plan)
+    assert peak == 8 * bound + 4 * part + 2 * state and "the 4 shards packing at once" in why
+    eight = _capped(cap, pack_slots=8)  # every shard may pack at once: a part each, windows again
+    assert not window_plan(eight, 128, shards).one_pass
+    one = window_plan(_capped(cap, pack_slots=1), 128, shards)
+    assert one.one_pass and one.reserve_bytes == part
 
 
 def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp_path):
@@ -392,18 +436,20 @@ def test_windows_are_cut_from_each_shards_own_bytes():
 def test_a_cap_that_holds_every_shard_extracts_once():
     from eagle3_pipeline.budget import window_plan
 
-    shard = shard_peak_bytes(_capped(None), 128)
+    bound = shard_bound_bytes(_capped(None), 128)
+    part = 16384 * (4 * 128 * 2 + 9)  # 4 of them in flight: hidden_states.pack_slots
+    shard = 8 * bound + 4 * part  # every shard once, 4 packing at once
     state = parse_time_state_bytes(_capped(None), 128)
     shards = [f"{k:05d}" for k in range(8)]  # 512 samples in shards of 64
-    holds = window_plan(_capped((8 * shard + 2 * state) / GB + 1e-6), 128, shards)
+    holds = window_plan(_capped((shard + 2 * state) / GB + 1e-6), 128, shards)
     assert holds.one_pass and holds.windows is None and holds.source == "config"
     assert holds.engine_scopes == 1 and holds.extraction_passes == 1  # 1 start, 1 pass
-    assert holds.held_bytes == 8 * shard and holds.largest_window == 8
+    assert holds.held_bytes == shard and holds.largest_window == 8
     corpus = estimate_from_settings(_capped(None), 128)
-    peak, why = on_disk_at_once(_capped((8 * shard + 2 * state) / GB + 1e-6), corpus, holds)
-    assert peak == 8 * shard + 2 * state
+    peak, why = on_disk_at_once(_capped((shard + 2 * state) / GB + 1e-6), corpus, holds)
+    assert peak == shard + 2 * state
     assert "every shard fits at once" in why and "one extraction pass" in why
-    short = window_plan(_capped((8 * shard + 2 * state - 1) / GB), 128, shards)  # a byte short: windows
+    short = window_plan(_capped((shard + 2 * state - 1) / GB), 128, shards)  # a byte short: windows
     assert not short.one_pass and short.engine_scopes == 3 * 2 and short.extraction_passes == 3  # 7 + 1
     assert window_plan(_capped(None), 128, shards) is None  # uncapped: no plan, every shard kept
 
@@ -469,7 +515,7 @@ def test_the_plan_sizes_checked_shards_from_their_traces(tmp_path):
         _record(tmp_path, k, 40_000_000)
     after = window_plan(config, 128, shards, tmp_path)
     part = 16384 * (4 * 128 * 2 + 9)
-    assert after.source == "traces" and after.one_pass and after.held_bytes == 8 * (40_000_000 + part)
+    assert after.source == "traces" and after.one_pass and after.held_bytes == 8 * 40_000_000 + 4 * part
     assert "every shard fits at once (each shard from its traces)" in after.describe()
 
 

@@ -31,31 +31,35 @@ def test_the_kimi_example_prints_the_expected_plan_beside_the_bound(capsys, tmp_
     assert out["plan_bound"]["window_shards"] == 34 and out["plan_bound"]["extraction_jobs"] == 1000
     assert out["tokens_bound"] == 10 * 20000 * 8704  # every sample at min(512 + 8192, max_seq_len)
     # the plan, labelled an estimate: completions of 3,000 tokens make a shard 200 x 3,512 x 57,353 B =
-    # 40.28 GB, 42.16 GB with its part being packed; 4,100 GB less 2 state files holds 96 of the 100
-    # shards, so still 2 windows an epoch (the corpus alone, 4.03 TB, would fit; its parts do not)
+    # 40.28 GB; the corpus (4.03 TB) and a 1.88 GB part for each of the 4 shards packing at once
+    # (hidden_states.pack_slots), 4.04 TB, fit the 4,066 GB that 4,100 GB leaves beside 2 state files:
+    # one pass, 1 engine start (a part for each of the 100 shards, 0.19 TB more, did not fit: 20 starts)
     assert out["plan_source"] == "expected" and "estimate" in out["plan_basis"]
     assert "every completion 3,000 tokens" in out["plan_basis"]
-    assert out["engine_starts"] == 20 and out["extraction_passes"] == 10
-    assert out["plan"]["window_shards"] == 96 and not out["plan"]["one_pass"]
-    assert out["tokens"] == 10 * 20000 * 3512
+    assert out["engine_starts"] == 1 and out["extraction_passes"] == 1
+    assert out["plan"]["one_pass"] and out["plan"]["extraction_jobs"] == 100
+    assert out["tokens"] == 20000 * 3512
     for peak in (out["disk_peak_bytes"], out["disk_peak_bytes_bound"]):
         assert peak <= 4100 * 10**9 + out["staging_bytes"]
     assert 0 < out["gpu_hours_low"] < out["gpu_hours_high"]
     low, high = out["assumptions"], out["assumptions"]
-    expected = 8 * (20 * low["start_s_fast"] + out["tokens"] / low["tokens_per_s_fast"]) / 3600
+    expected = 8 * (1 * low["start_s_fast"] + out["tokens"] / low["tokens_per_s_fast"]) / 3600
     assert out["gpu_hours_low"] == round(expected, 1)
     expected = 8 * (30 * high["start_s_slow"] + out["tokens_bound"] / high["tokens_per_s_slow"]) / 3600
     assert out["gpu_hours_high"] == round(expected, 1)
 
 
-def test_shorter_expected_replies_fit_the_cap_in_one_pass(capsys, tmp_path):
-    # at 2,850 completion tokens every shard fits the 4,100 GB at once (with its part and the state
-    # files): one engine start, one extraction pass, the states kept for every epoch
-    assert cost.main([str(KIMI), "--results", str(tmp_path), "--completion-tokens", "2850"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["engine_starts"] == 1 and out["extraction_passes"] == 1 and out["plan"]["one_pass"]
-    assert out["plan"]["extraction_jobs"] == 100 and out["tokens"] == 20000 * 3362
-    assert out["engine_starts_bound"] == 30  # the bound is the config's, whatever the assumption
+def test_longer_expected_replies_need_windows(capsys, tmp_path):
+    # up to 3,026 completion tokens every shard fits the 4,100 GB at once (with 4 parts being packed
+    # and the state files): one engine start, one extraction pass, the states kept for every epoch;
+    # from 3,027 windows, 99 shards and then 1, once per epoch
+    for completion, starts in ((3026, 1), (3027, 20)):
+        args = [str(KIMI), "--results", str(tmp_path), "--completion-tokens", str(completion)]
+        assert cost.main(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["engine_starts"] == starts and out["plan"]["one_pass"] == (starts == 1)
+        assert out["engine_starts_bound"] == 30  # the bound is the config's, whatever the assumption
+    assert out["plan"]["window_shards"] == 99 and out["tokens"] == 10 * 20000 * 3539
 
 
 def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):
@@ -64,7 +68,7 @@ def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):
     slurm = str(REPO / "profiles" / "slurm")
     assert cost.main([str(KIMI), "--profile", slurm, "--results", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["executor"] == "slurm" and out["engine_starts"] == 20 and out["engine_starts_bound"] == 30
+    assert out["executor"] == "slurm" and out["engine_starts"] == 1 and out["engine_starts_bound"] == 30
     assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["executor"] == "local"
 
@@ -99,7 +103,8 @@ def test_once_the_traces_are_checked_the_plan_is_theirs(capsys, tmp_path):
     assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan_source"] == "traces" and out["extraction_passes"] == 10
-    assert out["engine_starts"] == 10 * 2 and out["plan"]["window_shards"] == 57  # 4,066 GB / 70.7 GB a shard
+    # (4,066 GB - 4 parts of 1.88 GB) / 68.82 GB a shard: windows of 58
+    assert out["engine_starts"] == 10 * 2 and out["plan"]["window_shards"] == 58
 
 
 def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
@@ -114,7 +119,8 @@ def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():
 
 def test_the_transformers_backend_loads_the_target_once_per_job():
     settings = _settings(KIMI, hidden_states={"backend": "transformers"})
-    assert cost.estimate(settings, 7168)["engine_starts"] == 1000
+    out = cost.estimate(settings, 7168)
+    assert out["engine_starts"] == 100 and out["engine_starts_bound"] == 1000  # one pass; 10 at the bound
 
 
 def test_assumptions_are_stated_and_overridable(capsys):

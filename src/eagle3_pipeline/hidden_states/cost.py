@@ -23,8 +23,9 @@ high-water mark) and GPU hours between two stated throughput assumptions, for tw
 - extraction passes: 1 (uncapped, or a cap that holds every shard), else `train.epochs` (each epoch
   extracts every window again).
 - tokens: every pass over every sample at the plan's lengths.
-- disk_peak_bytes: budget.on_disk_at_once under the plan (a shard counted once, plus the part being
-  packed; the training state files), plus the engine's staging window.
+- disk_peak_bytes: budget.on_disk_at_once under the plan (a shard counted once, plus a part being
+  packed for each of at most hidden_states.pack_slots shards; the training state files), plus the
+  engine's staging window.
 
 GPU hours = GPUs x (starts x start time + tokens / prefill throughput): low for the plan with the fast
 assumptions, high for the bound with the slow ones. Training is not included.
