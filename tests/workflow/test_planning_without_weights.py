@@ -3,9 +3,10 @@
 The commands run exactly as README.md and docs/cluster.md write them, through bash in a scratch copy of
 the repository (its own results/ and .snakemake/), on a machine without /models/Kimi-K2.5 (the example's
 target.model): the dry run (with profiles/slurm: tests/workflow/test_profiles.py, the same plan through
-the plugin's code), the disk budget and `make cost` plan from the config (target.hidden_size sizes the disk cap's windows). A real run stops at once at rule
-require_target_weights, naming the folder; without target.hidden_size the error names the key and the
-file looked for. Where the weights are, nothing of this is planned (tests/workflow/test_planning.py).
+the plugin's code), the disk budget and `make cost` plan from the config (target.hidden_size sizes the
+disk cap's windows). A real run stops at once at rule require_target_weights, naming the folder;
+without target.hidden_size the error names the key and the file looked for. Where the weights are,
+nothing of this is planned (tests/workflow/test_planning.py).
 """
 
 from __future__ import annotations
