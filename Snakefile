@@ -26,8 +26,12 @@
 from snakemake.utils import min_version
 
 from eagle3_pipeline.fixes import print_failures
+from eagle3_pipeline.snakemake_groups_fix import install as check_each_group_once
 
 min_version("9.0")
+# Snakemake 9 checks a job group once per member (n^2 walks): most of a large plan's time with the
+# extraction engine's groups (src/eagle3_pipeline/snakemake_groups_fix.py)
+check_each_group_once()
 
 
 configfile: "config/config.yaml"
