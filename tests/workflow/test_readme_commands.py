@@ -35,8 +35,8 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     ),
     f"make plan CONFIG={KIMI}": ("tests/workflow/test_planning_without_weights.py", "make -n plan there"),
     f"snakemake -n --workflow-profile profiles/slurm --configfile {KIMI}": (
-        "tests/workflow/test_planning_without_weights.py",
-        "the SLURM profile's dry run there",
+        "tests/workflow/test_profiles.py",
+        "the SLURM profile's plan of the example without its weights there, through the plugin's code",
     ),
     f"python -m eagle3_pipeline.budget {KIMI}": (
         "tests/workflow/test_planning_without_weights.py",
@@ -52,8 +52,8 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
         "the example's plan from a copy; its job count is checked here on the --resources line",
     ),
     "snakemake --workflow-profile profiles/slurm --configfile config/kimi.yaml": (
-        "tests/workflow/test_planning_without_weights.py",
-        "the SLURM profile's dry run of the example",
+        "tests/workflow/test_profiles.py",
+        "the SLURM profile's plan of the example (its sbatch lines)",
     ),
 }
 
