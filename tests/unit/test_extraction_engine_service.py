@@ -144,3 +144,21 @@ def test_an_engine_session_that_outlives_the_timeout_is_left_with_a_warning(tmp_
         assert "still has processes" in caplog.text
     finally:
         os.killpg(session.pid, 9)
+
+
+def test_client_slots_on_a_filesystem_without_flock_fail_naming_it(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    import pytest
+
+    def refuse(handle: object, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)  # once waited forever, taking it for a held slot
+    with (
+        pytest.raises(engine.EngineError, match="must support flock") as raised,
+        engine.client_slot(tmp_path, 2),
+    ):
+        pass
+    assert str(tmp_path / "slots") in str(raised.value)

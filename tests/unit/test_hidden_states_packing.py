@@ -133,3 +133,10 @@ def test_a_shard_is_packed_holding_a_slot(tmp_path, monkeypatch):
     assert packing.finish_shard(settings, plan) == meta and seen == [meta]
     with packing.pack_slot(folder, 1) as slot:  # given back once packed
         assert slot == 0
+
+
+def test_an_error_of_the_packing_itself_is_not_taken_for_a_lock_failure(tmp_path):
+    # a full disk while the parts are moved is that error, not "the filesystem must support flock"
+    with pytest.raises(OSError) as raised, packing.pack_slot(tmp_path, 1):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert raised.type is OSError and raised.value.errno == errno.ENOSPC

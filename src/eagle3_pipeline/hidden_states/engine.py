@@ -58,6 +58,7 @@ from typing import Any
 from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import engine_health
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.locks import SlotLockError, held_slot
 from eagle3_pipeline.server.process_identity import pid_alive
 
 log = logging.getLogger(__name__)
@@ -456,22 +457,13 @@ def client_slot(directory: Path, slots: int) -> Iterator[int]:
     `slots` requests are in the engine's queue, the next queued as soon as one is done (flock: released
     when the client exits, however it exits)."""
     folder = Path(directory) / "slots"
-    folder.mkdir(parents=True, exist_ok=True)
-    while True:
-        for slot in range(max(int(slots), 1)):
-            handle = open(folder / f"slot-{slot}", "a")  # noqa: SIM115 - held until the block ends
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.close()
-                continue
-            try:
-                yield slot
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                handle.close()
-            return
-        time.sleep(POLL_S)
+    try:
+        with held_slot(folder, slots, POLL_S) as slot:
+            yield slot
+    except SlotLockError as err:
+        raise EngineError(
+            f"{folder}: cannot lock a client slot ({err}): the results filesystem must support flock"
+        ) from err
 
 
 class _Terminated(Exception):

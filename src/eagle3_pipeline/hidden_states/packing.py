@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.parts import packed_mark, part_path
 from eagle3_pipeline.hidden_states.plan import ShardPlan
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
+from eagle3_pipeline.locks import SlotLockError, held_slot
 from eagle3_pipeline.settings import HiddenStatesSettings
 
 log = logging.getLogger(__name__)
@@ -53,33 +53,17 @@ def pack_slot(folder: Path | None, slots: int) -> Iterator[int | None]:
     if folder is None:
         yield None
         return
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    while True:
-        for slot in range(max(int(slots), 1)):
-            handle = open(folder / f"slot-{slot}", "a")  # noqa: SIM115 - held until the block ends
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # held by another job
-                handle.close()
-                continue
-            except OSError as err:
-                handle.close()
-                raise PackSlotError(
-                    f"{folder}: cannot lock a pack slot ({err}): the results filesystem must support flock "
-                    "(hidden_states.pack_slots; on Lustre mount with -o flock)"
-                ) from err
-            waited = time.monotonic() - started
-            if waited >= 1:
+    try:
+        with held_slot(Path(folder), slots, PACK_POLL_S) as slot:
+            if (waited := time.monotonic() - started) >= 1:
                 log.info("pack slot %d of %d after %.1f s waiting", slot, slots, waited)
-            try:
-                yield slot
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                handle.close()
-            return
-        time.sleep(PACK_POLL_S)
+            yield slot
+    except SlotLockError as err:
+        raise PackSlotError(
+            f"{folder}: cannot lock a pack slot ({err}): the results filesystem must support flock "
+            "(hidden_states.pack_slots; on Lustre mount with -o flock)"
+        ) from err
 
 
 def token_counts(seqs: list[TrainingSequence]) -> dict[str, int]:
