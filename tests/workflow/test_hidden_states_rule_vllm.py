@@ -22,6 +22,7 @@ from support.workflow import REPO as WORKFLOW_REPO
 from support.workflow import extraction_rule_command, run_extraction_rule
 
 from eagle3_pipeline.hidden_states import HiddenStateShard
+from eagle3_pipeline.hidden_states.engine import SERVICE_STOP_S
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -129,8 +130,9 @@ def engine_processes(folder: Path) -> list[int]:
 def test_sigterm_to_snakemake_during_extraction_leaves_no_engine(hs_target, hs_tokenizer, tmp_path):
     """Issue 37: snakemake stopped by SIGTERM while its extraction jobs run: Snakemake lets the running
     jobs finish, ends the engine job, and no engine process (nor one of its session) survives it."""
-    results = write_inputs(tmp_path, hs_tokenizer, samples=12)
-    write_config(tmp_path, hs_target, batch_tokens=64)  # many small batches: extraction takes a while
+    # many small batches, so that extraction takes a while (12 samples took 0.1 s on an AMX host)
+    results = write_inputs(tmp_path, hs_tokenizer, samples=120)
+    write_config(tmp_path, hs_target, batch_tokens=64)
     folder = results / "work" / "hidden_states" / "engine"
     targets = [f"results/t/hidden_states/{s}/shard-00000.safetensors" for s in ("train", "validation")]
     command, env = extraction_rule_command(tmp_path, targets)
@@ -154,7 +156,20 @@ def test_sigterm_to_snakemake_during_extraction_leaves_no_engine(hs_target, hs_t
             process.kill()
     assert "Will exit after finishing currently running jobs" in output, output[-4000:]
     assert "Terminating service job" in output, output[-4000:]
-    time.sleep(1)  # the engine's session goes with SIGKILL: a moment for the kernel to reap it
+    # Snakemake signals the engine job, or (when it exits first: the client may finish as the SIGTERM
+    # comes) the job's parent-death signal does; the job stops its engine (at most SERVICE_STOP_S,
+    # then the session is killed)
+    deadline = time.monotonic() + 2 * SERVICE_STOP_S + 20
+    while (engine_processes(folder) or session_alive(int(info["pid"]))) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert engine_processes(folder) == [], "an engine process outlived snakemake"
     with pytest.raises(ProcessLookupError):
         os.killpg(int(info["pid"]), 0)  # nothing left of the engine's session (vLLM's processes)
+
+
+def session_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -129,9 +129,10 @@ def log_tail(directory: Path, lines: int = 40, info: dict[str, Any] | None = Non
         return "(no engine log)"
 
 
-def _die_with_parent() -> None:
-    """In the engine process before it runs (Linux): SIGTERM when the job that started it dies, even
-    by SIGKILL (the worker then kills its own session: its vLLM processes with it)."""
+def die_with_parent() -> None:
+    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux): in the engine process
+    before it runs (the worker then kills its own session: its vLLM processes with it), and in the
+    engine job under Snakemake (engine_job.main: the engine is stopped when snakemake is gone)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -160,7 +161,7 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
             stdout=sink,
             stderr=sink,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, no lock taken
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, no lock taken
         )
     info = {
         "start_id": start_id,

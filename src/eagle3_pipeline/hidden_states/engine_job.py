@@ -15,9 +15,11 @@ until that SIGTERM (engine.serve), then writes its report.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
+from eagle3_pipeline.hidden_states.engine import die_with_parent
 from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.settings import HiddenStatesSettings, as_params, section
 
@@ -40,6 +42,13 @@ def main(argv: list[str]) -> int:
         print(usage, file=sys.stderr)  # noqa: T201
         return 2
     job, target_config, server_json, log = json.loads(argv[0]), argv[1], argv[2], argv[3]
+    # Snakemake ends a service job by a signal once its consumers are done, but a snakemake that exits
+    # first (a SIGTERM to it as its last consumer finished) may never send it: the job's own parent
+    # death does (serve() then stops the engine); a parent gone before the call means the same
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:
+        return 1
     setup_logging(log, "serve_extraction_engine")
     from eagle3_pipeline.hidden_states.vllm_extraction import serve_engine  # torch: after the log is set
 
