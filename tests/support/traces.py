@@ -162,3 +162,22 @@ def generation_shards(tmp_path: Path) -> list[Path]:
 def server_identity(tmp_path: Path) -> Path:
     """identity.json matching the rows of `generation_shards`."""
     return write_identity(tmp_path / "server" / "identity.json")
+
+
+def checked_traces(results: Path, shards: int, record: dict) -> None:
+    """Every shard's traces (empty files: a disk-cap plan reads only their times) and its
+    check_disk_budget `record`, newer than its traces, as a run that generated and checked them leaves
+    them under `results` (results/{run})."""
+    import json
+    import os
+
+    for k in range(shards):
+        for split in ("train", "validation"):
+            trace = results / "traces" / "shards" / split / f"shard-{k:05d}.parquet"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_bytes(b"")
+            os.utime(trace, ns=(10**18, 10**18))
+        path = results / "budget" / "hidden_states" / f"shard-{k:05d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+        os.utime(path, ns=(10**18 + 1, 10**18 + 1))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import yaml
+from support.traces import checked_traces
 
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.hidden_states import cost
@@ -74,21 +75,9 @@ def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):
 
 
 def _checked_traces(results: Path, shards: int, tokens: int) -> None:
-    """Every shard's traces (empty: only their times count) and check_disk_budget record, as a run
-    leaves them: `tokens` tokens a shard at Kimi-K2.5's 57,353 B a token."""
-    import os
-
-    for k in range(shards):
-        for split in ("train", "validation"):
-            trace = results / "traces" / "shards" / split / f"shard-{k:05d}.parquet"
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            trace.write_bytes(b"")
-            os.utime(trace, ns=(10**18, 10**18))
-        record = results / "budget" / "hidden_states" / f"shard-{k:05d}.json"
-        record.parent.mkdir(parents=True, exist_ok=True)
-        made = {"hidden_size": 7168, "dtype": "bfloat16", "max_seq_len": 10240, "overlong": "truncate"}
-        record.write_text(json.dumps({"tokens": tokens, "total_bytes": tokens * 57353, **made}))
-        os.utime(record, ns=(10**18 + 1, 10**18 + 1))
+    """support.traces.checked_traces: `tokens` tokens a shard at Kimi-K2.5's 57,353 B a token."""
+    made = {"hidden_size": 7168, "dtype": "bfloat16", "max_seq_len": 10240, "overlong": "truncate"}
+    checked_traces(results, shards, {"tokens": tokens, "total_bytes": tokens * 57353, **made})
 
 
 def test_once_the_traces_are_checked_the_plan_is_theirs(capsys, tmp_path):

@@ -6,12 +6,11 @@ exist here, so a dry run that tried SSH, HTTP or the hub at parse time would fai
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from pathlib import Path
 
 import yaml
+from support.traces import checked_traces
 from support.workflow import (
     DEMO_CONFIG,
     KIMI_CONFIG,
@@ -119,22 +118,11 @@ def test_a_cap_that_holds_every_shard_plans_one_extraction_pass(tmp_path):
 
 
 def _checked_traces(workdir: Path, run: str, shards: int, total_bytes: int) -> None:
-    """Every shard's traces (empty files: the plan reads their times) and its check_disk_budget record
-    (the real bytes of its states), newer than its traces, as a run that generated them leaves them."""
+    """support.traces.checked_traces with the demo target's record: `total_bytes` a shard."""
     hidden_states = yaml.safe_load(DEMO_CONFIG.read_text())["hidden_states"]
     made = {"hidden_size": 128, "dtype": "bfloat16"}  # the demo target's
     made |= {key: hidden_states[key] for key in ("max_seq_len", "overlong")}
-    results = workdir / "results" / run
-    for k in range(shards):
-        for split in ("train", "validation"):
-            trace = results / "traces" / "shards" / split / f"shard-{k:05d}.parquet"
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            trace.write_bytes(b"")
-            os.utime(trace, ns=(10**18, 10**18))
-        record = results / "budget" / "hidden_states" / f"shard-{k:05d}.json"
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"total_bytes": total_bytes, **made}))
-        os.utime(record, ns=(10**18 + 1, 10**18 + 1))
+    checked_traces(workdir / "results" / run, shards, {"total_bytes": total_bytes, **made})
 
 
 def test_the_checked_traces_size_the_plan(tmp_path):
