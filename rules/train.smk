@@ -47,14 +47,18 @@ EPOCH_CHECKPOINTS = [
 KEPT = {"checkpoint_epochs": KEPT_EPOCHS} if KEPT_EPOCHS else {}
 KEPT_OUTPUTS = {"checkpoints": EPOCH_CHECKPOINTS} if KEPT_EPOCHS else {}
 # under a cap, the finishing rule also reads where the windows kept them
-KEPT_FINISH = KEPT | {"work": f"{WORK}/train"} if KEPT_EPOCHS else {}
+KEPT_FINISH = KEPT | {"work": f"{WORK}/{{variant}}train"} if KEPT_EPOCHS else {}
 
 
 rule vocab_map:
     input:
-        # under a cap no state exists before training starts: count from the traces instead
+        # under a cap no state exists before training starts: count from the variant's training traces
         **(
-            {"traces": TRAIN_TRACES}
+            {
+                "traces": variant_files(
+                    f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet"
+                )
+            }
             if WINDOW
             else {
                 "metadata": variant_files(
@@ -78,17 +82,18 @@ rule vocab_map:
 
 if WINDOW:
 
+    # per draft ({variant}: the main draft and each learning-curve point), its windows' batches
     rule plan_windows:
         input:
             traces=TRAIN_TRACES,
         output:
-            f"{RESULTS}/draft/windows/plan.json",
+            f"{RESULTS}/{{variant}}draft/windows/plan.json",
         log:
-            f"{LOGS}/plan_windows.log",
+            f"{LOGS}/{{variant}}plan_windows.log",
         conda:
             "../envs/pipeline.yaml"
         params:
-            windows=EPOCH_WINDOWS,
+            windows=get_draft_windows,  # per epoch, per window of the draft, its shard entries
             train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
             lengths=LENGTHS,
             # input.traces' shard ids: known here, not parsed back out of the paths
@@ -103,13 +108,13 @@ if WINDOW:
             validation_states=window_hidden_states("validation"),
             previous=get_previous_window_training_state,
             plan=rules.plan_windows.output,
-            vocab_map=variant_output(rules.vocab_map.output[0], ""),  # the main draft
+            vocab_map=rules.vocab_map.output,
             target=get_target_config(),
             corpus=rules.merge_traces.output.stats,
         output:
-            state=temp(window_training_state("{epoch}", "{window}")),
+            state=temp(window_training_state("{epoch}", "{window}", "{variant}")),
         log:
-            f"{LOGS}/train_draft_window/epoch-{{epoch}}/{{window}}.log",
+            f"{LOGS}/{{variant}}train_draft_window/epoch-{{epoch}}/{{window}}.log",
         conda:
             "../envs/pipeline.yaml"
         threads: 1  # as train_draft
@@ -121,9 +126,10 @@ if WINDOW:
             train=TRAIN_PARAMS,
             # with the window's shard ids, which the job checks against the plan's
             runtime=get_window_training_runtime,
-            # also the main-process port's key: the same for every window (they run one at a time)
-            work=f"{WORK}/train",
-            windows=get_window_count,  # in its epoch: its last one ends the epoch
+            # also the main-process port's key: the same for every window of a draft (they run one
+            # at a time), another for each draft
+            work=f"{WORK}/{{variant}}train",
+            windows=get_window_count,  # the draft's in its epoch: its last one ends the epoch
         script:
             # a job file under work/ run by `accelerate launch` (eagle3_pipeline.launch)
             "../scripts/train_draft_window.py"
@@ -133,12 +139,12 @@ if WINDOW:
 
     rule train_draft:
         input:
-            state=last_window_training_state(),
+            state=get_last_window_training_state,
             vocab_map=rules.vocab_map.output,
             target=get_target_config(),
         output:
             **KEPT_OUTPUTS,
-            # {variant}: the main draft only (the baseline is not trained in windows)
+            # {variant}: the main draft and the learning-curve points (the baseline is refused under a cap)
             weights=f"{RESULTS}/{{variant}}draft/trained/model.safetensors",
             history=f"{RESULTS}/{{variant}}draft/trained/history.json",
         log:

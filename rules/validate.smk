@@ -108,7 +108,8 @@ if CURVE_POINTS:
         input:
             **CURVE_INPUTS,
             full_history=variant_output(rules.train_draft.output.history, ""),
-            metadata=shard_files(f"{RESULTS}/hidden_states/train/shard-{{shard}}.json"),
+            # under a cap in windows, the first epoch's (each epoch's are the same)
+            metadata=shard_files(f"{STATES.format(epoch=0)}/train/shard-{{shard}}.json"),
         output:
             f"{RESULTS}/validation/learning_curve.json",
         log:

@@ -1,6 +1,6 @@
 # The draft variants ({variant}): the main draft, the baseline, the learning-curve points; whose
 # states each trains on and which epochs training keeps.
-from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.budget import DraftWindows
 from eagle3_pipeline.validate.learning_curve import (
     curve_points,
     cycled_shards,
@@ -24,12 +24,6 @@ VARIANTS = ["", BASELINE] if SETTINGS.validate.baseline else [""]
 CURVE_POINTS = curve_points(SETTINGS.validate.learning_curve, len(SHARDS))
 CURVE = {variant_name(k, len(SHARDS)): k for k in CURVE_POINTS if k < len(SHARDS)}
 VARIANTS += list(CURVE)
-if CAPPED and CURVE_POINTS:
-    raise ConfigError(
-        "hidden_states.max_disk_gb with validate.learning_curve: not planned under a cap (its windows "
-        "keep no hidden states to train the subsets on, and whether it makes windows depends on the "
-        "traces); set validate.learning_curve: [] (or hidden_states.max_disk_gb: null)"
-    )
 
 
 def variant_shards(variant):
@@ -52,6 +46,17 @@ def variant_train_shards(variant):
         k = CURVE[variant]
         return cycled_shards(SHARDS, k, curve_epoch_entries(k))
     return variant_shards(variant)
+
+
+# Under hidden_states.max_disk_gb in windows a point extracts nothing of its own: it trains window by
+# window in the main draft's windows that hold some of its shards, reading only those (DraftWindows.point),
+# each shard as often per epoch as without a cap; the cap counts its training state files
+# (budget.state_files_at_once) and the next window's extraction waits for it too (get_extraction_gate).
+if WINDOW:
+    DRAFT_WINDOWS |= {
+        variant: DraftWindows.point(EPOCH_WINDOWS, SHARDS, k, curve_epoch_entries(k))
+        for variant, k in CURVE.items()
+    }
 
 
 def states_of(variant):

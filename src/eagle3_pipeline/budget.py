@@ -29,7 +29,8 @@ real bytes where its check_disk_budget record is up to date (traced_states: read
 parsed), else its upper bound from the config (every sample as long as max_seq_len), so the cap is
 never exceeded; a cap smaller than one shard's bound (plus a part) is refused. The cap also holds
 the training state files that training keeps (STATE_FILES_AT_ONCE: the previous window's and the
-current one's, draft/train.py), each the draft's trained fp32 weights and AdamW's two fp32 moments
+current one's, draft/train.py; two for each draft trained, a validate.learning_curve point being one:
+state_files_at_once), each the draft's trained fp32 weights and AdamW's two fp32 moments
 (`state_file_bytes`: 14.3 GB for the Kimi-K2.5 example's draft, a Llama draft of SpecForge's shape
 since it sets draft.head_dim; 10.8 GB for the MLA draft `draft.architecture: auto` gives that target
 without a head size).
@@ -63,7 +64,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROMPT_TOKENS = 512  # a typical open-perfectblend prompt once templated
 DEFAULT_HEADROOM = 0.05  # keep 5% of the estimate free on top, for metadata and partial shards
 GB = 1000**3  # hidden_states.max_disk_gb counts in powers of 1000, as disks are sold
-STATE_FILES_AT_ONCE = 2  # windowed training: the previous window's state file and the current one's
+STATE_FILES_AT_ONCE = 2  # per draft trained: the previous window's state file and the current one's
 STATE_BYTES_PER_PARAMETER = 12  # fp32 weights + AdamW's exp_avg and exp_avg_sq (fp32)
 STATE_FILE_OVERHEAD = 10**6  # schedule, position, history: well under a megabyte
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +72,33 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 class DiskBudgetError(RuntimeError):
     """The results filesystem cannot hold the hidden states; the message gives the numbers and fixes."""
+
+
+def drafts_trained(settings: Settings) -> int:
+    """Drafts trained on the main draft's states, each with its own training state files: the main
+    draft and every validate.learning_curve point trained apart (the point of every shard is the main
+    draft itself; validate/learning_curve.py). Under a cap they train on the same windows."""
+    from eagle3_pipeline.config import shard_ids
+    from eagle3_pipeline.validate.learning_curve import curve_points
+
+    shards = len(shard_ids(settings.dataset.num_samples, settings.dataset.shard_size))
+    return 1 + sum(1 for k in curve_points(settings.validate.learning_curve, shards) if k < shards)
+
+
+def _drafts_note(settings: Settings) -> str:
+    """Why there are more than STATE_FILES_AT_ONCE state files, in a few words ("" when there are not)."""
+    points = drafts_trained(settings) - 1
+    if not points:
+        return ""
+    return (
+        f" ({STATE_FILES_AT_ONCE} for each of {points + 1} drafts: the main draft and {points} "
+        f"validate.learning_curve point{'s' if points > 1 else ''})"
+    )
+
+
+def state_files_at_once(settings: Settings) -> int:
+    """Training state files on disk at once: STATE_FILES_AT_ONCE for each draft trained (drafts_trained)."""
+    return STATE_FILES_AT_ONCE * drafts_trained(settings)
 
 
 @dataclass(frozen=True)
@@ -207,8 +235,9 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
 
     Decided from the config alone, at parse time: the most shards n with n x B + min(K, n) x P <=
     cap - 2S, B one shard's upper bound, P one batch's part (at most B), K hidden_states.pack_slots
-    (shards packing at once) and S one training state file (`state_bytes`, STATE_FILES_AT_ONCE of
-    them): floor((cap - 2S - K x P) / B) when that is at least K, else floor((cap - 2S) / (B + P)). A
+    (shards packing at once) and S one training state file (`state_bytes`; 2S: STATE_FILES_AT_ONCE of
+    them, for each draft trained, state_files_at_once): floor((cap - 2S - K x P) / B) when that is at
+    least K, else floor((cap - 2S) / (B + P)). A
     shard is counted once: its parts are moved into the packed file one at a time and each deleted once
     written (shard_peak_bytes); every shard of a window may be extracted at the same time, at most K
     of them packing (hidden_states/packing.pack_slot).
@@ -222,7 +251,8 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
         return None
     bound = shard_bound_bytes(settings, hidden_size)
     peak = shard_peak_bytes(settings, hidden_size)
-    states = STATE_FILES_AT_ONCE * state_bytes
+    files = state_files_at_once(settings)
+    states = files * state_bytes
     room = max(0, cap_gb * GB - states)
     slots = hs.pack_slots
     shards = int(max(0, room - slots * (peak - bound)) // bound)
@@ -230,7 +260,7 @@ def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) ->
         shards = int(room // peak)
     if shards < 1:
         held = (
-            f" plus {STATE_FILES_AT_ONCE} training state files of {format_bytes(state_bytes)}"
+            f" plus {files} training state files of {format_bytes(state_bytes)}{_drafts_note(settings)}"
             if state_bytes
             else ""
         )
@@ -439,7 +469,7 @@ def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None 
     Uncapped, every shard stays: the whole estimate. Capped, the cap's plan (`plan`, else the one from
     the config alone): one pass holds every shard once plus a part each; windows one window at a time,
     at most its shards once plus a part each (never more than the estimate plus those parts); both
-    plus the training state files held at once (STATE_FILES_AT_ONCE).
+    plus the training state files held at once (state_files_at_once).
     """
     plan = plan or _config_plan(settings, budget.hidden_size)
     if plan is None:
@@ -452,9 +482,9 @@ def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None 
         f"{plan.describe()}; at most {format_bytes(plan.held_bytes)} "
         f"({'every shard' if plan.one_pass else 'a window'} once, plus a part for each of the "
         f"{slots} shard{'s' if slots != 1 else ''} packing at once: hidden_states.pack_slots) and "
-        f"{STATE_FILES_AT_ONCE} training state files of {format_bytes(plan.state_file_bytes)}"
+        f"{plan.sizing.state_files} training state files of {format_bytes(plan.state_file_bytes)}"
     )
-    return held + STATE_FILES_AT_ONCE * plan.state_file_bytes, why
+    return held + plan.sizing.state_files * plan.state_file_bytes, why
 
 
 def capped_window_shards(settings: Settings, hidden_size: int) -> int | None:
@@ -565,7 +595,8 @@ class WindowSizing:
     pass it to a job as params): the cap, one training state file, one shard's config bound, one
     batch's part, the epochs' seed and count, what a shard's check_disk_budget record must have been
     made for (hidden size, dtype, max_seq_len, overlong) to size it from its traces, and how many
-    shards may pack at once (hidden_states.pack_slots: a window reserves a part for each)."""
+    shards may pack at once (hidden_states.pack_slots: a window reserves a part for each), and the
+    training state files on disk at once (state_files_at_once: 2 for each draft trained)."""
 
     cap_bytes: int
     state_file_bytes: int
@@ -578,6 +609,7 @@ class WindowSizing:
     max_seq_len: int
     overlong: str
     pack_slots: int = 1
+    state_files: int = STATE_FILES_AT_ONCE
 
     def reserve(self, states: Iterable[int]) -> int:
         """What a window of shards of these states reserves for packing (pack_reserve)."""
@@ -586,7 +618,7 @@ class WindowSizing:
     @property
     def room(self) -> int:
         """Bytes the hidden states may take at once: the cap less the training state files."""
-        return self.cap_bytes - STATE_FILES_AT_ONCE * self.state_file_bytes
+        return self.cap_bytes - self.state_files * self.state_file_bytes
 
     def plan(
         self, shards: Sequence[str], states: Mapping[str, int] | None = None, source: str | None = None
@@ -696,8 +728,63 @@ class WindowPlan:
             "reserve_bytes": self.reserve_bytes,
             "room": self.room,
             "state_file_bytes": self.state_file_bytes,
+            "state_files": self.sizing.state_files,
             "windows": self.windows,
         }
+
+
+@dataclass(frozen=True)
+class DraftWindows:
+    """The windows one draft trains in under a cap: per epoch, per window of its own (numbered from 0),
+    the plan's window it shares (whose states are on disk while it trains) and the shard entries it
+    reads there. The main draft trains in every window on its shards; a validate.learning_curve point
+    in those holding some of its shards (learning_curve.point_windows), at least one an epoch."""
+
+    epochs: list[list[tuple[int, list[str]]]]
+
+    @classmethod
+    def main(cls, windows: Sequence[Sequence[Sequence[str]]]) -> DraftWindows:
+        """The main draft's: every window of the plan (WindowPlan.windows), as it is."""
+        return cls([[(w, list(shards)) for w, shards in enumerate(epoch)] for epoch in windows])
+
+    @classmethod
+    def point(
+        cls, windows: Sequence[Sequence[Sequence[str]]], shards: Sequence[str], k: int, entries: int
+    ) -> DraftWindows:
+        """A learning-curve point's, on the first k of `shards` (entries per epoch: epoch_entries)."""
+        from eagle3_pipeline.validate.learning_curve import point_windows
+
+        return cls(point_windows(windows, shards, k, entries))
+
+    def count(self, epoch: int) -> int:
+        """Its windows in epoch `epoch`."""
+        return len(self.epochs[epoch])
+
+    def shards(self, epoch: int, window: int) -> list[str]:
+        """The shard entries its window `window` of epoch `epoch` reads (a shard may repeat)."""
+        return self.epochs[epoch][window][1]
+
+    def plan_window(self, epoch: int, window: int) -> int:
+        """The plan's window its window `window` of epoch `epoch` shares."""
+        return self.epochs[epoch][window][0]
+
+    def reading(self, epoch: int, plan_window: int) -> int | None:
+        """Its window that reads the plan's window `plan_window` of epoch `epoch` (None: it has none)."""
+        return next((w for w, (shared, _) in enumerate(self.epochs[epoch]) if shared == plan_window), None)
+
+    def previous(self, epoch: int, window: int) -> tuple[int, int] | None:
+        """(epoch, window) of the window before (epoch, window): the one it starts from; None first."""
+        if window > 0:
+            return epoch, window - 1
+        return (epoch - 1, self.count(epoch - 1) - 1) if epoch > 0 else None
+
+    def last(self) -> tuple[int, int]:
+        """(epoch, window) of its last window: the state training ends with."""
+        return len(self.epochs) - 1, self.count(len(self.epochs) - 1) - 1
+
+    def shard_lists(self) -> list[list[list[str]]]:
+        """Per epoch, per window, its shard entries: what plan_windows records and counts batches of."""
+        return [[list(shards) for _, shards in epoch] for epoch in self.epochs]
 
 
 def window_sizing(settings: Settings, hidden_size: int) -> WindowSizing | None:
@@ -723,6 +810,7 @@ def window_sizing(settings: Settings, hidden_size: int) -> WindowSizing | None:
         max_seq_len=hs.max_seq_len,
         overlong=hs.overlong,
         pack_slots=hs.pack_slots,
+        state_files=state_files_at_once(settings),
     )
 
 

@@ -41,6 +41,7 @@ from eagle3_pipeline.settings import DemoSettings, Settings, TargetSettings, bui
 REPO = Path(__file__).resolve().parents[2]
 KIMI_CONFIG = str(REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml")
 SCHEMA = REPO / "config" / "schema.yaml"
+DEMO_CONFIG = REPO / "config" / "config.yaml"
 
 
 def test_bytes_per_token_counts_four_states_plus_id_and_mask():
@@ -554,3 +555,25 @@ def test_the_window_plan_check_confirms_the_parsed_plan_or_asks_for_a_rerun(tmp_
     left.write_bytes(b"x")  # a window's states left by an earlier windowed plan: not in the cap
     with pytest.raises(DiskBudgetError, match="1 hidden-state files extracted in windows, per epoch"):
         check_window_plan(reparsed.windows, sizing, shards, tmp_path, out)
+
+
+def test_each_draft_walks_its_own_windows_and_the_cap_holds_its_state_files():
+    from eagle3_pipeline.budget import DraftWindows, drafts_trained, state_files_at_once
+
+    windows = [[["a", "c"], ["b", "d"]], [["c", "d"], ["a", "b"]]]
+    main = DraftWindows.main(windows)
+    point = DraftWindows.point(windows, ["a", "b", "c", "d"], 2, 4)
+    assert [main.count(e) for e in (0, 1)] == [2, 2] and [point.count(e) for e in (0, 1)] == [2, 1]
+    assert main.shards(1, 0) == ["c", "d"] and point.shards(1, 0) == ["a", "b", "a", "b"]
+    assert point.plan_window(1, 0) == 1  # its only window of epoch 1 shares the plan's second
+    assert point.reading(1, 0) is None and point.reading(1, 1) == 0 and main.reading(1, 0) == 0
+    # it starts from its own previous window, across epochs, and ends in its own last one
+    assert point.previous(0, 0) is None and point.previous(0, 1) == (0, 0) and point.previous(1, 0) == (0, 1)
+    assert point.last() == (1, 0) and main.last() == (1, 1)
+    assert point.shard_lists() == [[["a", "a"], ["b", "b"]], [["a", "b", "a", "b"]]]
+
+    demo = build_settings(check_config(yaml.safe_load(DEMO_CONFIG.read_text()), SCHEMA))
+    assert demo.validate.learning_curve == (0.5, 1.0)  # the point of 2 of 4 shards and the main draft
+    assert drafts_trained(demo) == 2 and state_files_at_once(demo) == 4
+    alone = replace(demo, validate=replace(demo.validate, learning_curve=()))
+    assert drafts_trained(alone) == 1 and state_files_at_once(alone) == 2

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from support.traces import checked_traces
 
+from eagle3_pipeline.budget import parse_time_state_bytes
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.hidden_states import cost
 from eagle3_pipeline.settings import Settings, build_settings
@@ -61,6 +62,28 @@ def test_longer_expected_replies_need_windows(capsys, tmp_path):
         assert out["engine_starts"] == starts and out["plan"]["one_pass"] == (starts == 1)
         assert out["engine_starts_bound"] == 30  # the bound is the config's, whatever the assumption
     assert out["plan"]["window_shards"] == 99 and out["tokens"] == 10 * 20000 * 3539
+
+
+def test_a_learning_curve_under_the_cap_extracts_nothing_more_but_its_state_files_count(tmp_path):
+    # the Kimi example with two curve points: 3 drafts train on the main draft's states, 2 state files
+    # each of 16.9 GB (the bound without the weights), so 4 more files (68 GB) than the 4,100 GB one
+    # pass held at the expected length: 2 windows an epoch (20 starts) unless the cap grows by them
+    curve = _settings(KIMI, validate={"learning_curve": [0.25, 0.5]})
+    out = cost.estimate(curve, 7168, results=tmp_path)
+    plan = out["plan"]
+    assert plan["drafts_trained"] == 3 and plan["learning_curve_points"] == 2
+    assert out["learning_curve_state_bytes"] == 4 * parse_time_state_bytes(curve, 7168) == 67_739_191_552
+    assert out["engine_starts"] == 20 and plan["extraction_jobs"] == 1000  # the main draft's alone
+    # every draft's windows: the main draft in 20, each point only in those holding its shards
+    assert 20 + 2 * 10 <= plan["training_jobs"] <= 3 * 20
+    cap = 4100 + out["learning_curve_state_bytes"] / 10**9
+    grown = _settings(KIMI, validate={"learning_curve": [0.25, 0.5]}, hidden_states={"max_disk_gb": cap})
+    again = cost.estimate(grown, 7168, results=tmp_path)
+    assert again["engine_starts"] == 1 and again["plan"]["training_jobs"] == 3  # one pass: 3 runs
+    uncapped = cost.estimate(_settings(KIMI, validate={"learning_curve": [0.5]},
+                                       hidden_states={"max_disk_gb": None}), 7168)  # fmt: skip
+    assert uncapped["plan"]["drafts_trained"] == 2 and uncapped["learning_curve_state_bytes"] == 0
+    assert uncapped["engine_starts"] == 1
 
 
 def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):

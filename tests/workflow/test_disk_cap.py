@@ -33,9 +33,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 SAMPLES, SHARD_SIZE, MAX_SEQ_LEN, EPOCHS = 96, 32, 96, 2  # the session run's shards (e2e_overrides)
 # one shard's bound B = 32 x 96 x 1,033 B; while extracted it is on disk once plus the part being packed
-# (batch_tokens 1,024 below: P = B + 1,024 x 1,033 B); the cap also holds the two training state files
-# S (budget.py): windows of floor((cap - 2S) / P) = floor(2B / P) = 1 shard, 3 windows per epoch
-STATE_BYTES = STATE_FILES_AT_ONCE * state_file_bytes(DraftSettings(), DEMO_TARGET_SHAPE)
+# (batch_tokens 1,024 below: P = B + 1,024 x 1,033 B); the cap also holds two training state files S
+# for each draft trained (budget.py): the main draft and the learning-curve point of its first shard
+# (validate.learning_curve [0.3, 1.0] below): windows of floor((cap - 4S) / P) = floor(2B / P) = 1 shard,
+# 3 windows per epoch
+DRAFTS = 2
+STATE_BYTES = DRAFTS * STATE_FILES_AT_ONCE * state_file_bytes(DraftSettings(), DEMO_TARGET_SHAPE)
 CAP_GB = (2 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) + STATE_BYTES + 1000) / GB
 
 
@@ -87,7 +90,8 @@ def test_a_capped_run_never_holds_more_than_the_cap(demo_e2e_workdir, tmp_path):
         "max_disk_gb": CAP_GB,
     }
     config["train"]["batch_tokens"] = 256
-    config["validate"] |= {"serve_check": False, "baseline": False, "learning_curve": []}
+    # the learning curve's point of 1 shard trains in the windows beside the main draft
+    config["validate"] |= {"serve_check": False, "baseline": False, "learning_curve": [0.3, 1.0]}
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
     watch = HighWater([results / "hidden_states", results / "work" / "hidden_states"])
     watch.start()
@@ -116,7 +120,21 @@ def test_a_capped_run_never_holds_more_than_the_cap(demo_e2e_workdir, tmp_path):
     assert offline["anchors"] > 0 and len(offline["acceptance_length"]) == 3  # draft.ttt_steps
     assert all(1.0 <= a <= i + 2 for i, a in enumerate(offline["acceptance_length"])), offline
     jobs = set(re.findall(r"^(?:local)?rule (\w+):$", run.stderr, re.MULTILINE))
-    assert {"extract_hidden_states", "train_draft_window", "validate_offline"} <= jobs, jobs
+    assert {"extract_hidden_states", "train_draft_window", "validate_offline", "learning_curve"} <= jobs, jobs
+    # the point: its first shard alone, 3 reads an epoch in the one window holding it (no extraction of
+    # its own), at the main draft's optimizer steps, measured on the same validation states
+    point = results / "learning_curve" / "shards-00001"
+    plan = json.loads((point / "draft" / "windows" / "plan.json").read_text())
+    assert plan["windows"] == [[["00000"] * 3]] * EPOCHS
+    assert [r["epoch"] for r in json.loads((point / "draft" / "trained" / "history.json").read_text())] == [
+        0,
+        1,
+    ]
+    curve = json.loads((results / "validation" / "learning_curve.json").read_text())
+    steps = [p["optimizer_steps"] for p in curve["points"]]
+    assert len(steps) == 2 and abs(steps[0] / steps[1] - 1) <= 0.05, curve["points"]
+    assert curve["compute"]["within_tolerance"] is True, curve["compute"]
+    assert all(p["ci95"][0] <= p["mean_accepted_length"] <= p["ci95"][1] for p in curve["points"]), curve
     assert not jobs & {"snapshot_server", "generate_shard", "stop_server"}  # no server, no generation
     again = _snakemake(workdir, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]

@@ -22,7 +22,10 @@ def test_each_epoch_plans_every_shard_once_in_the_window_the_function_gives(tmp_
         run=f"test-{tmp_path.name}",
         hidden_states={"max_disk_gb": 0.2},
         train={"epochs": EPOCHS},
-        validate={"baseline": False, "learning_curve": []},  # neither is trained under a cap
+        validate={
+            "baseline": False,
+            "learning_curve": [],
+        },  # the baseline is refused under a cap; the curve: below
     )
     seed = yaml.safe_load(config.read_text())["train"]["seed"]
     jobs, _ = planned_jobs(["--cores", "2", "--configfile", str(config)], "local")
@@ -54,3 +57,67 @@ def test_each_epoch_plans_every_shard_once_in_the_window_the_function_gives(tmp_
                     for k in expected[e][w]
                 ], (e, w, split)
             assert job.params.runtime.section("window")["shards"] == expected[e][w]  # the job's check
+
+
+def test_a_learning_curve_point_trains_in_the_main_drafts_windows_on_its_own_shards(tmp_path):
+    """validate.learning_curve under a cap: the point of 2 of the 4 shards extracts nothing of its own;
+    it trains in the windows holding its shards, reading only those, each as often per epoch as without
+    a cap (4 entries an epoch: the main draft's steps), and no window is extracted before every draft
+    that reads the previous one has trained on it."""
+    run = f"test-{tmp_path.name}"
+    config = write_config(
+        tmp_path / "curve.yaml",
+        run=run,
+        hidden_states={"max_disk_gb": 0.25},  # the 2-shard windows of 0.2 GB, with the point's state files
+        train={"epochs": EPOCHS},
+        validate={"baseline": False, "learning_curve": [0.5]},
+    )
+    seed = yaml.safe_load(config.read_text())["train"]["seed"]
+    jobs, _ = planned_jobs(["--cores", "2", "--configfile", str(config)], "local")
+    shards = sorted({job.wildcards.shard for job in jobs if job.rule.name == "extract_hidden_states"})
+    expected = [epoch_windows(seed, epoch, shards, 2) for epoch in range(EPOCHS)]
+    point = "learning_curve/shards-00002/"
+    own = set(shards[:2])
+    extracted = Counter(job.rule.name for job in jobs)["extract_hidden_states"]
+    assert extracted == EPOCHS * len(shards)  # the main draft's extraction alone
+
+    trained = {}  # (variant, epoch, window) -> the train states read
+    for job in jobs:
+        if job.rule.name == "train_draft_window":
+            key = (job.wildcards.variant, int(job.wildcards.epoch), int(job.wildcards.window))
+            trained[key] = [str(f) for f in job.input.train_states]
+            if job.wildcards.variant == point:
+                assert list(job.input.validation_states) == []  # no validation figures, as uncapped
+                assert str(job.input.plan[0]) == f"results/{run}/{point}draft/windows/plan.json"
+    for e in range(EPOCHS):
+        reads = Counter()
+        point_windows = sorted(w for v, pe, w in trained if v == point and pe == e)
+        holding = [w for w, window in enumerate(expected[e]) if own & set(window)]
+        assert len(point_windows) == len(holding)  # one window of its own per window holding its shards
+        for mine, shared in zip(point_windows, holding, strict=True):
+            files = trained[(point, e, mine)]
+            ids = [f.removesuffix(".safetensors").rsplit("-", 1)[1] for f in files]
+            assert set(ids) == own & set(expected[e][shared])  # only its shards, only while on disk
+            assert all(f.startswith(f"results/{run}/hidden_states/epoch-{e}/train/") for f in files)
+            reads.update(ids)
+        assert reads == Counter({k: 2 for k in own}), (e, reads)  # 4 entries an epoch, 2 passes each
+
+    for job in jobs:
+        if job.rule.name == "extract_hidden_states":
+            e = int(job.wildcards.epoch)
+            w = next(w for w, window in enumerate(expected[e]) if job.wildcards.shard in window)
+            if not e and not w:
+                continue
+            pe, pw = (e, w - 1) if w else (e - 1, len(expected[e - 1]) - 1)
+            gate = sorted(str(f) for f in job.input.after)
+            readers = [f"results/{run}/draft/windows/epoch-{pe}/window-{pw}.pt"]
+            if own & set(expected[pe][pw]):  # the point read that window too: its state is waited for
+                mine = sorted(w for v, ee, w in trained if v == point and ee == pe)
+                index = [x for x, window in enumerate(expected[pe]) if own & set(window)].index(pw)
+                readers.append(f"results/{run}/{point}draft/windows/epoch-{pe}/window-{mine[index]}.pt")
+            assert gate == sorted(readers), (e, w, gate)
+    (finish,) = [job for job in jobs if job.rule.name == "train_draft" and job.wildcards.variant == point]
+    last = max(w for v, e, w in trained if v == point and e == EPOCHS - 1)
+    assert (
+        str(finish.input.state) == f"results/{run}/{point}draft/windows/epoch-{EPOCHS - 1}/window-{last}.pt"
+    )

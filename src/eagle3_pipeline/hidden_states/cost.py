@@ -28,7 +28,11 @@ high-water mark) and GPU hours between two stated throughput assumptions, for tw
   engine's staging window.
 
 GPU hours = GPUs x (starts x start time + tokens / prefill throughput): low for the plan with the fast
-assumptions, high for the bound with the slow ones. Training is not included.
+assumptions, high for the bound with the slow ones. Training is not included; `plan.drafts_trained`
+counts the training runs (the main draft and each `validate.learning_curve` point, each at the main
+draft's optimizer steps: training's cost scales with it) and `plan.training_jobs` their jobs. A point
+extracts nothing of its own, even under a cap (it trains in the main draft's windows); its training
+state files are in `disk_peak_bytes` (2 per draft trained, budget.state_files_at_once).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
     vllm = settings.hidden_states.backend == "vllm"
     scopes = plan.engine_scopes if plan is not None else 1
     starts = scopes + baseline if vllm else jobs
+    drafts = budget.drafts_trained(settings)
     return {
         "shards": shards,
         "one_pass": not windowed,
@@ -80,7 +85,30 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
         "extraction_jobs": jobs,
         "baseline": baseline,
         "engine_starts": starts,
+        # the main draft and each validate.learning_curve point, each at the main draft's steps on its
+        # states (no extraction of their own; under a cap, each with its state files: disk_peak_bytes)
+        "drafts_trained": drafts,
+        "learning_curve_points": drafts - 1,
+        "training_jobs": _training_jobs(settings, plan, shards) if windowed else drafts,
     }
+
+
+def _training_jobs(settings: Settings, plan: WindowPlan, shards: int) -> int:
+    """Training jobs in windows: every draft's windows of every epoch (a learning-curve point trains
+    only in the windows holding its shards: budget.DraftWindows.point)."""
+    from eagle3_pipeline.config import shard_ids
+    from eagle3_pipeline.validate.learning_curve import curve_points, epoch_entries
+
+    ids = shard_ids(settings.dataset.num_samples, settings.dataset.shard_size)
+    windows = plan.windows or []
+    drafts = [budget.DraftWindows.main(windows)] + [
+        budget.DraftWindows.point(
+            windows, ids, k, epoch_entries(settings.dataset.num_samples, settings.dataset.shard_size, k)
+        )
+        for k in curve_points(settings.validate.learning_curve, shards)
+        if k < shards
+    ]
+    return sum(d.count(e) for d in drafts for e in range(len(windows)))
 
 
 def profile_executor(profile: str | Path | None) -> str:
@@ -192,6 +220,13 @@ def estimate(
         "plan": counts,
         "plan_bound": counts_bound,
         "staging_bytes": staging,
+        # the learning-curve points' training state files under the cap (in disk_peak_bytes): what the
+        # cap must grow by for the plan to stay as it is without them
+        "learning_curve_state_bytes": (
+            budget.STATE_FILES_AT_ONCE * counts["learning_curve_points"] * sizing.state_file_bytes
+            if sizing
+            else 0
+        ),
         "hidden_size": hidden_size,
         "assumptions": stated,
     }

@@ -24,8 +24,14 @@ toward the cap, so a slope per doubling cannot be extended. At most, with three 
 per-position conditional acceptance rates' log-odds are fitted on log2(training tokens), a scale the
 cap does not bend, and reported for the measured range only.
 
-Importable without torch (the rules read `curve_points`, `epoch_entries` and `cycled_shards` at parse
-time).
+Under hidden_states.max_disk_gb in windows a point extracts nothing of its own: it trains window by
+window beside the main draft, each of its windows reading only its own shards among the states the
+main draft's window has on disk (`point_windows`), with its training state carried from window to window
+as the main draft's; the cap counts its state files (budget.state_files_at_once) and the extraction
+of the next window waits for it too. Each shard is read as often per epoch as without a cap.
+
+Importable without torch (the rules read `curve_points`, `epoch_entries`, `cycled_shards` and
+`point_windows` at parse time).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import logging
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,6 +118,38 @@ def cycled_shards(shards: Sequence[T], k: int, entries: int | None = None) -> li
 def passes_per_epoch(k: int, entries: int) -> list[int]:
     """[fewest, most] times one of the point's k shards is read in one of its training epochs."""
     return [entries // k, -(-entries // k)]
+
+
+def point_windows(
+    epoch_windows: Sequence[Sequence[Sequence[T]]], shards: Sequence[T], k: int, entries: int
+) -> list[list[tuple[int, list[T]]]]:
+    """Under a disk cap in windows: per epoch, the windows the point of the first k of `shards` trains
+    in, as (the main draft's window it shares, the point's entries in it), in window order.
+
+    The point reads only its own shards and only while the main draft's window has them on disk: each
+    of its k shards is in one window per epoch, and is read there as often as in `cycled_shards` (so an
+    epoch still has `entries` entries: the main draft's steps), round-robin with its other shards in
+    that window. A window without any of the point's shards is not one of its windows. The repeats of a
+    shard fall in one window rather than across the epoch: the batches are the same, in another order.
+
+    Args:
+        epoch_windows: per epoch, per window, the shard ids the main draft's window holds (WINDOW_PLAN).
+        shards: every training shard, in the stable order the point's first k are taken from.
+        k: the point's shards.
+        entries: shard entries in one of its epochs (epoch_entries).
+    """
+    reads = Counter(cycled_shards(shards, k, entries))
+    planned = []
+    for windows in epoch_windows:
+        epoch = []
+        for index, window in enumerate(windows):
+            own = [shard for shard in window if shard in reads]
+            if own:
+                rounds = max(reads[shard] for shard in own)
+                cycled = [shard for r in range(rounds) for shard in own if reads[shard] > r]
+                epoch.append((index, cycled))
+        planned.append(epoch)
+    return planned
 
 
 def _logit(rate: float | None) -> float | None:
@@ -291,7 +330,8 @@ def compute_record(points: Sequence[Mapping[str, Any]], full_steps: int | None) 
     return {
         "rule": COMPUTE_RULE,
         "how": "one training epoch of a point reads its k shards cycled to the full draft's shard count "
-        "(about N/k passes); train.epochs epochs, the full draft's learning-rate schedule and kept epochs",
+        "(about N/k passes); train.epochs epochs, the full draft's learning-rate schedule and kept epochs; "
+        "under hidden_states.max_disk_gb in windows, a shard's passes of an epoch in the window holding it",
         "full_draft_optimizer_steps": full_steps,
         "tolerance": STEPS_TOLERANCE,
         "within_tolerance": all(abs(r - 1) <= STEPS_TOLERANCE for r in ratios) if ratios else None,
