@@ -1,4 +1,4 @@
-"""How the pipeline runs one server, decided once (`backend_for`):
+"""How the pipeline runs one server, decided once (`backend_class`; `backend_for` builds it):
 
 - `LocalProcessBackend`: `server.host: local` with `server.unit_file`, on a machine without systemd:
   the pipeline runs the unit's ExecStart itself (local_process.py).
@@ -45,11 +45,6 @@ class ServerBackend(ABC):
 
     def __init__(self, server: ServerSettings, state_dir: Path) -> None:
         self.server, self.state_dir = server, Path(state_dir)
-
-    @property
-    def can_install_dropin(self) -> bool:
-        """The serve check's drop-in changes a unit that systemd runs: not a process the pipeline runs."""
-        return not self.runs_local_process
 
     @abstractmethod
     def start(self, base_url: str, headers: dict[str, str]) -> None:
@@ -163,8 +158,12 @@ class SystemdUnitBackend(ServerBackend):
         return {"action": "stopped", "state": state}
 
 
+def backend_class(server: ServerSettings) -> type[ServerBackend]:
+    """The one place the choice is made: see the module docstring. (Callers with no state folder, such
+    as the recovery of a serve check's host record, ask the class.)"""
+    return LocalProcessBackend if uses_local_process(server) else SystemdUnitBackend
+
+
 def backend_for(server: ServerSettings, state_dir: Path) -> ServerBackend:
-    """The one place the choice is made: see the module docstring."""
-    if uses_local_process(server):
-        return LocalProcessBackend(server, state_dir)
-    return SystemdUnitBackend(server, state_dir)
+    """The configured server's backend (`backend_class`), its state in state_dir."""
+    return backend_class(server)(server, state_dir)

@@ -335,10 +335,10 @@ def recover_leftover_check(server: ServerSettings) -> list[dict[str, Any]]:
     """`recover_leftover` on the configured host; nothing to do where the pipeline runs the unit as a
     local process (no systemd). Called first by snapshot_server, so that a check in progress (or left
     by a killed run) is never snapshotted as production."""
-    from eagle3_pipeline.server.backend import uses_local_process
+    from eagle3_pipeline.server.backend import backend_class
     from eagle3_pipeline.server.remote import open_host
 
-    if uses_local_process(server):
+    if backend_class(server).runs_local_process:  # no systemd: no check unit, no host record
         return []
     host = open_host(server)
     try:
