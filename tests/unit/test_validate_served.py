@@ -209,36 +209,39 @@ def test_a_source_that_fails_is_reported_and_the_others_measured():
     assert speedup(result, result)["by_source"] == {"math": 1.0, "unknown": 1.0}
 
 
-def _common(tmp_path: Path, questions: list[dict]) -> dict:
+def _run(tmp_path: Path, questions: list[dict]):
     from eagle3_pipeline.generate.payload import Sampling
+    from eagle3_pipeline.validate.draft_serving import ServeCheckRun
 
     sampling = Sampling(model="demo", max_tokens=8, temperature=0.0)
-    return {"questions": questions, "sampling": sampling, "state_dir": tmp_path, "concurrency": 4,
-            "request_timeout_s": 30}  # fmt: skip
+    return ServeCheckRun(checkpoint_dir=tmp_path, questions=questions, sampling=sampling, state_dir=tmp_path,
+                         concurrency=4, request_timeout_s=30)  # fmt: skip
 
 
 def test_a_systemd_unit_is_timed_without_the_draft_on_restored_production(scripted_endpoint, tmp_path):
     """After the drop-in is restored, production serves the target alone: the same questions are timed
     against it (the endpoint answers as vLLM does, 8 completion tokens each)."""
-    from eagle3_pipeline.validate.serve_check import production_speedup
+    from eagle3_pipeline.validate.draft_serving import ProductionDraftServing
 
     questions = [
         {"id": f"q{i}", "question": f"q {i}", "source": "math" if i % 2 else "code"} for i in range(6)
     ]
     server = ServerSettings(unit="vllm.service", base_url=scripted_endpoint.base_url)
     with_draft = {"tokens_per_s": 1e9, "by_source": {"math": {"tokens_per_s": 1e9}}}
-    figures = production_speedup(server, {}, with_draft, _common(tmp_path, questions), ValidateSettings())
+    production = ProductionDraftServing(server, ValidateSettings(), {})
+    figures = production.time_without_draft(_run(tmp_path, questions), with_draft)
     assert all(scripted_endpoint.requests[q["question"]] == 1 for q in questions)
     assert figures["completion_tokens_without_draft"] == 6 * 8 and figures["speedup"] > 1
     assert set(figures["by_source"]) == {"math"} and figures["without_draft"].startswith("the production")
 
 
 def test_no_speedup_when_production_was_not_running_before_the_check(scripted_endpoint, tmp_path):
-    from eagle3_pipeline.validate.serve_check import production_speedup
+    from eagle3_pipeline.validate.draft_serving import ProductionDraftServing
 
     scripted_endpoint.healthy = False
     server = ServerSettings(unit="vllm.service", base_url=scripted_endpoint.base_url)
-    figures = production_speedup(server, {}, {}, _common(tmp_path, []), ValidateSettings(speedup=True))
+    production = ProductionDraftServing(server, ValidateSettings(speedup=True), {})
+    figures = production.time_without_draft(_run(tmp_path, []), {})
     assert figures["speedup"] is None and "not serving after the restore" in figures["reason"]
     assert not scripted_endpoint.requests
 

@@ -1,12 +1,14 @@
 """Rule serve_check: the draft served by real vLLM, the target's own command line with
 `--speculative-config` added; the validation questions sent through the chat API as generation sends
-them and vLLM's spec-decode counters read around them (spec_decode.py); the figures compared with the
-offline simulation, by source, and the speedup over the target alone (served_figures.py).
+them and vLLM's spec-decode counters read around them (spec_decode.py); the figures, by source
+(served_figures.py), compared with the same run replayed offline (matched.py), and the speedup over the
+target alone.
 
-Where it runs: a local unit (the demo, `server.host: local`) as a second process on a free port
-(local_vllm.py); a systemd unit (production) by a check unit of its own that conflicts production and
-whose stop systemd follows by starting production again (production_check.py): the draft must run on
-the GPUs the target runs on, and production's unit is never written.
+Where it runs is the server backend's (draft_serving.py): a local unit (the demo, `server.host: local`)
+as second processes on free ports (local_vllm.py); a systemd unit (production) by a check unit of its
+own that conflicts production and whose stop systemd follows by starting production again
+(production_check.py): the draft must run on the GPUs the target runs on, and production's unit is
+never written. This module does not ask which.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,11 @@ from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
-from eagle3_pipeline.server.vllm_args import supports_per_request_metrics
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
-from eagle3_pipeline.validate.spec_decode import ask, load_questions
+from eagle3_pipeline.validate.draft_serving import ServeCheckRun, draft_serving
+from eagle3_pipeline.validate.spec_decode import load_questions
 
 log = logging.getLogger(__name__)
-# the rules turn the timing off for the baseline draft: the target alone is the same run for both
-SPEEDUP_OFF = "not timed: validate.speedup is false, or this is the baseline draft's check"
 
 
 def serve_sampling(generation: GenerationSettings, validate: ValidateSettings, model: str) -> Sampling:
@@ -101,14 +100,12 @@ def serve_check(
     """Rule serve_check: serve the target with the draft, send the validation questions, write the
     spec-decode figures to `output_path` (validation/serve_check.json): acceptance overall and by
     source, the speedup over the target alone, and the comparison with the offline simulation
-    (`offline_path`, validation/offline.json; see served_figures.py).
+    (`offline_path`, validation/offline.json; see matched.py).
 
     Raises:
         ServeCheckError: served and offline acceptance disagree beyond validate.served_offline_tolerance
             (the figures are kept in work_dir/serve_check.rejected.json).
     """
-    from eagle3_pipeline.server.backend import backend_for
-
     questions = load_questions(validation_path, validate.max_questions)
     server_json = json.loads(Path(server_json_path).read_text())
     secrets.learn(server_json)  # the unit's secrets, hidden in this job's log and errors
@@ -121,17 +118,15 @@ def serve_check(
         questions = matched_questions(questions, offline, validate, sampled.max_tokens)
         matched = (questions, sampled)
     same_run = matched is not None and matched == (questions, sampling)
-    common = {
-        "checkpoint_dir": checkpoint_dir,
-        "questions": questions,
-        "sampling": sampling,
-        "state_dir": work_dir,
-        "concurrency": min(generation.concurrency, len(questions)),
-        "request_timeout_s": generation.request_timeout_s,
-        "matched": None if same_run else matched,
-    }
-    local = not backend_for(server, Path(work_dir)).can_install_dropin  # a process the pipeline runs
-    per_request = supports_per_request_metrics(server_json.get("vllm_version"))
+    run = ServeCheckRun(
+        checkpoint_dir=checkpoint_dir,
+        questions=questions,
+        sampling=sampling,
+        state_dir=Path(work_dir),
+        concurrency=min(generation.concurrency, len(questions)),
+        request_timeout_s=generation.request_timeout_s,
+        matched=None if same_run else matched,
+    )
 
     def conclude(result: dict[str, Any]) -> dict[str, Any]:
         """The check's own figures completed and compared with the offline replay (raises when the
@@ -161,16 +156,9 @@ def serve_check(
         check_against_offline(result, offline_path, validate, work_dir)  # before by-k and the speedup
         return result
 
-    if local:
-        result = local_check(server, validate, common, conclude, per_request)
-    else:
-        from eagle3_pipeline.validate.production_check import run_remote_serve_check
-
-        result = conclude(run_remote_serve_check(server, validate, server_json, **common))
-        if validate.by_k_max:
-            result["by_k"] = {"reason": "not measured: a systemd unit would restart production once per k"}
-        # restored and verified: production serves the target alone again
-        result["speedup"] = production_speedup(server, server_json, result, common, validate)
+    serving = draft_serving(server, validate, server_json, run.state_dir)
+    result = serving.serve_with_draft(run, conclude)
+    result["speedup"] = serving.time_without_draft(run, result)
     write_json(result, output_path)
     return result
 
@@ -182,104 +170,8 @@ SAMPLED_KEYS = (
 )  # fmt: skip
 
 
-def local_check(
-    server: ServerSettings,
-    validate: ValidateSettings,
-    common: dict[str, Any],
-    conclude: Callable[[dict[str, Any]], dict[str, Any]],
-    per_request: bool,
-) -> dict[str, Any]:
-    """A local unit's check (local_vllm.run_local_checks: its servers started together): the check,
-    validate.by_k_max's curve (served acceptance at k = 1 .. by_k_max, greedy and at the generation's
-    sampling on the same questions; the check's own k from its runs, every other k on a server of its
-    own) and validate.speedup (the target with and without the draft timed in alternation at 1, the
-    check's and twice the check's concurrency, validate.speedup_repeats times each:
-    validate/speedup.py)."""
-    from eagle3_pipeline.validate.local_vllm import _curve_point, run_local_checks
-    from eagle3_pipeline.validate.speedup import concurrency_levels, headline
-
-    k_main = validate.num_speculative_tokens
-    others = [k for k in range(1, validate.by_k_max + 1) if k != k_main]
-    questions, concurrency = common["questions"], common["concurrency"]
-    levels = concurrency_levels(concurrency, len(questions)) if validate.speedup else None
-    ask_group = _group_asker(server, common)
-    result = run_local_checks(
-        server, validate, conclude=conclude, ask=lambda url, group, level: ask_group(url, group, level),
-        by_k=others, speedup_levels=levels, per_request_metrics=per_request, **common,
-    )  # fmt: skip
-    if validate.by_k_max:
-        figures = result.pop("by_k", {})
-        if k_main <= validate.by_k_max:
-            sampled = result.get("sampled") or result
-            figures[str(k_main)] = {"greedy": _curve_point(result), "sampled": _curve_point(sampled)}
-        result["by_k"] = {k: figures[k] for k in sorted(figures, key=int)}
-    timed = result.pop("speedup_figures", None)
-    if timed is None:
-        result["speedup"] = {"speedup": None, "reason": SPEEDUP_OFF}
-        return result
-    device = "cpu (vLLM's CPU build: a CPU figure, not a GPU claim)"
-    result["speedup"] = headline(timed, concurrency, device)
-    log.info(
-        "served speedup %.2fx at concurrency %d (median of %d alternating repeats, range %s)",
-        result["speedup"]["speedup"] or 0.0,
-        concurrency,
-        timed["repeats"],
-        result["speedup"]["speedup_range"],
-    )
-    return result
-
-
 def _sampling_dict(sampling: Sampling) -> dict[str, Any]:
     return {k: v for k, v in sampling.__dict__.items() if k != "model"} | {"model": sampling.model}
-
-
-def production_speedup(
-    server: ServerSettings,
-    server_json: dict[str, Any],
-    with_draft: dict[str, Any],
-    common: dict[str, Any],
-    validate: ValidateSettings,
-) -> dict[str, Any]:
-    """validate.speedup for a systemd unit: after the restore (health and model verified), production
-    serves the target alone, so the same questions, sampling and concurrency are timed against it.
-    Production may be serving users meanwhile; their load slows both runs alike only if it is steady."""
-    from eagle3_pipeline.server import auth_headers, tls_verify
-    from eagle3_pipeline.server.health import check_health
-    from eagle3_pipeline.server.lifecycle import server_url
-    from eagle3_pipeline.validate.served_figures import speedup, time_by_source
-
-    if not validate.speedup:
-        return {"speedup": None, "reason": SPEEDUP_OFF}
-    base_url = server_url(server_json, server, Path(common["state_dir"]))
-    if not check_health(base_url, auth_headers(server), verify=tls_verify(server)):
-        return {
-            "speedup": None,
-            "reason": f"{server.unit} is not serving after the restore (it was not running before)",
-        }
-    ask_group = _group_asker(server, common)
-    figures = speedup(
-        with_draft, time_by_source(lambda group: ask_group(base_url, group), common["questions"])
-    )
-    log.info("served speedup over production without the draft: %s", figures["speedup"])
-    return figures | {"without_draft": "the production unit after the restore"}
-
-
-def _group_asker(
-    server: ServerSettings, common: dict[str, Any]
-) -> Callable[[str, list[dict]], list[dict[str, Any]]]:
-    """(base_url, questions[, concurrency]) -> outcomes, with the draft run's sampling, concurrency (unless
-    given) and timeout."""
-    from eagle3_pipeline.server import api_key
-
-    key = api_key(server)
-
-    def ask_group(base_url: str, group: list[dict], concurrency: int | None = None) -> list[dict[str, Any]]:
-        return ask(
-            base_url, group, common["sampling"], key, concurrency or common["concurrency"],
-            common["request_timeout_s"], 2, server.ca_bundle,
-        )  # fmt: skip
-
-    return ask_group
 
 
 def check_against_offline(
