@@ -9,14 +9,14 @@ learning_curve.json (validate/selection.py, validate/learning_curve.py).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import polars as pl
 
 from eagle3_pipeline.validate.learning_curve import curve_record
-from eagle3_pipeline.validate.matched import compare_matched
+from eagle3_pipeline.validate.matched import Z, compare_matched
 from eagle3_pipeline.validate.selection import selection_record
-from eagle3_pipeline.validate.served_figures import compare_with_offline
 
 UNIT = """# /etc/systemd/system/vllm.service
 [Service]
@@ -144,10 +144,28 @@ def write_finished_results(root: Path, baseline: bool = True) -> dict[str, Path]
                 "tokens_per_s_without_draft": 50.0,
             }
         else:  # as serve_check.py wrote it before the matched comparison
-            figures["offline_comparison"] = compare_with_offline(figures, offline, 0.15)
+            figures["offline_comparison"] = _comparison_before_matched(figures, offline, 0.15)
         paths[f"{key}serve_check"].write_text(json.dumps(figures))
     _write_curves(root, paths)
     return paths
+
+
+def _comparison_before_matched(served: dict, offline: dict, tolerance: float) -> dict:
+    """offline_comparison as serve_check.py wrote it before the matched comparison: served against
+    offline.json's prefix rates per position, binomial errors of both (the report still reads it)."""
+    drafts, anchors = served["drafts"], offline["anchors"]
+    positions = []
+    for i, (rate, count) in enumerate(
+        zip(served["per_position_rate"], offline["prefix_counts"], strict=False)
+    ):
+        offline_rate = count / anchors
+        variance = offline_rate * (1 - offline_rate)
+        allowed = tolerance + Z * math.sqrt(variance / drafts + variance / anchors)
+        difference = rate - offline_rate
+        positions.append({"position": i, "served": rate, "offline": offline_rate, "difference": difference,
+                          "allowed": allowed, "agree": abs(difference) <= allowed})  # fmt: skip
+    return {"agree": all(p["agree"] for p in positions), "tolerance": tolerance, "z": Z, "drafts": drafts,
+            "anchors": anchors, "positions": positions}  # fmt: skip
 
 
 def _write_curves(root: Path, paths: dict[str, Path]) -> None:

@@ -1,26 +1,15 @@
-"""Is the served draft the trained draft? Served acceptance against the offline simulation, by dataset
-source, and the served speedup (output tokens/s with the draft over without it).
+"""The served figures: acceptance by dataset source (vLLM's counters are global, so each source is
+measured alone), the run without a draft timed the same way, and the served speedup (output tokens/s
+with the draft over without it).
 
-Served and offline per position. vLLM counts, per draft position i, the drafts whose first i+1 tokens
-were all accepted; offline.py counts, per step i, the anchors whose first i+1 greedy guesses were all
-the target's argmax. Their ratios (to drafts, to anchors) estimate the same thing, prod_{j<=i} p_j,
-when vLLM runs the draft that was trained, on the layers it was trained on, greedily. They still
-differ a little for honest reasons: vLLM drafts only where a verification step begins (after an
-accepted run) while offline anchors every completion position; offline runs over the validation
-traces (sampled at generation.temperature, up to generation.max_tokens) while the served replies are
-greedy and capped at validate.max_tokens; bf16 kernels against the fp32 simulation. A draft fed
-the wrong layers, a wrong vocabulary map or other weights is accepted far less (vLLM PR 50170: an
-off-by-one in the layer ids took acceptance to ~1.04). The check allows, per position,
-
-    |served_i - offline_i| <= tolerance + Z * sqrt(r(1-r)/drafts + r(1-r)/anchors),  r = offline_i
-
-a systematic allowance (validate.served_offline_tolerance, measured: docs/validation.md) plus Z
-binomial standard errors of the two estimates, and fails the serve check beyond it.
+Whether the served draft is the trained draft is the matched comparison (validate/matched.py: the
+same questions replayed offline, per position, within validate.served_offline_tolerance plus Z
+standard errors); this module reports its disagreement (`disagreement_message`) and the allowance
+a comparison is reported with when it is not enforced (`REPORTED_TOLERANCE`).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,56 +20,10 @@ from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters
 from eagle3_pipeline.validate.spec_decode import with_interval
 
-Z = 3.0  # standard errors allowed on top of the systematic tolerance (about 1 in 370 per position)
 # The allowance a comparison is reported with when validate.served_offline_tolerance is null (not
 # enforced): the schema's default, measured (docs/validation.md).
 REPORTED_TOLERANCE = field_default(ValidateSettings, "served_offline_tolerance")
 UNKNOWN_SOURCE = "unknown"
-
-
-def offline_rates(offline: dict[str, Any]) -> list[float | None]:
-    """prod_{j<=i} p_j per step from offline.json: anchors whose steps 0..i were all right / anchors."""
-    anchors = offline.get("anchors") or 0
-    return [c / anchors if anchors else None for c in offline.get("prefix_counts", [])]
-
-
-def compare_with_offline(served: dict[str, Any], offline: dict[str, Any], tolerance: float) -> dict[str, Any]:
-    """Served and offline acceptance per position, and whether they agree (module docstring).
-
-    Args:
-        served: serve_check.json's figures (per_position_rate, drafts).
-        offline: offline.json (prefix_counts, anchors).
-        tolerance: the systematic allowance per position (an absolute rate).
-    """
-    drafts, anchors = served.get("drafts") or 0, offline.get("anchors") or 0
-    positions = []
-    for i, (served_rate, offline_rate) in enumerate(
-        zip(served.get("per_position_rate") or [], offline_rates(offline), strict=False)
-    ):
-        if served_rate is None or offline_rate is None:
-            continue
-        variance = offline_rate * (1 - offline_rate)
-        error = math.sqrt(variance / max(drafts, 1) + variance / max(anchors, 1))
-        allowed = tolerance + Z * error
-        difference = served_rate - offline_rate
-        positions.append(
-            {
-                "position": i,
-                "served": served_rate,
-                "offline": offline_rate,
-                "difference": difference,
-                "allowed": allowed,
-                "agree": abs(difference) <= allowed,
-            }
-        )
-    return {
-        "agree": bool(positions) and all(p["agree"] for p in positions),
-        "tolerance": tolerance,
-        "z": Z,
-        "drafts": drafts,
-        "anchors": anchors,
-        "positions": positions,
-    }
 
 
 def disagreement_message(comparison: dict[str, Any]) -> str:
