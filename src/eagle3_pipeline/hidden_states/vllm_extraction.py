@@ -23,6 +23,7 @@ from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
 from eagle3_pipeline.settings import HiddenStatesSettings
+from eagle3_pipeline.target_shape import engine_layer_ids
 
 log = logging.getLogger(__name__)
 # benchmarks/extraction_engine.py's "before": "job" holds the client slot from planning to packing, as
@@ -88,7 +89,7 @@ def _extract_shards(
             }
             for b in todo
         ]
-    layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
+    layer_ids = engine_layer_ids(plans[0].layers, plans[0].info.num_layers)
     norm = final_norm.find_final_norm(first.target)
     if batches:
         records = [str(plan.job.work / "engine.json") for plan in plans]
@@ -128,7 +129,7 @@ def engine_spec_for(
     return vllm_backend.engine_spec(
         target,
         engine,
-        sequences.vllm_layer_ids(layers) + [info.num_layers],
+        engine_layer_ids(layers, info.num_layers),
         hidden_states.dtype,
         final_norm.find_final_norm(Path(target)).as_dict(),
         vllm_backend.staging_dir(options, Path(directory), window, info.hidden_size),
