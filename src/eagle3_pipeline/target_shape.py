@@ -54,8 +54,8 @@ class TargetShape:
         return cls(json.loads(raw), hashlib.sha256(raw).hexdigest(), str(file))
 
     @classmethod
-    def from_json(cls, config: Mapping[str, Any]) -> TargetShape:
-        return cls(config)
+    def from_json(cls, model_config: Mapping[str, Any]) -> TargetShape:
+        return cls(model_config)
 
     @property
     def is_vl_wrapper(self) -> bool:
