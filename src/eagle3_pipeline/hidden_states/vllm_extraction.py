@@ -22,6 +22,7 @@ from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings
 from eagle3_pipeline.target_shape import engine_layer_ids
 
@@ -115,7 +116,7 @@ def _extract_shards(
 
 
 def engine_spec_for(
-    hidden_states: HiddenStatesSettings, target: Path, snapshot: dict[str, Any] | None, directory: Path
+    hidden_states: HiddenStatesSettings, target: Path, snapshot: ServerSnapshot | None, directory: Path
 ) -> dict[str, Any]:
     """What the engine of `directory` runs for these settings and this target (its spec.json): the engine
     job and each of its clients build it alike, so a client checks that it joins the right engine."""
@@ -169,7 +170,7 @@ def serve_engine(
 def run_on_engine(
     hidden_states: HiddenStatesSettings,
     job: ShardJob,
-    snapshot: dict[str, Any] | None,
+    snapshot: ServerSnapshot | None,
     request: dict[str, Any],
 ) -> dict[str, Any]:
     """Run a job's batches on its extraction engine, waiting for every part.
