@@ -57,6 +57,7 @@ import yaml
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.hidden_states import cost, engine, final_norm, plan, sequences, vllm_backend
 from eagle3_pipeline.settings import VllmEngineSettings, build_settings
+from eagle3_pipeline.target_shape import engine_layer_ids
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -263,7 +264,7 @@ def run_prequeued(
     options = VllmEngineSettings(dtype="bfloat16", enforce_eager=True, max_model_len=2048)
     settings = vllm_backend.engine_settings(options, None, 2047, args.batch_tokens)
     layers = sequences.resolve_layers(["auto"], info.num_layers)
-    layer_ids = sequences.vllm_layer_ids(layers) + [info.num_layers]
+    layer_ids = engine_layer_ids(layers, info.num_layers)
     directory = work / f"engine-{mode}"
     window = vllm_backend.in_flight_tokens(options, settings)
     spec = vllm_backend.engine_spec(

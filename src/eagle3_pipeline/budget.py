@@ -55,6 +55,7 @@ from typing import Any
 from eagle3_pipeline import io
 from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.settings import DRAFT_ATTENTION_KEYS, DraftSettings, Settings
+from eagle3_pipeline.target_shape import TargetShape
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +123,6 @@ def bytes_per_token(hidden_size: int, dtype: str = "bfloat16") -> int:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown hidden_states.dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
     return STATE_COUNT * hidden_size * DTYPE_BYTES[dtype] + TOKEN_OVERHEAD_BYTES
-
-
-def hidden_size_of(target_config: Mapping[str, Any]) -> int:
-    """The target's hidden size from its config.json (a VL wrapper such as Kimi-K2.5 nests text_config)."""
-    for node in (target_config, target_config.get("text_config") or {}):
-        if isinstance(node.get("hidden_size"), int):
-            return node["hidden_size"]
-    raise ValueError("the target config.json has no hidden_size (nor text_config.hidden_size)")
 
 
 def format_bytes(count: float) -> str:
@@ -215,9 +208,7 @@ def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:
 
     path = Path(settings.target.model) / "config.json"
     if path.exists():
-        model_config = json.loads(path.read_text())
-        if "hidden_size" not in model_config:
-            model_config = model_config.get("text_config") or model_config
+        model_config = TargetShape.load(path).text
         try:
             return state_file_bytes(settings.draft, model_config)
         except (KeyError, TypeError, ValueError):  # not a shape the draft reads: the bound below
@@ -293,7 +284,7 @@ def parse_time_hidden_size(
     path = Path(settings.target.model) / "config.json"
     stated = settings.target.hidden_size
     if path.exists():
-        found = hidden_size_of(json.loads(path.read_text()))
+        found = TargetShape.load(path).hidden_size
         if stated and stated != found:
             raise DiskBudgetError(
                 f"target.hidden_size {stated} differs from {path}'s {found}: fix or remove target.hidden_size"
@@ -432,7 +423,7 @@ def check_disk_budget(
     Raises:
         DiskBudgetError: the shard's states do not fit the free space, or exceed hidden_states.max_disk_gb.
     """
-    hidden_size = hidden_size_of(json.loads(Path(target_config).read_text()))
+    hidden_size = TargetShape.load(target_config).hidden_size
     budget = estimate_from_traces(traces, hidden_size, max_seq_len, overlong, dtype)
     if max_disk_gb is not None and budget.total_bytes > max_disk_gb * GB:
         raise DiskBudgetError(
@@ -948,7 +939,7 @@ def budget_at_start(settings: Settings, run_dir: str | Path, plan: WindowPlan | 
     """
     target_json = Path(settings.target.model) / "config.json"
     try:
-        hidden_size = hidden_size_of(json.loads(target_json.read_text()))
+        hidden_size = TargetShape.load(target_json).hidden_size
     except (OSError, ValueError) as error:
         return (
             f"hidden-state disk budget: not estimated yet ({target_json}: {error}); "

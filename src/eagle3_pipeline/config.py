@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import jsonschema
 import yaml
 
 from eagle3_pipeline.settings import Settings, build_settings
+from eagle3_pipeline.target_shape import AUTO_MIN_LAYERS, AuxLayerError, TargetShape, aux_layers
 
 
 class ConfigError(ValueError):
@@ -110,28 +110,26 @@ def target_num_layers(target: Path) -> int | None:
     """The target's decoder layer count from its config.json (a VL wrapper's text_config), when it is
     there to read: the demo's target is built by a rule, so at parse time it may not exist yet."""
     try:
-        data = json.loads((target / "config.json").read_text())
+        return TargetShape.load(target).num_layers
     except (OSError, ValueError):
         return None
-    layers = (data.get("text_config") or data).get("num_hidden_layers")
-    return layers if isinstance(layers, int) else None
 
 
 def _layer_problem(layers: str | tuple[int, ...], target: Path) -> str | None:
-    """hidden_states.layers against the target's depth (the same rule the job applies)."""
+    """hidden_states.layers against the target's depth, by the rule the job applies (target_shape)."""
     if isinstance(layers, tuple) and len(set(layers)) != len(layers):
         return f"'hidden_states.layers': {list(layers)} repeats a layer; give three distinct 0-indexed layers"
     num_layers = target_num_layers(target)
     if num_layers is None:
         return None
-    if layers == "auto":
-        if num_layers < 5:
+    try:
+        aux_layers(layers, num_layers)
+    except AuxLayerError:
+        if layers == "auto":
             return (
-                f"'hidden_states.layers': auto needs >= 5 decoder layers, {target} has {num_layers}; "
-                f"give three distinct layers in [0, {num_layers})"
+                f"'hidden_states.layers': auto needs >= {AUTO_MIN_LAYERS} decoder layers, {target} has "
+                f"{num_layers}; give three distinct layers in [0, {num_layers})"
             )
-        return None
-    if any(layer >= num_layers for layer in layers):
         return (
             f"'hidden_states.layers': {list(layers)} out of range for {target} "
             f"({num_layers} decoder layers): each must be in [0, {num_layers - 1}] (0-indexed decoder-layer "

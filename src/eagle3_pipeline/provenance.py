@@ -19,7 +19,6 @@ for a job that failed (its log says why). It holds:
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import platform
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.server.server_json import ServerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ def server_identity(server_json: str | Path | None) -> dict[str, Any] | None:
     """The served model's identity fields from a server.json snapshot (None without one)."""
     if server_json is None or not Path(server_json).is_file():
         return None
-    server = json.loads(Path(server_json).read_text())
-    return {key: server[key] for key in SERVER_KEYS if key in server}
+    return ServerSnapshot.load(server_json).stated(SERVER_KEYS)
 
 
 def record(

@@ -19,6 +19,7 @@ from eagle3_pipeline.generate import generate_shard, run_generation
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, run_preflight
 from eagle3_pipeline.prompts import normalise, prepare_prompts, write_prompt_shard
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import DatasetSettings, GenerationSettings, ServerSettings, as_params
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -244,7 +245,7 @@ def test_preflight_against_the_real_server(vllm_server, tmp_path):
     make_prompts(tmp_path, [*sample_rows(7), too_long], num_samples=8)
     selection = tmp_path / "prompts/selection.parquet"
     sampling = Sampling(vllm_server.served_model_name, 64, 0.6, 0.95, None)
-    server_json = {"reasoning_parser": "kimi_k2", "max_model_len": 512}
+    server_json = ServerSnapshot.from_json({"reasoning_parser": "kimi_k2", "max_model_len": 512})
     result = run_preflight(vllm_server.base_url, sampling, server_json, selection)
     assert result["token_ids"] is True and result["reasoning"] == "returned"
     assert result["max_model_len"] == vllm_server.max_model_len

@@ -25,7 +25,6 @@ from eagle3_pipeline.budget import (
     existing_bytes,
     format_bytes,
     free_bytes,
-    hidden_size_of,
     main,
     on_disk_at_once,
     parse_time_hidden_size,
@@ -37,6 +36,7 @@ from eagle3_pipeline.budget import (
 )
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.settings import DemoSettings, Settings, TargetSettings, build_settings, section
+from eagle3_pipeline.target_shape import TargetShape
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI_CONFIG = str(REPO / "config" / "examples" / "kimi-k2.5-8gpu.yaml")
@@ -55,11 +55,15 @@ def test_an_8k_kimi_sample_costs_about_470_mb():
     assert 8192 * bytes_per_token(7168) == pytest.approx(470e6, rel=0.01)
 
 
+def _hidden_size(config: dict) -> int:
+    return TargetShape.from_json(config).hidden_size
+
+
 def test_hidden_size_is_read_from_a_vl_wrapper_too():
-    assert hidden_size_of({"hidden_size": 128}) == 128
-    assert hidden_size_of({"text_config": {"hidden_size": 7168}}) == 7168
+    assert _hidden_size({"hidden_size": 128}) == 128
+    assert _hidden_size({"text_config": {"hidden_size": 7168}}) == 7168
     with pytest.raises(ValueError, match="no hidden_size"):
-        hidden_size_of({"vocab_size": 3})
+        _hidden_size({"vocab_size": 3})
 
 
 def _kimi() -> Settings:

@@ -9,6 +9,7 @@ import pytest
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, fit_report, run_preflight
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
+from eagle3_pipeline.server.server_json import ServerSnapshot
 
 
 def selection(tmp_path, questions):
@@ -34,7 +35,7 @@ def preflight(endpoint, tmp_path, questions=("q",), max_tokens=16, parser="kimi_
     return run_preflight(
         endpoint.base_url,
         Sampling(model, max_tokens, 0.6, 0.95, None, kw),
-        {"reasoning_parser": parser},
+        ServerSnapshot.from_json({"reasoning_parser": parser}),
         selection(tmp_path, list(questions)),
     )
 

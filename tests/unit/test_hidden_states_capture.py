@@ -8,7 +8,8 @@ from support.hidden_states import trace_rows
 from transformers import AutoModelForCausalLM
 
 from eagle3_pipeline.hidden_states import capture
-from eagle3_pipeline.hidden_states.sequences import resolve_layers, vllm_layer_ids
+from eagle3_pipeline.hidden_states.sequences import resolve_layers
+from eagle3_pipeline.target_shape import vllm_layer_ids
 
 
 @pytest.fixture(scope="module")

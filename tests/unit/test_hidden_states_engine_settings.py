@@ -9,6 +9,7 @@ import pytest
 
 from eagle3_pipeline.hidden_states import vllm_backend
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import VllmEngineSettings
 
 KIMI_UNIT = {
@@ -26,7 +27,9 @@ DP_EP_UNIT = {  # `vllm serve ... --data-parallel-size 8 --enable-expert-paralle
 
 
 def test_a_262k_unit_gives_an_engine_sized_for_max_seq_len_not_its_context():
-    engine = vllm_backend.engine_settings(VllmEngineSettings(), KIMI_UNIT, 10240, batch_tokens=32768)
+    engine = vllm_backend.engine_settings(
+        VllmEngineSettings(), ServerSnapshot.from_json(KIMI_UNIT), 10240, batch_tokens=32768
+    )
     assert engine["max_model_len"] == 10241  # never the unit's 262,144
     assert engine["max_num_batched_tokens"] == 32768  # explicit: max(max_model_len, batch_tokens)
     assert engine["tensor_parallel_size"] == 8 and engine["gpus"] == 8
@@ -35,14 +38,16 @@ def test_a_262k_unit_gives_an_engine_sized_for_max_seq_len_not_its_context():
 
 def test_a_data_parallel_unit_without_tp_is_refused_naming_the_key_and_the_gpu_count():
     with pytest.raises(VllmBackendError) as err:
-        vllm_backend.engine_settings(VllmEngineSettings(), DP_EP_UNIT, 10240)
+        vllm_backend.engine_settings(VllmEngineSettings(), ServerSnapshot.from_json(DP_EP_UNIT), 10240)
     message = str(err.value)
     assert "--data-parallel-size 8 --enable-expert-parallel and no --tensor-parallel-size" in message
     assert "hidden_states.vllm.tensor_parallel_size" in message and "TP x DP = 8" in message
 
 
 def test_a_data_parallel_unit_with_tp_set_here_keeps_expert_parallelism():
-    engine = vllm_backend.engine_settings(VllmEngineSettings(tensor_parallel_size=8), DP_EP_UNIT, 10240)
+    engine = vllm_backend.engine_settings(
+        VllmEngineSettings(tensor_parallel_size=8), ServerSnapshot.from_json(DP_EP_UNIT), 10240
+    )
     assert engine["tensor_parallel_size"] == 8 and engine["gpus"] == 8
     assert (
         engine["enable_expert_parallel"] is True and engine["sources"]["enable_expert_parallel"] == "snapshot"
@@ -52,7 +57,9 @@ def test_a_data_parallel_unit_with_tp_set_here_keeps_expert_parallelism():
 
 def test_a_step_smaller_than_one_sequence_is_refused():
     with pytest.raises(VllmBackendError, match=r"max_num_batched_tokens 4096 is below max_model_len 10241"):
-        vllm_backend.engine_settings(VllmEngineSettings(max_num_batched_tokens=4096), KIMI_UNIT, 10240)
+        vllm_backend.engine_settings(
+            VllmEngineSettings(max_num_batched_tokens=4096), ServerSnapshot.from_json(KIMI_UNIT), 10240
+        )
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.32.1rc1", "0.32.0+cpu"])

@@ -10,6 +10,7 @@ from support.hidden_states import KIMI_STYLE_TEMPLATE, trace_rows, write_traces
 
 from eagle3_pipeline.hidden_states import sequences as seq
 from eagle3_pipeline.hidden_states.sequences import SequenceError, SequenceStats, TrainingSequence
+from eagle3_pipeline.target_shape import vllm_layer_ids
 
 
 @pytest.fixture
@@ -23,8 +24,8 @@ def kimi_tokenizer(hs_tokenizer):
 def test_auto_layers_follow_eagle3_in_both_numberings():
     assert seq.resolve_layers("auto", 8) == [1, 3, 4]
     assert seq.resolve_layers(["auto"], 61) == [1, 29, 57]  # Kimi-K2.5
-    assert seq.vllm_layer_ids([1, 29, 57]) == [2, 30, 58]  # vLLM: input to layer l+1
-    assert seq.vllm_layer_ids(seq.resolve_layers("auto", 32)) == [2, 16, 29]  # (2, N//2, N-3)
+    assert vllm_layer_ids([1, 29, 57]) == [2, 30, 58]  # vLLM: input to layer l+1
+    assert vllm_layer_ids(seq.resolve_layers("auto", 32)) == [2, 16, 29]  # (2, N//2, N-3)
 
 
 def test_explicit_layers_are_sorted_and_checked():

@@ -11,6 +11,11 @@ from support.workflow import KIMI_TARGET_CONFIG
 from transformers import AutoConfig
 
 from eagle3_pipeline.hidden_states import plan
+from eagle3_pipeline.target_shape import TargetShape
+
+
+def _stated(config: dict) -> tuple[int, int, int] | None:
+    return TargetShape.from_json(config).stated_shape()
 
 
 def test_the_shape_comes_from_the_json_with_autoconfigs_values_and_no_transformers(hs_target, monkeypatch):
@@ -31,10 +36,10 @@ def test_a_vl_wrapper_states_its_language_models_shape_in_text_config(tmp_path, 
 
 def test_what_the_json_does_not_state_plainly_is_left_to_autoconfig():
     shape = {"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 100}
-    assert plan._stated_shape(shape) == (2, 64, 100)
-    assert plan._stated_shape({"n_layer": 2, "n_embd": 64, "vocab_size": 100}) is None  # renamed keys
-    assert plan._stated_shape({**shape, "hidden_size": None}) is None
-    assert plan._stated_shape({**shape, "num_hidden_layers": True}) is None
+    assert _stated(shape) == (2, 64, 100)
+    assert _stated({"n_layer": 2, "n_embd": 64, "vocab_size": 100}) is None  # renamed keys
+    assert _stated({**shape, "hidden_size": None}) is None
+    assert _stated({**shape, "num_hidden_layers": True}) is None
     # two nested configs that could be the language model's: AutoConfig's get_text_config decides
     vl = {"text_config": shape, "vision_config": {"hidden_size": 32}}
-    assert plan._stated_shape(vl) is None
+    assert _stated(vl) is None

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from eagle3_pipeline.hidden_states import final_norm, vllm_backend
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import VllmEngineSettings
 
 SNAPSHOT = {
@@ -26,7 +27,7 @@ SNAPSHOT = {
 
 
 def test_engine_settings_come_from_the_snapshot():
-    engine = vllm_backend.engine_settings(VllmEngineSettings(), SNAPSHOT, 10240)
+    engine = vllm_backend.engine_settings(VllmEngineSettings(), ServerSnapshot.from_json(SNAPSHOT), 10240)
     assert engine["tensor_parallel_size"] == 8 and engine["dtype"] == "bfloat16"
     assert engine["quantization"] == "compressed-tensors" and engine["trust_remote_code"] is True
     assert engine["enforce_eager"] is True and engine["gpus"] == 8
@@ -39,7 +40,7 @@ def test_config_overrides_the_snapshot_and_null_keeps_it():
     options = VllmEngineSettings(
         tensor_parallel_size=4, dtype="float16", max_model_len=20000, enforce_eager=False
     )
-    engine = vllm_backend.engine_settings(options, SNAPSHOT, 10240)
+    engine = vllm_backend.engine_settings(options, ServerSnapshot.from_json(SNAPSHOT), 10240)
     assert (engine["tensor_parallel_size"], engine["dtype"], engine["max_model_len"]) == (4, "float16", 20000)
     assert engine["enforce_eager"] is False and engine["sources"]["enforce_eager"] == "config"
     assert engine["quantization"] == "compressed-tensors" and engine["sources"]["quantization"] == "snapshot"
@@ -55,10 +56,12 @@ def test_without_a_snapshot_vllm_defaults_apply():
 
 def test_max_model_len_holds_the_longest_sequence_plus_one_token():
     demo = {"max_model_len": 2048, "args": {}}
-    engine = vllm_backend.engine_settings(VllmEngineSettings(), demo, 2048)
+    engine = vllm_backend.engine_settings(VllmEngineSettings(), ServerSnapshot.from_json(demo), 2048)
     assert engine["max_model_len"] == 2049 and engine["sources"]["max_model_len"] == "default"
     with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm\.max_model_len 2048.*>= 2049"):
-        vllm_backend.engine_settings(VllmEngineSettings(max_model_len=2048), demo, 2048)
+        vllm_backend.engine_settings(
+            VllmEngineSettings(max_model_len=2048), ServerSnapshot.from_json(demo), 2048
+        )
 
 
 def test_interpreter_is_the_config_key_else_the_snapshot_else_an_error_naming_the_key(tmp_path):
@@ -66,14 +69,16 @@ def test_interpreter_is_the_config_key_else_the_snapshot_else_an_error_naming_th
     with pytest.raises(VllmBackendError, match=r"hidden_states\.vllm\.python.*has no vLLM"):
         vllm_backend.resolve_python(VllmEngineSettings(python=no_vllm), None)
     with pytest.raises(VllmBackendError, match=r"server\.json.*hidden_states\.vllm\.python"):
-        vllm_backend.resolve_python(VllmEngineSettings(), {"python": str(tmp_path / "elsewhere" / "python")})
+        vllm_backend.resolve_python(
+            VllmEngineSettings(), ServerSnapshot.from_json({"python": str(tmp_path / "elsewhere" / "python")})
+        )
     with pytest.raises(VllmBackendError, match=r"set hidden_states\.vllm\.python.*backend: transformers"):
-        vllm_backend.resolve_python(VllmEngineSettings(), {"args": {}})
+        vllm_backend.resolve_python(VllmEngineSettings(), ServerSnapshot.from_json({"args": {}}))
     vllm_python = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
     if vllm_python.exists():
-        assert vllm_backend.resolve_python(VllmEngineSettings(), {"python": str(vllm_python)}) == str(
-            vllm_python
-        )
+        assert vllm_backend.resolve_python(
+            VllmEngineSettings(), ServerSnapshot.from_json({"python": str(vllm_python)})
+        ) == str(vllm_python)
 
 
 def test_worker_env_has_the_units_vllm_variables_our_package_and_no_launcher_ranks(tmp_path, monkeypatch):
@@ -81,14 +86,19 @@ def test_worker_env_has_the_units_vllm_variables_our_package_and_no_launcher_ran
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     folder = vllm_backend.package_path(tmp_path)
-    env = vllm_backend.worker_env(folder, SNAPSHOT)
+    env = vllm_backend.worker_env(folder, ServerSnapshot.from_json(SNAPSHOT))
     assert env["VLLM_ATTENTION_BACKEND"] == "FLASHMLA" and "OTHER" not in env and "RANK" not in env
     assert "VLLM_API_KEY" not in env and "MASTER_PORT" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["PYTHONPATH"] == str(folder) and (folder / "eagle3_pipeline" / "hidden_states").is_dir()
     # a unit (the demo's) or a shell that runs vLLM's engine in-process: the worker's runs in its own
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     in_process = {**SNAPSHOT, "env": {**SNAPSHOT["env"], "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
-    assert vllm_backend.worker_env(folder, in_process)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert (
+        vllm_backend.worker_env(folder, ServerSnapshot.from_json(in_process))[
+            "VLLM_ENABLE_V1_MULTIPROCESSING"
+        ]
+        == "1"
+    )
 
 
 def _checkpoint(folder: Path, keys: dict[str, torch.Tensor], config: dict) -> Path:

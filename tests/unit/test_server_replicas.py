@@ -26,6 +26,7 @@ from eagle3_pipeline.server.replicas import (
     server_names,
     shard_caps,
 )
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.server.snapshot import take_snapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, section
 
@@ -129,7 +130,7 @@ def _snapshot(folder: Path, model: Path, port: int, extra: str = "") -> dict:
         f"--served-model-name m --reasoning-parser kimi_k2 {extra}\n"
     )
     _, server, identity = take_snapshot(ServerSettings(unit_file=str(unit)), LocalHost())
-    return identity_fields(identity, server)
+    return identity_fields(identity, ServerSnapshot.from_json(server))
 
 
 def _model(folder: Path, config: str = '{"hidden_size": 128}') -> Path:

@@ -19,10 +19,11 @@ rebuilt from an exported config.json knows it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from eagle3_pipeline.target_shape import MLA_MODEL_TYPES, TargetShape, config_file
 
 NUM_AUX_LAYERS = 3  # EAGLE-3 fuses a low, a middle and a high target layer
 HEAD_DIM = 128  # the default head size when the target gives none usable: every vLLM/SGLang backend takes it
@@ -30,8 +31,6 @@ HEAD_DIM = 128  # the default head size when the target gives none usable: every
 # attention all accept these (FlashInfer refuses e.g. 80 or 112; CPU refuses 16)
 SERVED_HEAD_DIMS = (64, 128, 256)
 ARCHITECTURES = ("auto", "llama", "deepseek_mla")  # config draft.architecture
-# model_type of targets whose draft is MLA under `auto`: DeepSeek-V2/V3 and the Kimi family built on V3
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # q_lora_rank may be null
 VLLM_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # vLLM's
 
@@ -99,23 +98,14 @@ class DraftConfig:
 
 
 def read_target_config(path: str | Path) -> dict[str, Any]:
-    """The target's config.json (a model directory or the file itself); a VL wrapper's text_config
-    (Kimi-K2.5) is unwrapped, since the draft only sees the language model."""
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
+    """The language model's section of the target's config.json (a model directory or the file itself):
+    TargetShape.draft_fields (a VL wrapper's text_config, since the draft only sees the language model)."""
+    file = config_file(path)
     if not file.exists():
         raise FileNotFoundError(
             f"target config {file} does not exist; set target.model to the weights folder"
         )
-    config = json.loads(file.read_text())
-    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
-        # the wrapper's model_type (kimi_k25) when the text model names none: draft.architecture auto reads it
-        wrapper = {"model_type": config["model_type"]} if config.get("model_type") else {}
-        config = wrapper | config["text_config"]
-    missing = [k for k in ("hidden_size", "num_attention_heads", "vocab_size") if k not in config]
-    if missing:
-        raise ValueError(f"target config {file} lacks {missing}; is target.model a causal LM?")
-    return config
+    return TargetShape.load(file).draft_fields()
 
 
 def rope_theta_of(model_config: dict[str, Any]) -> float:

@@ -73,6 +73,7 @@ from eagle3_pipeline.draft.config import (
     read_target_config,
 )
 from eagle3_pipeline.draft.vocab import load_vocab_map
+from eagle3_pipeline.target_shape import sglang_layer_ids
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +140,6 @@ def norm_flags(config: DraftConfig) -> dict[str, bool]:
     """The EAGLE-3.1 options under the names vLLM and speculators read, and norm_before_residual: false,
     the residual this draft adds (model.py) and the one speculators' and vLLM's defaults disagree on."""
     return {"norm_before_residual": False} | {option: bool(getattr(config, option)) for option in NORM_KEYS}
-
-
-def sglang_layer_ids(aux_layer_ids_vllm: list[int]) -> list[int]:
-    """vLLM's ids ("input of layer i") as SGLang/SpecForge number them ("output of 0-indexed layer i").
-
-    Raises:
-        ValueError: an id 0 (the embeddings), which SGLang's numbering cannot express.
-    """
-    if any(i < 1 for i in aux_layer_ids_vllm):
-        raise ValueError(f"auxiliary layer ids {aux_layer_ids_vllm} (vLLM numbering) include the embeddings")
-    return [int(i) - 1 for i in aux_layer_ids_vllm]
 
 
 def checkpoint_config(config: DraftConfig, aux_layer_ids_vllm: list[int]) -> dict[str, Any]:

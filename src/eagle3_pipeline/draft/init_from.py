@@ -46,12 +46,13 @@ from eagle3_pipeline.draft.config import (
     read_target_config,
     rope_theta_of,
 )
-from eagle3_pipeline.draft.export import aux_layers_from_metadata, checkpoint_config, sglang_layer_ids
+from eagle3_pipeline.draft.export import aux_layers_from_metadata, checkpoint_config
 from eagle3_pipeline.draft.init_files import WEIGHT_FILES, weights_file
 from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import draft_ids as map_draft_ids
 from eagle3_pipeline.settings import DRAFT_NORM_KEYS, DraftSettings
+from eagle3_pipeline.target_shape import sglang_layer_ids
 
 log = logging.getLogger(__name__)
 

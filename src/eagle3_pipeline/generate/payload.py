@@ -89,12 +89,6 @@ class Sampling:
         return {key: value for key, value in sent.items() if value is not None}
 
 
-def served_model_name(server_json: dict[str, Any]) -> str:
-    """The model name requests carry: server.json's served_model_name (its first), else its model."""
-    model = server_json.get("served_model_name") or server_json["model"]
-    return model[0] if isinstance(model, list) else model
-
-
 def request_seed(base: int | None, prompt_id: str) -> int | None:
     """The per-request seed: derived from generation.seed and the id, so a retry samples the same."""
     if base is None:

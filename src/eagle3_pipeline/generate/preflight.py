@@ -28,7 +28,8 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.generate.http import Http
-from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages, served_model_name
+from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ def fit_report(counts: list[int | None], total: int, max_tokens: int, max_model_
 async def _preflight(
     base_url: str,
     sampling: Sampling,
-    server_json: dict[str, Any],
+    snapshot: ServerSnapshot,
     http: Http,
     selection_path: str | Path,
     timeout: float,
@@ -149,7 +150,7 @@ async def _preflight(
     if status != 200:
         raise PreflightError(f"{base_url}/v1/models answered HTTP {status}: {models}")
     entry = served_model(models, sampling.model)
-    max_model_len = entry.get("max_model_len") or server_json.get("max_model_len")
+    max_model_len = entry.get("max_model_len") or snapshot.max_model_len
     if max_model_len and sampling.max_tokens >= max_model_len:
         raise PreflightError(
             f"generation.max_tokens = {sampling.max_tokens} leaves no room for a prompt within the "
@@ -166,7 +167,7 @@ async def _preflight(
         "served_model_name": sampling.model,
         "max_model_len": max_model_len,
         "max_tokens": sampling.max_tokens,
-        **check_probe_reply(data, server_json.get("reasoning_parser"), sampling),
+        **check_probe_reply(data, snapshot.reasoning_parser, sampling),
     }
     total, longest = longest_prompts(selection_path, PREFLIGHT_COUNTED)
     counts = await _count_tokens(http, longest, sampling, timeout) if max_model_len else []
@@ -177,7 +178,7 @@ async def _preflight(
 def run_preflight(
     base_url: str,
     sampling: Sampling,
-    server_json: dict[str, Any],
+    snapshot: ServerSnapshot,
     selection_path: str | Path,
     api_key: str | None = None,
     ca_bundle: str | None = None,
@@ -189,7 +190,7 @@ def run_preflight(
     async def run() -> dict[str, Any]:
         http = Http(base_url, headers, COUNT_CONCURRENCY, ca_bundle)
         try:
-            return await _preflight(base_url, sampling, server_json, http, selection_path, timeout_s)
+            return await _preflight(base_url, sampling, snapshot, http, selection_path, timeout_s)
         finally:
             await http.close()
 
@@ -283,13 +284,13 @@ def _preflight_one(
     from eagle3_pipeline.server.lifecycle import ensure_running
     from eagle3_pipeline.server.secrets import redact_data
 
-    server_json = json.loads(Path(server_json_path).read_text())
-    base_url = ensure_running(server_json, server, Path(state_dir))
-    sampling = Sampling.from_settings(generation, served_model_name(server_json))
+    snapshot = ServerSnapshot.load(server_json_path)
+    base_url = ensure_running(snapshot, server, Path(state_dir))
+    sampling = Sampling.from_settings(generation, snapshot.request_model)
     result = run_preflight(
         base_url,
         sampling,
-        server_json,
+        snapshot,
         selection_path,
         api_key=api_key(server),
         ca_bundle=server.ca_bundle,

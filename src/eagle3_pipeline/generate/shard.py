@@ -11,7 +11,6 @@ instead: nothing is written, the journal keeps what finished, and the rerun send
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -27,9 +26,10 @@ from tqdm import tqdm
 
 from eagle3_pipeline.generate.client import ChatClient, ServerUnavailable, outcome
 from eagle3_pipeline.generate.journal import Journal, params_hash
-from eagle3_pipeline.generate.payload import Sampling, request_seed, served_model_name
+from eagle3_pipeline.generate.payload import Sampling, request_seed
 from eagle3_pipeline.generate.slots import SlotPool
 from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings
 
 if TYPE_CHECKING:
@@ -396,25 +396,25 @@ def generate_shard(
     from eagle3_pipeline.server import api_key, secrets
     from eagle3_pipeline.server.lifecycle import ensure_running
 
-    server_json = json.loads(Path(server_json_path).read_text())
-    secrets.learn(server_json)  # the unit's secrets, hidden in this job's log, errors and reasons
-    target_json, target, target_state, slots_dir = server_json, server, state_dir, None
+    snapshot = ServerSnapshot.load(server_json_path)
+    secrets.learn(snapshot)  # the unit's secrets, hidden in this job's log, errors and reasons
+    target_snapshot, target, target_state, slots_dir = snapshot, server, state_dir, None
     if replica is not None and not replica.primary:
-        target_json = json.loads(Path(replica.server_json).read_text())
-        secrets.learn(target_json)
+        target_snapshot = ServerSnapshot.load(replica.server_json)
+        secrets.learn(target_snapshot)
         target, target_state, slots_dir = replica.settings, replica.state_dir, replica.slots_dir
     if replica is not None:
         log.info("shard %05d is sent to server %s", shard, replica.name)
     prompts = pl.read_parquet(prompts_path)
-    start_server = partial(ensure_running, target_json, target, Path(target_state))
-    sampling = Sampling.from_settings(generation, served_model_name(server_json))
+    start_server = partial(ensure_running, target_snapshot, target, Path(target_state))
+    sampling = Sampling.from_settings(generation, snapshot.request_model)
     frame = run_generation(
         prompts,
         start_server,  # only when some request is left to send
         sampling,
         generation,
         journal_path,
-        identity=server_json["identity"],
+        identity=snapshot.identity,
         shard=shard,
         api_key=api_key(target),
         health_timeout_s=target.start_timeout_s,

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from eagle3_pipeline.target_shape import TargetShape
+
 SUFFIX = "norm.weight"
 # Families whose final norm is not plain `weight * x / rms(x)` (Gemma: `(1 + weight) * ...`).
 NON_PLAIN_RMSNORM = ("gemma", "gemma2", "gemma3", "gemma3_text", "gemma3n")
@@ -36,11 +38,6 @@ class FinalNorm:
 
     def as_dict(self) -> dict[str, str | float]:
         return {"file": self.file, "key": self.key, "eps": self.eps}
-
-
-def text_config(model_config: dict) -> dict:
-    """The language model's config.json section (VL wrappers such as Kimi-K2.5 nest it)."""
-    return model_config.get("text_config") or model_config
 
 
 def checkpoint_keys(target: Path) -> dict[str, str]:
@@ -65,18 +62,17 @@ def find_final_norm(target: str | Path) -> FinalNorm:
         FinalNormError: no such weight, several, a biased norm, or a family whose norm is not plain.
     """
     target = Path(target)
-    model_config = json.loads((target / "config.json").read_text())
-    text = text_config(model_config)
-    model_type = text.get("model_type", model_config.get("model_type"))
+    shape = TargetShape.load(target)
+    model_type = shape.model_type
     fallback = "set hidden_states.backend: transformers to extract with transformers instead"
     if model_type in NON_PLAIN_RMSNORM:
         raise FinalNormError(
             f"{target}: the final norm of model_type {model_type!r} is not plain RMSNorm; {fallback}"
         )
-    eps = text.get("rms_norm_eps")
+    eps = shape.rms_norm_eps
     if eps is None:
         raise FinalNormError(f"{target}/config.json has no rms_norm_eps (not an RMSNorm model?); {fallback}")
-    last = int(text["num_hidden_layers"]) - 1
+    last = int(shape.text["num_hidden_layers"]) - 1
     keys = checkpoint_keys(target)
     prefixes = {k[: -len(SUFFIX)] for k in keys if k.endswith(SUFFIX)}
     found = [

@@ -21,13 +21,14 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.hidden_states import capture, sequences, storage
+from eagle3_pipeline.hidden_states import capture, storage
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.parts import packed_mark, part_path
 from eagle3_pipeline.hidden_states.plan import ShardPlan
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
 from eagle3_pipeline.locks import SlotLockError, held_slot
 from eagle3_pipeline.settings import HiddenStatesSettings
+from eagle3_pipeline.target_shape import vllm_layer_ids
 
 log = logging.getLogger(__name__)
 PACK_POLL_S = 0.1  # how often a job waiting for a pack slot tries again
@@ -98,7 +99,7 @@ def shard_metadata(
         "num_hidden_layers": info.num_layers,
         "vocab_size": info.vocab_size,
         "aux_layers": layers,
-        "aux_layers_vllm": sequences.vllm_layer_ids(layers),
+        "aux_layers_vllm": vllm_layer_ids(layers),
         "layer_numbering": "aux_layers: 0-indexed decoder-layer outputs (HF hidden_states[l+1]); "
         "aux_layers_vllm: vLLM eagle_aux_hidden_state_layer_ids (l+1)",
         "final_state": "post_norm",

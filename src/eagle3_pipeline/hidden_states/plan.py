@@ -3,8 +3,6 @@ built from the shard's trace rows and their batches. Both backends plan alike.""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from eagle3_pipeline.hidden_states import capture, sequences
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.sequences import TrainingSequence
 from eagle3_pipeline.settings import HiddenStatesSettings
+from eagle3_pipeline.target_shape import TargetShape, vllm_layer_ids
 
 log = logging.getLogger(__name__)
 
@@ -27,40 +26,22 @@ class TargetInfo:
     config_sha: str
 
 
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
-
-
 def target_info(target: Path, trust_remote_code: bool = False) -> TargetInfo:
     """Layer count, hidden size and vocab of the target's language model, from its config.json.
 
-    Read from the JSON itself when it states the three (at the top, or in a VL wrapper's text_config
-    alone): the same values transformers' AutoConfig loads, without importing transformers, which was
-    most of an extraction client's planning (5.1 of 5.2 s for a 108k-token shard on a loaded 2-core
-    machine) while the engine waited for its request. Anything else goes through AutoConfig."""
-    raw = (Path(target) / "config.json").read_bytes()
-    sha = hashlib.sha256(raw).hexdigest()
-    shape = _stated_shape(json.loads(raw))
-    if shape is not None:
-        return TargetInfo(*shape, sha)
+    Read from the JSON itself when it states the three (TargetShape.stated_shape): the same values
+    transformers' AutoConfig loads, without importing transformers, which was most of an extraction
+    client's planning (5.1 of 5.2 s for a 108k-token shard on a loaded 2-core machine) while the engine
+    waited for its request. Anything else goes through AutoConfig."""
+    shape = TargetShape.load(target)
+    stated = shape.stated_shape()
+    if stated is not None:
+        return TargetInfo(*stated, shape.sha256)
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(str(target), trust_remote_code=trust_remote_code)
     text = capture.text_config(model_config)
-    return TargetInfo(text.num_hidden_layers, text.hidden_size, text.vocab_size, sha)
-
-
-def _stated_shape(model_config: dict[str, Any]) -> tuple[int, int, int] | None:
-    """The language model's (layers, hidden, vocab) as config.json states them, or None when it does not
-    say them plainly: a key missing (a config class's default or renamed attribute), or a nested
-    config other than text_config that could be the language model's."""
-    nested = [k for k, v in model_config.items() if isinstance(v, dict) and "hidden_size" in v]
-    if nested not in ([], ["text_config"]):
-        return None
-    text = model_config["text_config"] if nested else model_config
-    values = [text.get(key) for key in SHAPE_KEYS]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return None
-    return values[0], values[1], values[2]
+    return TargetInfo(text.num_hidden_layers, text.hidden_size, text.vocab_size, shape.sha256)
 
 
 @dataclass
@@ -99,7 +80,7 @@ def plan_shard(hidden_states: HiddenStatesSettings, job: ShardJob) -> ShardPlan:
         sum(map(len, seqs)),
         len(batches),
         layers,
-        sequences.vllm_layer_ids(layers),
+        vllm_layer_ids(layers),
     )
     return ShardPlan(job, info, layers, seqs, stats, batches)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline.target_shape import AuxLayerError, aux_layers
+
 log = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("truncate", "drop")
@@ -62,38 +64,12 @@ class SequenceStats:
 
 
 def resolve_layers(spec: str | Sequence[int | str], num_layers: int) -> list[int]:
-    """The three aux layers as 0-indexed decoder-layer outputs (HF `hidden_states[l + 1]`).
-
-    Args:
-        spec: "auto" (layers 1, N//2-1, N-4, as EAGLE-3 / SpecForge pick them) or three ints.
-        num_layers: the target's decoder layer count N.
-
-    Raises:
-        SequenceError: when the layers are not three distinct ints in [0, N).
-    """
-    items = [spec] if isinstance(spec, str) else list(spec)
-    if [str(x) for x in items] == ["auto"]:
-        if num_layers < 5:
-            raise SequenceError(
-                f"hidden_states.layers=auto needs >= 5 decoder layers, target has {num_layers}"
-            )
-        layers = [1, num_layers // 2 - 1, num_layers - 4]
-    else:
-        try:
-            layers = [int(x) for x in items]
-        except ValueError as err:
-            raise SequenceError(f"hidden_states.layers: {spec!r} is neither 'auto' nor three ints") from err
-    if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= x < num_layers for x in layers):
-        raise SequenceError(
-            f"hidden_states.layers: {layers} must be three distinct 0-indexed decoder layers in "
-            f"[0, {num_layers}) (or 'auto')"
-        )
-    return sorted(layers)
-
-
-def vllm_layer_ids(layers: Sequence[int]) -> list[int]:
-    """vLLM's `eagle_aux_hidden_state_layer_ids`: the *input* to layer l+1, i.e. output of layer l."""
-    return [int(x) + 1 for x in layers]
+    """The three aux layers (0-indexed decoder-layer outputs) by target_shape.aux_layers, the one rule;
+    a bad `spec` as a SequenceError, as the shard's other problems."""
+    try:
+        return aux_layers(spec, num_layers)
+    except AuxLayerError as err:
+        raise SequenceError(str(err)) from err
 
 
 def load_trace_rows(path: str | Path, shard: int) -> list[dict[str, Any]]:

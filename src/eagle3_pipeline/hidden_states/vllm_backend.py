@@ -16,7 +16,6 @@ extraction's own: max_model_len = max_seq_len + 1, an explicit max_num_batched_t
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.server.secrets import REDACTED
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import VllmEngineSettings
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class VllmBackendError(RuntimeError):
     """The vLLM backend cannot run as configured; the message names the key to fix."""
 
 
-def read_snapshot(path: Path | None) -> dict[str, Any] | None:
+def read_snapshot(path: Path | None) -> ServerSnapshot | None:
     """server.json, or None when there is none (traces given by hand, no served unit to copy)."""
     if path is None:
         return None
@@ -88,7 +88,7 @@ def read_snapshot(path: Path | None) -> dict[str, Any] | None:
         log.warning("no server snapshot at %s: engine settings from hidden_states.vllm and defaults", path)
         return None
     try:
-        return json.loads(Path(path).read_text())
+        return ServerSnapshot.load(path)
     except (OSError, ValueError) as err:
         raise VllmBackendError(f"cannot read the server snapshot {path}: {err}") from None
 
@@ -101,7 +101,7 @@ ALLOW_UNTESTED_KEY = "hidden_states.vllm.allow_untested_version"
 
 def engine_settings(
     vllm: VllmEngineSettings,
-    snapshot: dict[str, Any] | None,
+    snapshot: ServerSnapshot | None,
     max_seq_len: int,
     batch_tokens: int | None = None,
 ) -> dict[str, Any]:
@@ -123,15 +123,14 @@ def engine_settings(
     Raises:
         VllmBackendError: a setting that cannot hold the sequences, or a DP unit without a TP here.
     """
-    snap = snapshot or {}
-    args = snap.get("args") or {}
+    args = snapshot.args if snapshot else {}
     need = max_seq_len + 1
     from_snapshot = {
-        "tensor_parallel_size": snap.get("tensor_parallel_size"),
+        "tensor_parallel_size": snapshot.tensor_parallel_size if snapshot else None,
         "enable_expert_parallel": bool(args.get("--enable-expert-parallel")) if snapshot else None,
         "dtype": args.get("--dtype"),
         "quantization": args.get("--quantization"),
-        "trust_remote_code": snap.get("trust_remote_code") if snapshot else None,
+        "trust_remote_code": snapshot.trust_remote_code if snapshot else None,
         "enforce_eager": bool(args.get("--enforce-eager")) if snapshot else None,
         "gpu_memory_utilization": None,  # memory, not numbers: the config's or vLLM's default
         "max_model_len": None,  # the unit's context sizes a server, not extraction
@@ -176,8 +175,9 @@ def engine_settings(
             f"hidden_states.max_seq_len {max_seq_len} tokens plus the one vLLM generates: set it to "
             f">= {need} or null"
         )
-    if snap.get("max_model_len") and snap["max_model_len"] != settings["max_model_len"]:
-        log.info("the unit's max_model_len %s not used: extraction needs %d", snap["max_model_len"], need)
+    served_len = snapshot.max_model_len if snapshot else None
+    if served_len and served_len != settings["max_model_len"]:
+        log.info("the unit's max_model_len %s not used: extraction needs %d", served_len, need)
     if settings["max_num_batched_tokens"] is None:
         settings["max_num_batched_tokens"] = max(settings["max_model_len"], batch_tokens or 0)
         sources["max_num_batched_tokens"] = "max(max_model_len, batch_tokens)"
@@ -240,7 +240,7 @@ def _has_vllm(python: str) -> bool:
         return False
 
 
-def resolve_python(vllm: VllmEngineSettings, snapshot: dict[str, Any] | None) -> str:
+def resolve_python(vllm: VllmEngineSettings, snapshot: ServerSnapshot | None) -> str:
     """The interpreter that runs vLLM: `hidden_states.vllm.python`, else the served unit's own Python.
 
     The snapshot records the unit's interpreter (`python`: the word before `-m vllm...`, or the shebang
@@ -256,8 +256,8 @@ def resolve_python(vllm: VllmEngineSettings, snapshot: dict[str, Any] | None) ->
     )
     if vllm.python:
         python, origin = vllm.python, "hidden_states.vllm.python"
-    elif snapshot and snapshot.get("python"):
-        python, origin = snapshot["python"], "the served unit's interpreter (server.json `python`)"
+    elif snapshot and snapshot.python:
+        python, origin = snapshot.python, "the served unit's interpreter (server.json `python`)"
     else:
         raise VllmBackendError(f"hidden_states.backend: vllm needs an interpreter with vLLM: {fix}")
     resolved = shutil.which(python) or python
@@ -285,10 +285,10 @@ def package_path(scratch: Path) -> Path:
     return folder
 
 
-def worker_env(package_dir: Path, snapshot: dict[str, Any] | None) -> dict[str, str]:
+def worker_env(package_dir: Path, snapshot: ServerSnapshot | None) -> dict[str, str]:
     """The worker's environment: the served unit's VLLM_* variables under ours, no launcher's ranks."""
     env = {}
-    for name, value in ((snapshot or {}).get("env") or {}).items():
+    for name, value in (snapshot.env if snapshot else {}).items():
         if name.startswith("VLLM_") and REDACTED not in str(value):  # a secret stays out
             env[name] = str(value)  # e.g. VLLM_ATTENTION_BACKEND, VLLM_CPU_KVCACHE_SPACE
     env.update({k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV})

@@ -22,7 +22,9 @@ from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings
+from eagle3_pipeline.target_shape import engine_layer_ids
 
 log = logging.getLogger(__name__)
 # benchmarks/extraction_engine.py's "before": "job" holds the client slot from planning to packing, as
@@ -88,7 +90,7 @@ def _extract_shards(
             }
             for b in todo
         ]
-    layer_ids = sequences.vllm_layer_ids(plans[0].layers) + [plans[0].info.num_layers]
+    layer_ids = engine_layer_ids(plans[0].layers, plans[0].info.num_layers)
     norm = final_norm.find_final_norm(first.target)
     if batches:
         records = [str(plan.job.work / "engine.json") for plan in plans]
@@ -114,7 +116,7 @@ def _extract_shards(
 
 
 def engine_spec_for(
-    hidden_states: HiddenStatesSettings, target: Path, snapshot: dict[str, Any] | None, directory: Path
+    hidden_states: HiddenStatesSettings, target: Path, snapshot: ServerSnapshot | None, directory: Path
 ) -> dict[str, Any]:
     """What the engine of `directory` runs for these settings and this target (its spec.json): the engine
     job and each of its clients build it alike, so a client checks that it joins the right engine."""
@@ -128,7 +130,7 @@ def engine_spec_for(
     return vllm_backend.engine_spec(
         target,
         engine,
-        sequences.vllm_layer_ids(layers) + [info.num_layers],
+        engine_layer_ids(layers, info.num_layers),
         hidden_states.dtype,
         final_norm.find_final_norm(Path(target)).as_dict(),
         vllm_backend.staging_dir(options, Path(directory), window, info.hidden_size),
@@ -168,7 +170,7 @@ def serve_engine(
 def run_on_engine(
     hidden_states: HiddenStatesSettings,
     job: ShardJob,
-    snapshot: dict[str, Any] | None,
+    snapshot: ServerSnapshot | None,
     request: dict[str, Any],
 ) -> dict[str, Any]:
     """Run a job's batches on its extraction engine, waiting for every part.

@@ -35,6 +35,7 @@ from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import final_norm
 from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError, _kill_own_session
 from eagle3_pipeline.logs import setup_logging
+from eagle3_pipeline.target_shape import TargetShape
 
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")
 SYNC_CONNECTOR = "SyncHiddenStatesConnector"
@@ -64,8 +65,7 @@ def connector_name(choice: str, cuda: bool) -> str:
 
 def is_vl_wrapper(target: str) -> bool:
     """A multimodal wrapper (Kimi-K2.5's KimiK25ForConditionalGeneration): a text_config inside."""
-    config = json.loads((Path(target) / "config.json").read_text())
-    return "text_config" in config or "vision_config" in config
+    return TargetShape.load(target).is_vl_wrapper
 
 
 def engine_kwargs(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
@@ -116,9 +116,9 @@ def check_architecture(target: str, trust_remote_code: bool) -> None:
     """Refuse, before any engine starts, a target whose architecture vLLM has no model for."""
     from vllm import ModelRegistry
 
-    config = json.loads((Path(target) / "config.json").read_text())
-    archs = config.get("architectures") or []
-    if trust_remote_code and config.get("auto_map"):
+    shape = TargetShape.load(target)
+    archs = shape.architectures
+    if trust_remote_code and shape.has_remote_code:
         return  # remote code: vLLM may still run it through its Transformers fallback; the engine decides
     if not set(archs) & set(ModelRegistry.get_supported_archs()):
         raise WorkerError(f"vLLM {_version()} has no model for {archs} ({target}); {FALLBACK}")

@@ -10,6 +10,7 @@ ownership record (ownership.py) says the pipeline started it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +19,23 @@ from eagle3_pipeline.server import auth_headers, secrets, tls_verify
 from eagle3_pipeline.server.backend import backend_for
 from eagle3_pipeline.server.health import ServerError, check_health, check_model
 from eagle3_pipeline.server.ownership import read_ownership, record_ownership, state_lock
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
 
-def server_url(server_json: dict[str, Any], server: ServerSettings, state_dir: Path) -> str:
+def server_url(snapshot: ServerSnapshot | Mapping[str, Any], server: ServerSettings, state_dir: Path) -> str:
     """The URL requests go to: server.base_url, or through the SSH tunnel, or the snapshot's."""
     del state_dir  # the tunnel holds no state on disk
+    snapshot = ServerSnapshot.of(snapshot)
     if server.base_url:
         return server.base_url.rstrip("/")
     if server.tunnel and server.host != "local":
         from eagle3_pipeline.server.tunnel import get_tunnel
 
-        return get_tunnel(server_json, server).url()
-    return server_json["base_url"].rstrip("/")
+        return get_tunnel(snapshot, server).url()
+    return snapshot.base_url.rstrip("/")
 
 
 def _record_foreign(server: ServerSettings, state_dir: Path) -> None:
@@ -41,15 +44,18 @@ def _record_foreign(server: ServerSettings, state_dir: Path) -> None:
         record_ownership(state_dir, False, server)
 
 
-def ensure_running(server_json: dict[str, Any], server: ServerSettings, state_dir: Path) -> str:
+def ensure_running(
+    snapshot: ServerSnapshot | Mapping[str, Any], server: ServerSettings, state_dir: Path
+) -> str:
     """The base URL of a healthy server serving the snapshot's model, starting it when managed.
 
     Whoever started it, the model is checked (`/v1/models` lists served_model_name), and who started it
     is recorded in state_dir/ownership.json for `stop`.
     """
-    secrets.learn(server_json)  # log tails and errors of this job hide the unit's secrets
+    snapshot = ServerSnapshot.of(snapshot)
+    secrets.learn(snapshot)  # log tails and errors of this job hide the unit's secrets
     headers, verify = auth_headers(server), tls_verify(server)
-    base_url = server_url(server_json, server, state_dir)
+    base_url = server_url(snapshot, server, state_dir)
     if check_health(base_url, headers, verify=verify):
         with state_lock(state_dir):
             _record_foreign(server, Path(state_dir))
@@ -64,18 +70,20 @@ def ensure_running(server_json: dict[str, Any], server: ServerSettings, state_di
                 _record_foreign(server, Path(state_dir))
             else:
                 backend_for(server, Path(state_dir)).start(base_url, headers)
-    check_model(base_url, server_json["served_model_name"], headers, verify)
-    log.info("server %s is up and serves %s", base_url, server_json["served_model_name"])
+    check_model(base_url, snapshot.served_model_name, headers, verify)
+    log.info("server %s is up and serves %s", base_url, snapshot.served_model_name)
     return base_url
 
 
-def stop(server_json: dict[str, Any], server: ServerSettings, state_dir: Path) -> dict[str, Any]:
+def stop(
+    snapshot: ServerSnapshot | Mapping[str, Any], server: ServerSettings, state_dir: Path
+) -> dict[str, Any]:
     """Stop the server after generation when configured and ours to stop; returns what was done.
 
     Ours: ownership.json says the pipeline started it and (systemd) the unit's InvocationID is still
     that start's. `server.stop_foreign: true` stops it whoever started it.
     """
-    secrets.learn(server_json)  # a journal tail in an error hides the unit's secrets
+    secrets.learn(snapshot)  # a journal tail in an error hides the unit's secrets
     report: dict[str, Any] = {"unit": server.unit, "host": server.host}
     if not (server.manage and server.stop_after_generation):
         return {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # a slug: used in paths and as part of a resource name
@@ -209,9 +210,9 @@ def fleet(server: ServerSettings, results: str, work: str) -> Fleet:
     return Fleet((primary, *replicas))
 
 
-def identity_fields(identity_json: dict[str, Any], server_json: dict[str, Any]) -> dict[str, Any]:
+def identity_fields(identity_json: dict[str, Any], snapshot: ServerSnapshot) -> dict[str, Any]:
     """What is compared: identity.json's fields and server.json's vLLM version (None when unknown)."""
-    return {**identity_json["fields"], "vllm_version": server_json.get("vllm_version")}
+    return {**identity_json["fields"], "vllm_version": snapshot.vllm_version}
 
 
 def check_replica_files(
@@ -231,8 +232,8 @@ def check_replica_files(
     primary = load(primary_identity)
     check_identity(
         name,
-        identity_fields(primary, load(primary_server)),
-        identity_fields(load(replica_identity), load(replica_server)),
+        identity_fields(primary, ServerSnapshot.load(primary_server)),
+        identity_fields(load(replica_identity), ServerSnapshot.load(replica_server)),
     )
     result = {"replica": name, "same_as_primary": True, "primary_identity": primary["identity"]}
     io.write_json(result, output, indent=1, sort_keys=True)

@@ -28,9 +28,11 @@ import hashlib
 import logging
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from eagle3_pipeline.server._vllm_flags import MULTI_VALUE_FLAGS
+from eagle3_pipeline.server.server_json import ServerSnapshot
 
 REDACTED = "<redacted>"
 # A name holds a secret when it contains one of these words, with any prefix or suffix (HF_TOKEN2,
@@ -322,10 +324,10 @@ def _unquote(word: str) -> str:
 REDACTOR = Redactor()
 
 
-def learn(server_json: dict[str, Any], redactor: Redactor = REDACTOR) -> None:
+def learn(snapshot: ServerSnapshot | Mapping[str, Any], redactor: Redactor = REDACTOR) -> None:
     """Make this process hide the secrets of the unit a server.json describes (its `redaction`
     fingerprints). Call it in every job that reads server.json and can print server output."""
-    redactor.learn(server_json.get("redaction"))
+    redactor.learn(ServerSnapshot.of(snapshot).redaction)
 
 
 def redact_env(env: dict[str, str], redactor: Redactor = REDACTOR) -> dict[str, str]:

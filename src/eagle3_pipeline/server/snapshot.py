@@ -3,7 +3,7 @@
 The unit text comes from `systemctl cat` on the host (local or SSH), or from `server.unit_file` (and
 its `.d/*.conf` drop-ins) where that file is on this machine or systemctl fails. server.json holds no
 timestamps and no secrets: re-snapshotting an unchanged server rewrites identical files, so nothing
-downstream goes stale.
+downstream goes stale. Jobs read server.json back through server_json.ServerSnapshot alone.
 """
 
 from __future__ import annotations

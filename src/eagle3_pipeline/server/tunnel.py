@@ -17,6 +17,7 @@ import logging
 import select
 import socket
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import paramiko
@@ -24,6 +25,7 @@ import paramiko
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, RemoteHost
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)
@@ -165,11 +167,12 @@ class Tunnel:
         return self.base_url
 
 
-def get_tunnel(server_json: dict[str, Any], server: ServerSettings) -> Tunnel:
+def get_tunnel(snapshot: ServerSnapshot | Mapping[str, Any], server: ServerSettings) -> Tunnel:
     """The process-wide tunnel for this server (one per destination and port)."""
-    bind = server_json.get("host")
+    snapshot = ServerSnapshot.of(snapshot)
+    bind = snapshot.host
     remote_host = "127.0.0.1" if bind in (None, "", "0.0.0.0", "::") else bind
-    key = (server.host, int(server_json["port"]))
+    key = (server.host, int(snapshot.port))
     if key not in _TUNNELS:
-        _TUNNELS[key] = Tunnel(server.host, server.ssh, int(server_json["port"]), remote_host)
+        _TUNNELS[key] = Tunnel(server.host, server.ssh, int(snapshot.port), remote_host)
     return _TUNNELS[key]

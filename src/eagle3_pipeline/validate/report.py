@@ -22,6 +22,7 @@ import polars as pl  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from eagle3_pipeline import io
+from eagle3_pipeline.server.server_json import ServerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,11 @@ PAGE = (
 
 def server_page(unit_path: str | Path, server_json_path: str | Path, output: str | Path) -> None:
     """HTML: the main server.json fields, the vLLM flags, and the redacted unit text as captured."""
-    server = _read_json(server_json_path) or {}
-    body = _table([(k, server.get(k)) for k in SERVER_KEYS if k in server])
-    body += "<h3>vLLM flags</h3>" + _table(sorted((server.get("args") or {}).items()))
-    body += "<h3>Environment (secrets redacted)</h3>" + _table(sorted((server.get("env") or {}).items()))
+    path = Path(server_json_path)
+    server = ServerSnapshot.load(path) if path.exists() else ServerSnapshot()
+    body = _table(list(server.stated(SERVER_KEYS).items()))
+    body += "<h3>vLLM flags</h3>" + _table(sorted(server.args.items()))
+    body += "<h3>Environment (secrets redacted)</h3>" + _table(sorted(server.env.items()))
     body += f"<h3>Unit (systemctl cat, redacted)</h3><pre>{html.escape(Path(unit_path).read_text())}</pre>"
     io.write_text(PAGE.format(title="Server snapshot", body=body), output)
 
