@@ -13,7 +13,7 @@ run time only (`runtime_only`). The rules' params derive from these declarations
 
 The package sees only these objects: the rules read `SETTINGS` and pass plain params and run-time values;
 each script turns them back into its whole sections (`whole`, `RuntimeOnly.whole`), or into a narrow
-section holding exactly the keys its rule records (`TraceFilters`, `Lengths`, `Batching`, `Selection`),
+section holding exactly the keys its rule records (`TraceFilters`, `Lengths`, `Batching`, `QuestionOrder`),
 and hands those to one package call, whose functions take `*Settings`.
 """
 
@@ -448,7 +448,7 @@ class Batching:
 
 
 @dataclass(frozen=True)
-class Selection:
+class QuestionOrder:
     """dataset.path, seed and turns: what the questions' order depends on (prepare_prompts)."""
 
     path: str
