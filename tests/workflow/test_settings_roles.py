@@ -16,12 +16,19 @@ from support.workflow import REPO, planned_jobs, write_config
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.generate.payload import sampling_params, serve_check_params
 from eagle3_pipeline.settings import (
+    Batching,
+    DemoSettings,
+    DraftSettings,
+    Lengths,
+    QuestionOrder,
     RuntimeOnly,
     Settings,
+    TraceFilters,
     build_settings,
     rerun_keys,
     rerun_params,
     runtime_params,
+    whole,
 )
 
 # keys recorded only while set, set: their params appear (and generation.history own reaches the selection)
@@ -149,3 +156,26 @@ def test_every_section_a_job_receives_is_whole(plan):
             seen.add((job.rule.name, name))
     assert {("serve_check", "validate"), ("preflight_generation", "generation")} <= seen
     assert {("extract_hidden_states", "hidden_states"), ("train_draft", "train")} <= seen
+
+
+# what the scripts without run-time values build from their params (scripts/*.py)
+BUILT = {
+    "filter_traces": lambda p: whole(TraceFilters, p.traces),
+    "vocab_map": lambda p: whole(Lengths, p.lengths),
+    "plan_windows": lambda p: (whole(Batching, p.train), whole(Lengths, p.lengths)),
+    "prepare_prompts": lambda p: whole(
+        QuestionOrder, {k: v for k, v in p.selection.items() if k != "history"}
+    ),
+    "build_demo_target": lambda p: whole(DemoSettings, {**dict(p.items()), "enabled": True}),
+    "validate_offline_init": lambda p: whole(DraftSettings, p.draft),
+    "train_draft": lambda p: whole(DraftSettings, p.draft),
+    "train_draft_window": lambda p: whole(DraftSettings, p.draft),
+}
+
+
+def test_the_scripts_sections_build_from_the_planned_params(plan):
+    settings, jobs = plan
+    built = {job.rule.name for job in jobs if job.rule.name in BUILT and BUILT[job.rule.name](job.params)}
+    assert {"filter_traces", "vocab_map", "prepare_prompts", "train_draft"} <= built
+    draft = [whole(DraftSettings, job.params.draft) for job in jobs if job.rule.name == "train_draft"]
+    assert draft[0] == settings.draft  # the user's values, the later keys too
