@@ -11,9 +11,10 @@ from eagle3_pipeline.settings import build_settings
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
 # The config as typed, frozen sections. Params are rerun triggers (rerun-triggers in profiles/): a
-# rule passes as params only what its output depends on (as_params), and what a job needs only while
-# it runs (timeouts, pacing, how to reach a server whose identity is an input) as runtime_only(...),
-# an object Snakemake does not record (eagle3_pipeline.settings.RuntimeOnly): changing it reruns nothing.
+# rule passes as params only what its output depends on (rerun_params, from the jobs each field of
+# settings.py declares it reruns), and what a job needs only while it runs (timeouts, pacing, how to
+# reach a server whose identity is an input) as runtime_only(...), an object Snakemake does not record
+# (eagle3_pipeline.settings.RuntimeOnly): changing it reruns nothing.
 SETTINGS = build_settings(config)
 
 RESULTS = f"results/{SETTINGS.run}"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.demo import DEMO_DIRS, DEMO_UNITS, UNIT_TEMPLATES
+from eagle3_pipeline.settings import rerun_params
 
 DEMO_SAMPLE = "config/demo/sample.jsonl"  # what the demo target is fitted on, and the demo's dataset
 # the two demos' results folders (config/config.yaml, config/demo-kimi/config.yaml)
@@ -43,14 +44,8 @@ if SETTINGS.demo.enabled:
             "../envs/pipeline.yaml"
         threads: 2
         params:
-            # demo.family only when not the Llama: the Llama demo's target is not rebuilt for its arrival
-            **(
-                {"family": SETTINGS.demo.family}
-                if SETTINGS.demo.family != "llama"
-                else {}
-            ),
-            port=SETTINGS.demo.port,
-            fit_seconds=SETTINGS.demo.fit_seconds,
-            seed=SETTINGS.demo.seed,
+            # port, fit_seconds, seed; demo.family only when not the Llama: the Llama demo's target is
+            # not rebuilt for its arrival
+            **rerun_params(SETTINGS.demo, "build_demo_target"),
         script:
             "../scripts/build_demo_target.py"

@@ -5,17 +5,18 @@
 # rerun that finds the same writes the same bytes and triggers nothing.
 # With server.replicas, shard k goes to server k mod n (resources vllm_NAME, capped by max_shard_jobs),
 # and preflight_replicas checks every replica at once after its identity check (check_replica).
-from eagle3_pipeline.generate.payload import (
-    PACING_KEYS,
-    sampling_params,
-    shard_params,
-)
+from eagle3_pipeline.generate.payload import sampling_params, shard_params
+from eagle3_pipeline.settings import runtime_params
 
-# How a shard job reaches and paces the server: the server's identity (an input) and the sampling
-# shape the answers; the unit's timeouts and the concurrency caps do not.
-GENERATION_RUNTIME = runtime_only(
-    server=SERVER,  # the primary's section (a shard sent to a replica: fleet.for_shard)
-    generation=as_params(SETTINGS.generation, *PACING_KEYS),
+# How a job reaches and paces the server: the server's identity (an input) and the sampling shape the
+# answers; the unit's timeouts and the concurrency caps do not (generate/caps.py): the generation.* a
+# job does not record (the pacing, and for a preflight the history) and the primary's server section (a
+# shard sent to a replica: fleet.for_shard).
+PREFLIGHT_RUNTIME = runtime_only(
+    server=SERVER, generation=runtime_params(SETTINGS.generation, "preflight")
+)
+SHARD_RUNTIME = runtime_only(
+    server=SERVER, generation=runtime_params(SETTINGS.generation, "generate_shard")
 )
 
 
@@ -36,7 +37,7 @@ rule preflight_generation:
     params:
         server_json=rules.snapshot_server.output.server,
         generation=sampling_params(SETTINGS.generation),
-        runtime=GENERATION_RUNTIME,
+        runtime=PREFLIGHT_RUNTIME,
         state_dir=f"{WORK}/server",
     script:
         "../scripts/preflight_generation.py"
@@ -60,7 +61,7 @@ rule preflight_replicas:
         "../envs/pipeline.yaml"
     params:
         generation=sampling_params(SETTINGS.generation),
-        runtime=GENERATION_RUNTIME,
+        runtime=PREFLIGHT_RUNTIME,
         fleet=FLEET,  # no rerun trigger (not a builtin type): where each replica is
     script:
         "../scripts/preflight_replicas.py"
@@ -87,7 +88,7 @@ rule generate_shard:
         server_json=rules.snapshot_server.output.server,
         # the sampling and generation.history (a no-op value left out: older params still match)
         generation=shard_params(SETTINGS.generation),
-        runtime=GENERATION_RUNTIME,
+        runtime=SHARD_RUNTIME,
         journal=f"{WORK}/generations/shard-{{shard}}.jsonl",
         state_dir=f"{WORK}/server",
         # which server shard k is sent to; a Fleet is no rerun trigger (Snakemake records builtins only)

@@ -4,19 +4,12 @@
 # reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 
-# hidden_states.* the states depend on: each a param of its own (a rerun trigger); the script reads
-# them back into HiddenStatesSettings with the run-time values (engine_runtime in common.smk)
-EXTRACTION_PARAMS = as_params(
-    SETTINGS.hidden_states,
-    "backend",
-    "layers",
-    "max_seq_len",
-    "overlong",
-    "dtype",
-    "batch_tokens",
-    "compute_dtype",
-    "trust_remote_code",
-)
+from eagle3_pipeline.settings import rerun_params
+
+# hidden_states.* the states depend on: each a param of its own (a rerun trigger), hidden_states.vllm's
+# as one (vllm); the script reads them back into HiddenStatesSettings with the run-time values
+# (engine_runtime in common/engine.smk)
+EXTRACTION_PARAMS = rerun_params(SETTINGS.hidden_states, "extract_hidden_states")
 
 
 rule extract_hidden_states:
@@ -57,7 +50,6 @@ rule extract_hidden_states:
         launch_mode=(
             "device_map" if SETTINGS.hidden_states.device_map or VLLM_ENGINE else "ddp"
         ),
-        vllm=ENGINE_PARAMS,
         # device_map, pack_slots and their folder, the engine's folder and pacing: no rerun trigger
         runtime=get_engine_runtime,
         # the snapshot exists: the traces come from generation, which needs it

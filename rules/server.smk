@@ -17,7 +17,7 @@ rule snapshot_server:
         "../envs/pipeline.yaml"
     params:
         # which unit, where, and its URL: what the snapshot records
-        server=as_params(SETTINGS.server, "host", "unit", "unit_file", "base_url"),
+        server=rerun_params(SETTINGS.server, "snapshot_server"),
         runtime=runtime_only(server=SERVER),
     script:
         "../scripts/snapshot_server.py"
@@ -37,7 +37,7 @@ rule snapshot_replica:
     conda:
         "../envs/pipeline.yaml"
     params:
-        server=replica_params("host", "unit", "unit_file", "base_url"),
+        server=replica_params("snapshot_server"),
         runtime=get_replica_runtime,
     script:
         "../scripts/snapshot_server.py"
@@ -87,7 +87,7 @@ rule stop_replica:
     conda:
         "../envs/pipeline.yaml"
     params:
-        server=replica_params("manage", "stop_after_generation", "stop_foreign"),
+        server=replica_params("stop_server"),
         runtime=get_replica_runtime,
         state_dir=get_replica_state_dir,
     script:
@@ -109,9 +109,7 @@ rule stop_server:
         "../envs/pipeline.yaml"
     params:
         # what decides whether it stops the unit: the report says what it did
-        server=as_params(
-            SETTINGS.server, "manage", "stop_after_generation", "stop_foreign"
-        ),
+        server=rerun_params(SETTINGS.server, "stop_server"),
         runtime=runtime_only(server=SERVER),
         state_dir=f"{WORK}/server",
     script:

@@ -4,14 +4,11 @@
 # polars, checked across shards (an id in two shards), counted, plotted and exported; nothing waits
 # for them but the report and the serve check.
 
-# The traces.* keys that decide which rows are kept and on which side of the split they land
-TRACE_FILTERS = as_params(
-    SETTINGS.traces,
-    "drop_truncated",
-    "drop_empty",
-    "drop_duplicates",
-    "validation_fraction",
-)
+from eagle3_pipeline.settings import rerun_params, runtime_params
+
+# The traces.* keys that decide which rows are kept and on which side of the split they land (the
+# settings.TraceFilters that filter_traces receives)
+TRACE_FILTERS = rerun_params(SETTINGS.traces, "filter_traces")
 
 
 rule filter_traces:
@@ -57,10 +54,10 @@ rule merge_traces:
     conda:
         "../envs/pipeline.yaml"
     params:
-        traces=TRACE_FILTERS,
-        # a threshold the merge checks, not a property of its outputs: raising it after a refused
-        # merge reruns no shard's filter (and so no extraction downstream)
-        runtime=runtime_only(traces=as_params(SETTINGS.traces, "max_failed_fraction")),
+        traces=rerun_params(SETTINGS.traces, "merge_traces"),
+        # max_failed_fraction, a threshold the merge checks: raising it after a refused merge reruns
+        # no shard's filter (and so no extraction downstream)
+        runtime=runtime_only(traces=runtime_params(SETTINGS.traces, "merge_traces")),
     script:
         "../scripts/merge_traces.py"
 

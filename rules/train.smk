@@ -3,32 +3,25 @@
 # Under a disk cap (hidden_states.max_disk_gb) training runs window by window (train_draft_window,
 # one job per epoch and window, its state carried in a file) and train_draft writes the last state out.
 from eagle3_pipeline.draft.init_files import checkpoint_files
-from eagle3_pipeline.settings import DRAFT_NORM_KEYS, TRAIN_RUNTIME_KEYS
+from eagle3_pipeline.settings import rerun_params, runtime_params
 
-LENGTHS = as_params(SETTINGS.hidden_states, "max_seq_len", "overlong")
-# train.save_every_steps (how often the state is saved for a resume), train.activation_checkpointing
-# (recompute instead of keep: the same numbers) and train.fsdp (shard instead of replicate: the same
-# numbers up to rounding, the same state files) are not properties of the weights (train.py leaves them
-# out of the resume fingerprint too): run-time only, changing them reruns nothing
-TRAIN_PARAMS = {
-    k: v for k, v in as_params(SETTINGS.train).items() if k not in TRAIN_RUNTIME_KEYS
-}
+# hidden_states.max_seq_len and overlong (settings.Lengths)
+LENGTHS = rerun_params(SETTINGS.hidden_states, "vocab_map")
+# train.save_every_steps, activation_checkpointing and fsdp are not properties of the weights (train.py
+# leaves them out of the resume fingerprint too): run-time only, changing them reruns nothing
+TRAIN_PARAMS = rerun_params(SETTINGS.train, "train_draft")
 # engines: where a training job waits for an extraction engine still exiting on this host (its GPUs)
 TRAIN_RUNTIME = runtime_only(
-    train=as_params(SETTINGS.train, *TRAIN_RUNTIME_KEYS),
+    train=runtime_params(SETTINGS.train, "train_draft"),
     engines={"roots": ENGINE_ROOTS},
 )
 # EAGLE-3.1's norm keys only when on: off is the draft trained before they existed, not retrained;
-# draft.init_from likewise only when set. draft.architecture is recorded as configured (auto, llama,
-# deepseek_mla): what auto resolves to follows from the target's config.json, an input of these rules
-# (a new target reruns them), and resolving it here would need that file when the workflow is parsed,
-# which the demo builds in the same run and a plan without weights lacks: the param would change
-# between two invocations and retrain a finished draft.
-DRAFT_PARAMS = {
-    k: v
-    for k, v in as_params(SETTINGS.draft).items()
-    if v or k not in (*DRAFT_NORM_KEYS, "init_from")
-}
+# draft.init_from likewise only when set (both `later` in settings.py). draft.architecture is recorded
+# as configured (auto, llama, deepseek_mla): what auto resolves to follows from the target's
+# config.json, an input of these rules (a new target reruns them), and resolving it here would need
+# that file when the workflow is parsed, which the demo builds in the same run and a plan without
+# weights lacks: the param would change between two invocations and retrain a finished draft.
+DRAFT_PARAMS = rerun_params(SETTINGS.draft, "train_draft")
 # draft.init_from: the starting draft's files are inputs of training (a new or changed one retrains)
 INIT_FROM = (
     {"init_from": checkpoint_files(SETTINGS.draft.init_from)}
@@ -74,7 +67,7 @@ rule vocab_map:
     conda:
         "../envs/pipeline.yaml"
     params:
-        draft_vocab_size=SETTINGS.draft.draft_vocab_size,
+        **rerun_params(SETTINGS.draft, "vocab_map"),  # draft_vocab_size
         lengths=LENGTHS,
     script:
         "../scripts/vocab_map.py"
@@ -94,8 +87,9 @@ if WINDOW:
             "../envs/pipeline.yaml"
         params:
             windows=get_draft_windows,  # per epoch, per window of the draft, its shard entries
-            train=as_params(SETTINGS.train, "epochs", "batch_tokens", "seed"),
-            lengths=LENGTHS,
+            # settings.Batching and settings.Lengths
+            train=rerun_params(SETTINGS.train, "plan_windows"),
+            lengths=rerun_params(SETTINGS.hidden_states, "plan_windows"),
             # input.traces' shard ids: known here, not parsed back out of the paths
             runtime=runtime_only(traces={"shards": SHARDS}),
         script:

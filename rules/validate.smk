@@ -3,7 +3,8 @@
 # draft and, with validate.baseline, the baseline (results/{run}/baseline/), on the same validation data.
 import os
 
-from eagle3_pipeline.settings import served_max_tokens
+from eagle3_pipeline.generate.payload import serve_check_params
+from eagle3_pipeline.settings import runtime_params, served_max_tokens
 
 
 rule validate_offline:
@@ -156,13 +157,14 @@ rule serve_check:
     params:
         # the requests' sampling and concurrency (the tokens/s compared) and the check's own keys;
         # which server is an input (server.json), reaching and restarting it is run-time only
-        generation=sampling_params(SETTINGS.generation)
-        | as_params(SETTINGS.generation, "concurrency"),
+        generation=serve_check_params(SETTINGS.generation),
         validate=get_serve_check_settings,
+        # the sections' other keys (retries, timeouts, remote_dir, speedup_repeats...): the job
+        # receives them whole
         runtime=runtime_only(
             server=SERVER,
-            generation=as_params(SETTINGS.generation, "retries", "request_timeout_s"),
-            validate=as_params(SETTINGS.validate, "remote_dir"),
+            generation=runtime_params(SETTINGS.generation, "serve_check"),
+            validate=runtime_params(SETTINGS.validate, "serve_check"),
         ),
         work=f"{WORK}/{{variant}}serve_check",  # the vLLM log and pid file of this check
     script:

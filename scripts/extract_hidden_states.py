@@ -17,7 +17,7 @@ params = snakemake.params
 # the hidden_states.* keys the rule records, each a param of its own, with its run-time values
 names = {f.name for f in fields(HiddenStatesSettings)}
 recorded = {key: value for key, value in params.items() if key in names}
-hidden_states = params.runtime.typed(HiddenStatesSettings, "hidden_states", recorded)
+hidden_states = params.runtime.whole(HiddenStatesSettings, "hidden_states", recorded)
 engine = params.runtime.section("engine")  # the engine's folder and log
 jobs = rule_jobs(
     traces=snakemake.input.traces,

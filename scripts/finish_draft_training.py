@@ -2,7 +2,7 @@
 
 from eagle3_pipeline.draft.train import TrainJob, finish
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.settings import DraftSettings, TrainSettings, section
+from eagle3_pipeline.settings import DraftSettings, TrainSettings, whole
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -12,8 +12,8 @@ job = TrainJob(
     validation_shards=[],
     vocab_map=snakemake.input.vocab_map,
     target=snakemake.params.target,
-    draft=section(DraftSettings, snakemake.params.draft),
-    train=snakemake.params.runtime.typed(TrainSettings, "train", snakemake.params.train),
+    draft=whole(DraftSettings, snakemake.params.draft),
+    train=snakemake.params.runtime.whole(TrainSettings, "train", snakemake.params.train),
     work=snakemake.params.get("work", ""),  # the windows' kept epochs (validate.select_every_epochs)
     weights=snakemake.output.weights,
     history=snakemake.output.history,

@@ -18,6 +18,6 @@ merge_traces(
         output.lengths_plot,
         output.counts_plot,
     ),
-    traces=snakemake.params.runtime.typed(TracesSettings, "traces", snakemake.params.traces),
+    traces=snakemake.params.runtime.whole(TracesSettings, "traces", snakemake.params.traces),
     prompts=list(snakemake.input.prompts),
 )

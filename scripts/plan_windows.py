@@ -2,7 +2,7 @@
 
 from eagle3_pipeline.draft.windows import plan_windows, write_plan
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings, section
+from eagle3_pipeline.settings import Batching, Lengths, whole
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -12,8 +12,8 @@ write_plan(
     plan_windows(
         epoch_windows=snakemake.params.windows,
         shard_traces=dict(zip(shards, snakemake.input.traces, strict=True)),
-        train=section(TrainSettings, snakemake.params.train),
-        hidden_states=section(HiddenStatesSettings, snakemake.params.lengths),
+        train=whole(Batching, snakemake.params.train),
+        hidden_states=whole(Lengths, snakemake.params.lengths),
     ),
     snakemake.output[0],
 )

@@ -11,8 +11,8 @@ stage(snakemake)
 params = snakemake.params
 preflight_generation(
     server_json_path=params.server_json,
-    server=params.runtime.typed(ServerSettings, "server"),
-    generation=params.runtime.typed(GenerationSettings, "generation", params.generation),
+    server=params.runtime.whole(ServerSettings, "server"),
+    generation=params.runtime.whole(GenerationSettings, "generation", params.generation),
     selection_path=snakemake.input.selection,
     output_path=snakemake.output[0],
     state_dir=params.state_dir,

@@ -11,7 +11,7 @@ stage(snakemake)
 params = snakemake.params
 preflight_replicas(
     replicas=list(zip(params.fleet.replicas, snakemake.output.replicas, strict=True)),
-    generation=params.runtime.typed(GenerationSettings, "generation", params.generation),
+    generation=params.runtime.whole(GenerationSettings, "generation", params.generation),
     selection_path=snakemake.input.selection,
     summary_path=snakemake.output.summary,
 )

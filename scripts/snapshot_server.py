@@ -10,7 +10,7 @@ from eagle3_pipeline.settings import ServerSettings
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
-server = snakemake.params.runtime.typed(ServerSettings, "server", snakemake.params.server)
+server = snakemake.params.runtime.whole(ServerSettings, "server", snakemake.params.server)
 recover_leftover_dropin(server)
 snapshot_server(
     server,

@@ -12,7 +12,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 log = stage(snakemake)
 
 snapshot = ServerSnapshot.load(snakemake.input.server)
-server = snakemake.params.runtime.typed(ServerSettings, "server", snakemake.params.server)
+server = snakemake.params.runtime.whole(ServerSettings, "server", snakemake.params.server)
 report = stop(snapshot, server, Path(snakemake.params.state_dir))
 log.info("stop_server: %s", report)
 write_stop_report(report, snakemake.output[0])

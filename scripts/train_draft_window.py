@@ -5,7 +5,7 @@ from eagle3_pipeline.draft.job import WindowJob, rule_job, single_path, write_jo
 from eagle3_pipeline.hidden_states.engine import wait_gone
 from eagle3_pipeline.launch import exec_job
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.settings import DraftSettings, TrainSettings, section
+from eagle3_pipeline.settings import DraftSettings, TrainSettings, whole
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -25,8 +25,8 @@ job = rule_job(
     validation_states=snakemake.input.validation_states,
     vocab_map=snakemake.input.vocab_map,
     target_config=snakemake.input.target,
-    draft=section(DraftSettings, snakemake.params.draft),
-    train=snakemake.params.runtime.typed(TrainSettings, "train", snakemake.params.train),
+    draft=whole(DraftSettings, snakemake.params.draft),
+    train=snakemake.params.runtime.whole(TrainSettings, "train", snakemake.params.train),
     work=snakemake.params.work,
     cpu_threads=snakemake.threads,
     window=window,

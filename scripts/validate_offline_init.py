@@ -5,7 +5,7 @@ import os
 
 from eagle3_pipeline.draft.init_from import validate_starting_draft
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.settings import DraftSettings, section
+from eagle3_pipeline.settings import DraftSettings, whole
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
@@ -13,7 +13,7 @@ stage(snakemake)
 validate_starting_draft(
     init_from=os.path.dirname(snakemake.input.init_from[0]),  # the folder of its config.json
     target_dir=os.path.dirname(snakemake.input.target),
-    draft=section(DraftSettings, snakemake.params.draft),
+    draft=whole(DraftSettings, snakemake.params.draft),
     shard_paths=snakemake.input.states,
     work=snakemake.params.work,
     output_path=snakemake.output[0],

@@ -4,13 +4,13 @@ windowed training under hidden_states.max_disk_gb, of the training traces: no st
 from eagle3_pipeline.draft.config import read_target_config
 from eagle3_pipeline.draft.vocab import build_vocab_map, count_trace_tokens
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.settings import HiddenStatesSettings, section
+from eagle3_pipeline.settings import Lengths, whole
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
 traces = snakemake.input.get("traces")
-lengths = section(HiddenStatesSettings, snakemake.params.lengths)
+lengths = whole(Lengths, snakemake.params.lengths)
 build_vocab_map(
     metadata_paths=snakemake.input.get("metadata", []),
     target_vocab_size=int(read_target_config(snakemake.input.target)["vocab_size"]),

@@ -6,8 +6,7 @@ from pathlib import Path
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.hidden_states.engine import needs_engine, stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
-from eagle3_pipeline.hidden_states.vllm_backend import RUNTIME_KEYS
-from eagle3_pipeline.settings import as_params, runtime_only
+from eagle3_pipeline.settings import runtime_only, runtime_params
 
 # The vllm backend's extraction engine (hidden_states/engine.py) is a job of its own: rule
 # serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the
@@ -30,15 +29,6 @@ ENGINE_STATS_ROOTS = [
     f"{RESULTS}/hidden_states/engine_stats",
     f"{RESULTS}/{BASELINE}hidden_states/engine_stats",
 ]
-# hidden_states.vllm keys that never change a state (memory, graphs, connector, interpreter, pacing):
-# run-time only, declared once in the package (vllm_backend.RUNTIME_KEYS, also out of the parts' key)
-ENGINE_RUNTIME_KEYS = RUNTIME_KEYS
-# the other hidden_states.vllm keys: recorded params of extract_hidden_states (rerun triggers)
-ENGINE_PARAMS = {
-    key: value
-    for key, value in as_params(SETTINGS.hidden_states.vllm).items()
-    if key not in ENGINE_RUNTIME_KEYS
-}
 if VLLM_ENGINE and "extraction_engines" not in workflow.global_resources:
     # engines at once: one (two never hold the GPUs together; the serve check holds it too)
     workflow.global_resources["extraction_engines"] = 1
@@ -58,17 +48,14 @@ BASELINE_PACK_DIR = f"{WORK}/{BASELINE}hidden_states/pack_slots"
 
 
 def engine_runtime(where, pack_dir=PACK_DIR):
-    """An extraction job's run-time values (not recorded: see runtime_only): hidden_states.device_map
-    (recorded through launch_mode) and pack_slots, the engine's run-time keys, its folder and its log,
-    and the folder of the pack slots (both backends).
+    """An extraction job's run-time values (not recorded: see runtime_only): the hidden_states.* it does
+    not record (device_map, recorded through launch_mode; max_disk_gb, pack_slots; hidden_states.vllm's
+    memory, graphs, connector, interpreter and pacing: vllm_backend.RUNTIME_KEYS, also out of the parts'
+    key), the engine's folder and its log, and the folder of the pack slots (both backends).
     """
     scope = where.removeprefix(f"{WORK}/") if where else None
     return runtime_only(
-        hidden_states={
-            "device_map": SETTINGS.hidden_states.device_map,
-            "pack_slots": SETTINGS.hidden_states.pack_slots,
-            "vllm": as_params(SETTINGS.hidden_states.vllm, *ENGINE_RUNTIME_KEYS),
-        },
+        hidden_states=runtime_params(SETTINGS.hidden_states, "extract_hidden_states"),
         engine={
             "dir": where,
             "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,

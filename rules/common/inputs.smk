@@ -4,7 +4,7 @@ from pathlib import Path
 
 from eagle3_pipeline.demo import demo_target_dir
 from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
-from eagle3_pipeline.settings import as_params
+from eagle3_pipeline.settings import rerun_params
 
 
 def get_unit_file_input():
@@ -23,10 +23,9 @@ def get_selection_params():
     """The dataset keys the selection depends on besides num_samples (shard_size only cuts it up),
     and generation.history when own (its units are conversations; absent, older params still match).
     """
-    params = as_params(SETTINGS.dataset, "path", "seed", "turns")
-    if SETTINGS.generation.history == "own":
-        params["history"] = "own"
-    return params
+    return rerun_params(SETTINGS.dataset, "prepare_prompts") | rerun_params(
+        SETTINGS.generation, "prepare_prompts"
+    )
 
 
 def get_selection_block_rows(wildcards):

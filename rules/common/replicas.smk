@@ -4,7 +4,7 @@ from eagle3_pipeline.server.replicas import (
     resource_name,
     shard_caps,
 )
-from eagle3_pipeline.settings import as_params, runtime_only
+from eagle3_pipeline.settings import as_params, rerun_params, runtime_only
 
 # server.replicas (server/replicas.py): more servers of the same model, shard k on server k mod n.
 
@@ -24,11 +24,12 @@ def get_replica(wildcards):
     return FLEET.servers[FLEET.names.index(wildcards.replica)]
 
 
-def replica_params(*keys):
-    """An input function: these keys of the replica's section, recorded as params (rerun triggers)."""
+def replica_params(job):
+    """An input function: the replica's section's keys that rule `job` records for the primary (rerun
+    triggers)."""
 
     def get(wildcards):
-        return as_params(get_replica(wildcards).settings, *keys)
+        return rerun_params(get_replica(wildcards).settings, job)
 
     return get
 

@@ -1,6 +1,6 @@
 # The served check's scheduling (what it holds while it runs) and the validate.* keys each variant's
 # check records.
-from eagle3_pipeline.settings import as_params
+from eagle3_pipeline.settings import rerun_params
 
 
 def get_serve_check_resources():
@@ -29,19 +29,11 @@ def get_serve_check_settings(wildcards):
     shows the main draft's speedup and curve; the baseline is compared by acceptance (vLLM starts and
     timed runs saved).
     """
-    keys = as_params(
-        SETTINGS.validate,
-        "num_speculative_tokens",
-        "max_questions",
-        "max_tokens",
-        "temperature",
-        "enforce_eager",
-        "served_offline_tolerance",
-        "speedup",
-    )
+    keys = rerun_params(SETTINGS.validate, "serve_check")
+    # served acceptance against k (one vLLM start per k): the main draft's, recorded only when on, last
+    by_k_max = keys.pop("by_k_max", None)
     if wildcards.variant == BASELINE:
         keys["speedup"] = False
-    # served acceptance against k (one vLLM start per k): the main draft's, recorded only when on
-    if SETTINGS.validate.by_k_max and wildcards.variant != BASELINE:
-        keys["by_k_max"] = SETTINGS.validate.by_k_max
+    elif by_k_max:
+        keys["by_k_max"] = by_k_max
     return keys

@@ -40,7 +40,7 @@ from typing import Any
 import polars as pl
 
 from eagle3_pipeline import io
-from eagle3_pipeline.settings import DatasetSettings
+from eagle3_pipeline.settings import DatasetSettings, QuestionOrder
 
 log = logging.getLogger(__name__)
 
@@ -386,7 +386,7 @@ def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
 
 
 def prepare_prompts(
-    dataset: DatasetSettings,
+    dataset: DatasetSettings | QuestionOrder,
     history: str,
     num_samples: int,
     selection_path: str,

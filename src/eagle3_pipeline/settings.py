@@ -1,23 +1,51 @@
 """The validated config as typed, frozen sections: one dataclass per section of config/schema.yaml.
 
 Built once, by `build_settings`, from the config `check_config` validated (its defaults filled in from
-the schema). Each field's default equals the schema's, and tests/unit/test_settings.py fails when a key,
-a field or a default drifts: the schema stays the one place a default is written.
+the schema). A default is written twice, in the schema (what a config is validated and filled from) and
+in its field here (what a section built in code takes); tests/unit/test_settings.py fails when a key, a
+field or a default of the two drifts apart.
 
-The package sees only these objects: the rules read `SETTINGS` and pass plain params (rerun triggers:
-`as_params`) and run-time values (`runtime_only`); each script turns them back into its sections
-(`section`, `RuntimeOnly.typed`) and hands those to one package call, whose functions take `*Settings`.
+Each field also declares, beside its default, which jobs it reruns (`setting`): `reruns` names the jobs
+that record it as a param (a rerun trigger), `later` marks a key recorded only while set (added after
+jobs were recorded without it, which keep their outputs), and a key a job does not record reaches it at
+run time only (`runtime_only`). The rules' params derive from these declarations (`rerun_params`,
+`runtime_params`); tests/workflow/test_settings_roles.py compares them with the planned jobs.
+
+The package sees only these objects: the rules read `SETTINGS` and pass plain params and run-time values;
+each script turns them back into its whole sections (`whole`, `RuntimeOnly.whole`), or into a narrow
+section holding exactly the keys its rule records (`TraceFilters`, `Lengths`, `Batching`, `QuestionOrder`),
+and hands those to one package call, whose functions take `*Settings`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    factory: Any = MISSING,
+    reruns: str | tuple[str, ...] = (),
+    later: bool = False,
+) -> Any:
+    """A field with its default and its rerun role.
+
+    reruns: the jobs (rule names; "preflight" for both preflight rules) that record the key as a param:
+        changing it reruns them. Any other job receiving the section gets the key at run time only.
+    later: recorded only while set (not its default; null and "" alike): a key added after jobs were
+        recorded without it, so that upgrading the pipeline reruns none of them.
+    A key no job records is run-time only, or read when the workflow is planned (which jobs exist).
+    """
+    roles = {"reruns": (reruns,) if isinstance(reruns, str) else tuple(reruns), "later": later}
+    return field(default=default, default_factory=factory, metadata=roles)
 
 
 def _empty() -> Mapping[str, Any]:
@@ -27,10 +55,12 @@ def _empty() -> Mapping[str, Any]:
 @dataclass(frozen=True)
 class DemoSettings:
     enabled: bool = False
-    family: str = "llama"  # llama: the tiny Llama target; kimi: the Kimi-K2.5 family in miniature
-    port: int = 18431
-    fit_seconds: float = 240
-    seed: int = 0
+    # llama: the tiny Llama target; kimi: the Kimi-K2.5 family in miniature (the Llama demo's target
+    # was built before kimi existed: recorded only when not llama)
+    family: str = setting("llama", reruns="build_demo_target", later=True)
+    port: int = setting(18431, reruns="build_demo_target")
+    fit_seconds: float = setting(240, reruns="build_demo_target")
+    seed: int = setting(0, reruns="build_demo_target")
 
 
 @dataclass(frozen=True)
@@ -58,15 +88,15 @@ class ReplicaSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = "local"
-    unit: str = "vllm.service"
-    unit_file: str | None = None
-    manage: bool = True
-    stop_after_generation: bool = True
-    stop_foreign: bool = False
+    host: str = setting("local", reruns="snapshot_server")
+    unit: str = setting("vllm.service", reruns="snapshot_server")
+    unit_file: str | None = setting(None, reruns="snapshot_server")
+    manage: bool = setting(True, reruns="stop_server")
+    stop_after_generation: bool = setting(True, reruns="stop_server")
+    stop_foreign: bool = setting(False, reruns="stop_server")
     stop_timeout_s: float = 600
     host_state_dir: str = "/run/eagle3-pipeline"
-    base_url: str | None = None
+    base_url: str | None = setting(None, reruns="snapshot_server")
     api_key_env: str = "VLLM_API_KEY"
     api_key_file: str | None = None
     start_timeout_s: float = 1800
@@ -86,39 +116,55 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class DatasetSettings:
-    path: str  # required: no default
+    path: str = setting(reruns="prepare_prompts")  # required: no default
     num_samples: int = 256
     shard_size: int = 64
-    seed: int = 0
-    turns: str = "first"
+    seed: int = setting(0, reruns="prepare_prompts")
+    turns: str = setting("first", reruns="prepare_prompts")
+
+
+# the jobs whose requests generation.*'s sampling shapes
+SAMPLING = ("preflight", "generate_shard", "serve_check")
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    max_tokens: int = 8192
-    temperature: float | None = 0.6
-    top_p: float | None = 0.95
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    extra_body: Mapping[str, Any] = field(default_factory=_empty)
-    seed: int | None = 0
-    concurrency: int = 64
+    # the recorded keys in config/config.yaml's order (seed after top_p): Snakemake compares a param by
+    # its repr, and the first runs recorded the section as that file wrote it
+    max_tokens: int = setting(8192, reruns=SAMPLING)
+    temperature: float | None = setting(0.6, reruns=SAMPLING)
+    top_p: float | None = setting(0.95, reruns=SAMPLING)
+    seed: int | None = setting(0, reruns=SAMPLING)
+    top_k: int | None = setting(None, reruns=SAMPLING, later=True)
+    min_p: float | None = setting(None, reruns=SAMPLING, later=True)
+    presence_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
+    frequency_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
+    repetition_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
+    extra_body: Mapping[str, Any] = setting(factory=_empty, reruns=SAMPLING, later=True)
+    # pacing: run-time only, but the serve check's tokens/s depend on its concurrency
+    concurrency: int = setting(64, reruns="serve_check")
     global_concurrency: int = 64
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=_empty)
+    chat_template_kwargs: Mapping[str, Any] = setting(factory=_empty, reruns=SAMPLING)
     retries: int = 5
     request_timeout_s: float = 1800
-    history: str = "none"
+    history: str = setting("none", reruns=("prepare_prompts", "generate_shard"), later=True)
 
 
 @dataclass(frozen=True)
-class TracesSettings:
-    drop_truncated: bool = False
-    drop_empty: bool = True
-    drop_duplicates: bool = True
-    validation_fraction: float = 0.05
+class TraceFilters:
+    """traces.*: which rows are kept and on which side of the split they land; what filter_traces
+    records and receives (a narrow section: the rest of traces.* is the merge's)."""
+
+    drop_truncated: bool = setting(False, reruns=("filter_traces", "merge_traces"))
+    drop_empty: bool = setting(True, reruns=("filter_traces", "merge_traces"))
+    drop_duplicates: bool = setting(True, reruns=("filter_traces", "merge_traces"))
+    validation_fraction: float = setting(0.05, reruns=("filter_traces", "merge_traces"))
+
+
+@dataclass(frozen=True)
+class TracesSettings(TraceFilters):
+    # a threshold the merge checks, not a property of its outputs: raising it after a refused merge
+    # reruns no shard's filter (and so no extraction downstream)
     max_failed_fraction: float = 0.01
 
 
@@ -131,14 +177,14 @@ class TargetSettings:
 @dataclass(frozen=True)
 class VllmEngineSettings:
     python: str | None = None
-    tensor_parallel_size: int | None = None
-    dtype: str | None = None
-    quantization: str | None = None
+    tensor_parallel_size: int | None = setting(None, reruns="extract_hidden_states")
+    dtype: str | None = setting(None, reruns="extract_hidden_states")
+    quantization: str | None = setting(None, reruns="extract_hidden_states")
     max_model_len: int | None = None
-    trust_remote_code: bool | None = None
+    trust_remote_code: bool | None = setting(None, reruns="extract_hidden_states")
     enforce_eager: bool | None = None
     gpu_memory_utilization: float | None = None
-    enable_expert_parallel: bool | None = None
+    enable_expert_parallel: bool | None = setting(None, reruns="extract_hidden_states")
     max_num_batched_tokens: int | None = None
     cuda_graphs: bool = False
     connector: str = "auto"
@@ -151,74 +197,73 @@ class VllmEngineSettings:
 
 @dataclass(frozen=True)
 class HiddenStatesSettings:
-    backend: str = "vllm"
+    backend: str = setting("vllm", reruns="extract_hidden_states")
     vllm: VllmEngineSettings = field(default_factory=VllmEngineSettings)
-    layers: str | tuple[int, ...] = "auto"
-    max_seq_len: int = 16384
-    overlong: str = "truncate"
-    dtype: str = "bfloat16"
-    batch_tokens: int = 16384
-    compute_dtype: str = "auto"
+    layers: str | tuple[int, ...] = setting("auto", reruns="extract_hidden_states")
+    max_seq_len: int = setting(16384, reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
+    overlong: str = setting("truncate", reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
+    dtype: str = setting("bfloat16", reruns="extract_hidden_states")
+    batch_tokens: int = setting(16384, reruns="extract_hidden_states")
+    compute_dtype: str = setting("auto", reruns="extract_hidden_states")
     device_map: bool = False
-    trust_remote_code: bool = False
+    trust_remote_code: bool = setting(False, reruns="extract_hidden_states")
     max_disk_gb: float | None = None
     pack_slots: int = 4  # shards packing at once (hidden_states/packing.pack_slot)
 
 
 @dataclass(frozen=True)
 class DraftSettings:
-    draft_vocab_size: int = 32000
-    ttt_steps: int = 7
-    step_weight_decay: float = 0.8
-    head_dim: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    architecture: str = "auto"  # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
-    init_from: str | None = None  # a draft folder to start training from (draft/init_from.py)
+    draft_vocab_size: int = setting(32000, reruns=("train_draft", "vocab_map"))
+    ttt_steps: int = setting(7, reruns="train_draft")
+    step_weight_decay: float = setting(0.8, reruns="train_draft")
+    head_dim: int | None = setting(None, reruns="train_draft")
+    num_attention_heads: int | None = setting(None, reruns="train_draft")
+    num_key_value_heads: int | None = setting(None, reruns="train_draft")
+    norm_before_fc: bool = setting(False, reruns="train_draft", later=True)
+    fc_norm: bool = setting(False, reruns="train_draft", later=True)
+    norm_output: bool = setting(False, reruns="train_draft", later=True)
+    # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
+    architecture: str = setting("auto", reruns="train_draft")
+    # a draft folder to start training from (draft/init_from.py)
+    init_from: str | None = setting(None, reruns="train_draft", later=True)
 
 
 # draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),
-# what draft.config.draft_config_from_target takes. The norms are recorded (rule params, the resume
-# fingerprint) only when on: a draft without them keeps the jobs it had before they existed.
+# what draft.config.draft_config_from_target takes. The norms are recorded (rule params: `later`; the
+# resume fingerprint, draft/job.py) only when on: a draft without them keeps the jobs it had before.
 DRAFT_ATTENTION_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")
 DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    epochs: int = 10
-    lr: float = 1.0e-4
-    warmup_ratio: float = 0.02
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    batch_tokens: int = 16384
-    seed: int = 0
+    epochs: int = setting(10, reruns=("train_draft", "plan_windows"))
+    lr: float = setting(1.0e-4, reruns="train_draft")
+    warmup_ratio: float = setting(0.02, reruns="train_draft")
+    weight_decay: float = setting(0.0, reruns="train_draft")
+    grad_clip: float = setting(0.5, reruns="train_draft")
+    batch_tokens: int = setting(16384, reruns=("train_draft", "plan_windows"))
+    seed: int = setting(0, reruns=("train_draft", "plan_windows"))
+    # not properties of the weights (how often a resume point is saved, recompute instead of keep,
+    # shard instead of replicate: the same numbers): run-time only, changing them reruns nothing
     save_every_steps: int = 500
     activation_checkpointing: bool = False
     fsdp: bool = False
 
 
-# train.* that do not shape the weights (how often a resume point is saved, recompute instead of keep,
-# shard instead of replicate): run-time only in the rules, left out of the resume fingerprint
-TRAIN_RUNTIME_KEYS = ("save_every_steps", "activation_checkpointing", "fsdp")
-
-
 @dataclass(frozen=True)
 class ValidateSettings:
     serve_check: bool = True
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int = setting(3, reruns="serve_check")
     baseline: bool = True
-    max_questions: int = 64
-    max_tokens: int | None = None
-    temperature: float | None = 0.0
-    enforce_eager: bool = True
-    remote_dir: str | None = None
-    served_offline_tolerance: float | None = 0.02
-    by_k_max: int = 0
-    speedup: bool = True
+    max_questions: int = setting(64, reruns="serve_check")
+    max_tokens: int | None = setting(None, reruns="serve_check")
+    temperature: float | None = setting(0.0, reruns="serve_check")
+    enforce_eager: bool = setting(True, reruns="serve_check")
+    remote_dir: str | None = None  # where a remote check runs: run-time only
+    served_offline_tolerance: float | None = setting(0.02, reruns="serve_check")
+    by_k_max: int = setting(0, reruns="serve_check", later=True)
+    speedup: bool = setting(True, reruns="serve_check")
     speedup_repeats: int = 3
     select_every_epochs: int = 1
     learning_curve: tuple[float, ...] = ()
@@ -243,8 +288,9 @@ class Settings:
 
 
 def section(cls: type[T], values: Mapping[str, Any] | None) -> T:
-    """A typed section from a mapping: nested sections typed too, lists as tuples, mappings frozen;
-    absent keys take the field's default (the schema's). Unknown keys raise TypeError."""
+    """A typed section from a mapping: nested sections typed too, lists as tuples, mappings copied (the
+    section is frozen, a mapping in it is a plain dict); absent keys take the field's default (the
+    schema's): for a config, whose defaults check_config filled in. Unknown keys raise TypeError."""
     kwargs: dict[str, Any] = {}
     types = typing.get_type_hints(cls)
     for key, value in (values or {}).items():
@@ -256,7 +302,7 @@ def section(cls: type[T], values: Mapping[str, Any] | None) -> T:
         elif item is not None and isinstance(value, list):
             value = tuple(section(item, v) for v in value)  # a list of sections (server.replicas)
         elif isinstance(value, Mapping):
-            value = dict(value)  # a copy (a section's fields are not reassigned; mappings not frozen)
+            value = dict(value)  # a copy: the section's fields are never reassigned, nor this mutated
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[key] = value
@@ -293,6 +339,123 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def rerun_keys(cls: type, job: str) -> tuple[str, ...]:
+    """The keys of section `cls` that jobs of rule `job` record as params (declared `reruns`), in field
+    order; a nested section (hidden_states.vllm) when the job records any key of its own."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if (
+            rerun_keys(nested, job)
+            if (nested := _nested(cls, f.name))
+            else job in f.metadata.get("reruns", ())
+        )
+    )
+
+
+@functools.cache
+def runtime_keys(cls: type, job: str) -> tuple[str, ...]:
+    """The keys of section `cls` that jobs of rule `job` do not record: what reaches them at run time
+    only, when they receive the section; a nested section when any key of its own does."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if (
+            runtime_keys(nested, job)
+            if (nested := _nested(cls, f.name))
+            else f.name not in rerun_keys(cls, job)
+        )
+    )
+
+
+def later_values(cls: type) -> dict[str, Any]:
+    """The keys of section `cls` recorded only while set (declared `later`), with their unset value."""
+    return {f.name: field_default(cls, f.name) for f in dataclasses.fields(cls) if f.metadata.get("later")}
+
+
+def rerun_params(settings: Any, job: str) -> dict[str, Any]:
+    """The rerun triggers of rule `job` in section `settings`: its `rerun_keys` as plain builtins (the
+    form Snakemake records, as_params), a `later` key left out while unset (its default; null and ""
+    alike)."""
+    later = later_values(type(settings))
+    params: dict[str, Any] = {}
+    for key in rerun_keys(type(settings), job):
+        value = getattr(settings, key)
+        if dataclasses.is_dataclass(value):
+            params[key] = rerun_params(value, job)
+        elif key not in later or not _unset(value, later[key]):
+            params[key] = _plain(value)
+    return params
+
+
+def runtime_params(settings: Any, job: str) -> dict[str, Any]:
+    """The rest of section `settings` for rule `job` (its `runtime_keys`), as plain builtins: what the
+    rule passes through runtime_only, so that the job receives the section whole."""
+    return {
+        key: runtime_params(value, job)
+        if dataclasses.is_dataclass(value := getattr(settings, key))
+        else _plain(value)
+        for key in runtime_keys(type(settings), job)
+    }
+
+
+def _unset(value: Any, default: Any) -> bool:
+    return bool(value == default or (default is None and value == ""))
+
+
+def _nested(cls: type, name: str) -> type | None:
+    """The section type of field `name` of `cls` when it is a section of its own, else None."""
+    hint = typing.get_type_hints(cls)[name]
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def whole(cls: type[T], values: Mapping[str, Any]) -> T:
+    """Section `cls` from every one of its keys, as a job received them (recorded, run-time), a `later`
+    key left out while unset taking that value. A key given by none raises TypeError: a job never works
+    from a section whose missing keys silently took the schema's default instead of the user's value."""
+    return section(cls, _complete(cls, values, cls.__name__))
+
+
+def _complete(cls: type, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    complete = {**later_values(cls), **values}
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in complete]
+    if missing:
+        raise TypeError(f"{where} lacks {missing}: pass the whole section (params and runtime_only)")
+    for f in dataclasses.fields(cls):
+        if (nested := _nested(cls, f.name)) is not None:
+            complete[f.name] = _complete(nested, complete[f.name], f"{where}.{f.name}")
+    return complete
+
+
+# Narrow sections: exactly the keys a rule records of a section (tests/unit/test_settings_roles.py), for
+# a job that needs no other; built with `whole`.
+@dataclass(frozen=True)
+class Lengths:
+    """hidden_states.max_seq_len and overlong: how long a stored sequence is (vocab_map, plan_windows)."""
+
+    max_seq_len: int
+    overlong: str
+
+
+@dataclass(frozen=True)
+class Batching:
+    """train.epochs, batch_tokens and seed: how a draft's epochs are cut into batches (plan_windows)."""
+
+    epochs: int
+    batch_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class QuestionOrder:
+    """dataset.path, seed and turns: what the questions' order depends on (prepare_prompts)."""
+
+    path: str
+    seed: int
+    turns: str
+
+
 @dataclass(frozen=True)
 class RuntimeOnly:
     """Values a job reads at run time that do not shape its output (timeouts, pacing, where to connect
@@ -318,8 +481,17 @@ class RuntimeOnly:
 
     def typed(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
         """Section `name` as its typed settings (`cls`): the recorded params with these run-time values
-        added, a key given by neither taking the schema's default. What a script hands the package."""
+        added, a key given by neither taking the schema's default (for a partial section in tests)."""
         return section(cls, self.section(name, recorded))
+
+    def whole(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
+        """Section `name` whole (`cls`): the recorded params with these run-time values added, every key
+        given by one of them (see `whole`). What a script hands the package."""
+        return whole(cls, self.section(name, recorded))
+
+
+# train.* that do not shape the weights: run-time only in the rules, left out of the resume fingerprint
+TRAIN_RUNTIME_KEYS = runtime_keys(TrainSettings, "train_draft")
 
 
 def runtime_only(**sections: Mapping[str, Any]) -> RuntimeOnly:

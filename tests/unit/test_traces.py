@@ -451,7 +451,13 @@ def test_rule_script_reads_the_named_inputs_and_outputs(
         output=SimpleNamespace(**{name: str(getattr(out, name)) for name in vars(out)}),
         params=Namedlist(
             fromdict={
-                "traces": {"drop_truncated": True, "validation_fraction": 0.2},
+                # the whole filters, as the rule records them (the script refuses a partial section)
+                "traces": {
+                    "drop_truncated": True,
+                    "drop_empty": True,
+                    "drop_duplicates": True,
+                    "validation_fraction": 0.2,
+                },
                 # as rules/traces.smk; these shards fail more than the schema's 1% on purpose
                 "runtime": runtime_only(traces={"max_failed_fraction": 1.0}),
             }

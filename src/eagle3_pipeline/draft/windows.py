@@ -22,7 +22,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.data import plan_batches
-from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings
+from eagle3_pipeline.settings import Batching, HiddenStatesSettings, Lengths, TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def stored_lengths(trace_path: str | Path, max_seq_len: int, overlong: str) -> l
 def plan_windows(
     epoch_windows: Sequence[Sequence[Sequence[str]]],
     shard_traces: Mapping[str, str | Path],
-    train: TrainSettings,
-    hidden_states: HiddenStatesSettings,
+    train: TrainSettings | Batching,
+    hidden_states: HiddenStatesSettings | Lengths,
 ) -> dict[str, Any]:
     """Batches of every (epoch, window), counted as the trainer will form them (all processes together),
     and the windows themselves (shard ids per epoch and window, as the rules assigned them).

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_pipeline.settings import GenerationSettings, as_params
+from eagle3_pipeline.settings import GenerationSettings, later_values, rerun_keys, rerun_params, runtime_keys
 
 # Sent only when not null; null leaves the value to the served model's generation defaults.
 OPTIONAL_SAMPLING = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -53,7 +53,7 @@ class Sampling:
 
     @classmethod
     def from_settings(cls, generation: GenerationSettings, model: str) -> Sampling:
-        """The requests' sampling: generation.* (SAMPLING_KEYS, extra_body) for served model `model`."""
+        """The requests' sampling: generation.* (sampling_params' keys) for served model `model`."""
         return cls(
             model=model,
             max_tokens=generation.max_tokens,
@@ -125,29 +125,33 @@ def chat_body(
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-# Keys added after the first release, and the value that makes each a no-op (not sent / default).
-LATER_KEYS = {key: None for key in OPTIONAL_SAMPLING} | {"extra_body": {}, "history": "none"}
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "chat_template_kwargs", *OPTIONAL_SAMPLING)
+# The generation.* a shard records (settings.py declares each key's role): the sampling and history, in
+# config/config.yaml's order (Snakemake compares params by their repr: a run recorded when the rule passed
+# the raw section, a config written from that file, keeps its finished shards); a key added after the
+# first release (LATER_KEYS, with the value that makes it a no-op: not sent / default) only while set.
+SHARD_KEYS = rerun_keys(GenerationSettings, "generate_shard")
 # generation.* that pace the requests without shaping an answer: run-time only in the rules
-PACING_KEYS = ("concurrency", "global_concurrency", "retries", "request_timeout_s")
-# The others (the sampling and history), in config/config.yaml's order: Snakemake compares params by
-# their repr, and a run recorded when the rule passed the raw section (a config written from that
-# file) keeps its finished shards.
-SHARD_KEYS = ("max_tokens", "temperature", "top_p", "seed", *OPTIONAL_SAMPLING, "extra_body")
-SHARD_KEYS += ("chat_template_kwargs", "history")
-
-
-def _recorded(values: dict[str, Any]) -> dict[str, Any]:
-    """Values as a rule's params (rerun triggers): a key added later is left out while it holds its
-    no-op value, so that upgrading the pipeline does not rerun every finished shard."""
-    return {key: value for key, value in values.items() if key not in LATER_KEYS or value != LATER_KEYS[key]}
+PACING_KEYS = runtime_keys(GenerationSettings, "generate_shard")
+LATER_KEYS = later_values(GenerationSettings)
 
 
 def sampling_params(generation: GenerationSettings) -> dict[str, Any]:
-    """The generation.* keys that shape a request (what Sampling.from_settings reads), as params."""
-    return _recorded(as_params(generation, *SAMPLING_KEYS, "extra_body"))
+    """The generation.* keys that shape a request (what Sampling.from_settings reads), as the preflights'
+    params: the later keys last, the order in which the first runs recorded them."""
+    params = rerun_params(generation, "preflight")
+    return {key: value for key, value in params.items() if key not in LATER_KEYS} | {
+        key: value for key, value in params.items() if key in LATER_KEYS
+    }
 
 
 def shard_params(generation: GenerationSettings) -> dict[str, Any]:
     """generation.* less PACING_KEYS (the sampling and history), as a generation shard's params."""
-    return _recorded(as_params(generation, *SHARD_KEYS))
+    return rerun_params(generation, "generate_shard")
+
+
+def serve_check_params(generation: GenerationSettings) -> dict[str, Any]:
+    """The serve check's generation.* params: the sampling, then its own (concurrency: the tokens/s it
+    compares depend on it)."""
+    sampling = sampling_params(generation)
+    own = {k: v for k, v in rerun_params(generation, "serve_check").items() if k not in sampling}
+    return sampling | own

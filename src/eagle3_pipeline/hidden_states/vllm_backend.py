@@ -25,7 +25,7 @@ from typing import Any
 
 from eagle3_pipeline.server.secrets import REDACTED
 from eagle3_pipeline.server.server_json import ServerSnapshot
-from eagle3_pipeline.settings import VllmEngineSettings
+from eagle3_pipeline.settings import VllmEngineSettings, runtime_keys
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +49,11 @@ DISTRIBUTED_ENV = frozenset(
 
 # hidden_states.vllm keys that change how the engine runs, never the bytes it writes: where it runs
 # (python), its memory and step sizing, CUDA graphs / eager mode (the same kernels' math, replayed or
-# not), the KV connector that stages the states, pacing, timeouts and the version gate. They are no
-# rerun trigger (rules/common/engine.smk) and no key of the parts' fingerprint (parts.py): lowering
+# not), the KV connector that stages the states, pacing, timeouts and the version gate: every key the
+# extraction jobs do not record (settings.py declares the others). They are no rerun trigger
+# (rules/common/engine.smk) and no key of the parts' fingerprint (parts.py): lowering
 # gpu_memory_utilization after an out-of-memory crash keeps every saved part.
-RUNTIME_KEYS = (
-    "python",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "max_num_batched_tokens",
-    "enforce_eager",
-    "cuda_graphs",
-    "connector",
-    "staging_dir",
-    "max_in_flight_tokens",
-    "max_clients",
-    "idle_timeout_s",
-    "allow_untested_version",
-)
+RUNTIME_KEYS = runtime_keys(VllmEngineSettings, "extract_hidden_states")
 # what the states depend on among the engine's settings: the target's code and numbers (with the
 # target, the layers, max_seq_len and the storage dtype, which the plan records itself)
 BYTES_KEYS = ("dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "trust_remote_code")

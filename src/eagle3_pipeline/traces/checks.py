@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.settings import TraceFilters
 from eagle3_pipeline.traces.filters import ROW_REASONS, dedup_key, row_reason
 from eagle3_pipeline.traces.schema import STATUSES, TraceError, shard_number
 
@@ -33,7 +33,7 @@ def _shard_names(shards: Sequence[int]) -> str:
     return _listed([f"{k:05d}" for k in shards])
 
 
-def shard_table(frame: pl.LazyFrame, identity: str, traces: TracesSettings) -> pl.LazyFrame:
+def shard_table(frame: pl.LazyFrame, identity: str, traces: TraceFilters) -> pl.LazyFrame:
     """One row per shard: rows, counts by status and by row-local drop reason, and check counters."""
     status = pl.col("status")
     reason = row_reason(traces)
@@ -180,7 +180,7 @@ def check_shards(
         raise TraceError("cannot merge the generation shards:\n  - " + "\n  - ".join(problems))
 
 
-def duplicate_rows(frame: pl.LazyFrame, traces: TracesSettings) -> pl.DataFrame:
+def duplicate_rows(frame: pl.LazyFrame, traces: TraceFilters) -> pl.DataFrame:
     """`_index` and `file_shard` of every row that repeats an earlier kept row's
     (system, question, reasoning, content) in the same shard; empty when traces.drop_duplicates is off.
 
@@ -212,7 +212,7 @@ def duplicate_rows(frame: pl.LazyFrame, traces: TracesSettings) -> pl.DataFrame:
     )
 
 
-def cross_shard_repeats(frame: pl.LazyFrame, traces: TracesSettings) -> int:
+def cross_shard_repeats(frame: pl.LazyFrame, traces: TraceFilters) -> int:
     """Kept rows whose (system, question, reasoning, content) also occur in another shard (counted,
     not dropped: each shard's traces are decided by that shard alone)."""
     candidates = frame.with_columns(row_reason(traces), *dedup_key()).filter(pl.col("drop_reason").is_null())

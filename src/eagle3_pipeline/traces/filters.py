@@ -15,7 +15,7 @@ import hashlib
 
 import polars as pl
 
-from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.settings import TraceFilters
 
 REASONS = ("failed", "skipped", "truncated", "no_token_ids", "empty", "duplicate")
 ROW_REASONS = REASONS[:-1]  # decided by the row alone; duplicate needs the whole shard
@@ -27,7 +27,7 @@ def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars().str.len_bytes() == 0
 
 
-def row_reason(traces: TracesSettings) -> pl.Expr:
+def row_reason(traces: TraceFilters) -> pl.Expr:
     """Expression: the reason a row is dropped (one of ROW_REASONS), or null when it passes them."""
     status = pl.col("status")
     no_ids = (pl.col("prompt_token_ids").list.len().fill_null(0) == 0) | (

@@ -29,7 +29,7 @@ import polars as pl
 
 from eagle3_pipeline import io
 from eagle3_pipeline.io import atomic_path
-from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.settings import TraceFilters, TracesSettings
 from eagle3_pipeline.traces.checks import (
     check_shards,
     cross_shard_repeats,
@@ -148,7 +148,7 @@ def check_failed_fraction(table: pl.DataFrame, frame: pl.LazyFrame, limit: float
     )
 
 
-def kept_traces(frame: pl.LazyFrame, traces: TracesSettings, duplicates: pl.DataFrame) -> pl.LazyFrame:
+def kept_traces(frame: pl.LazyFrame, traces: TraceFilters, duplicates: pl.DataFrame) -> pl.LazyFrame:
     """The rows that become traces (no drop reason, not a later duplicate), with `split`."""
     return (
         frame.with_columns(row_reason(traces))

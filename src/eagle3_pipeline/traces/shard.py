@@ -16,7 +16,7 @@ import polars as pl
 
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.io import atomic_path
-from eagle3_pipeline.settings import TracesSettings
+from eagle3_pipeline.settings import TraceFilters
 from eagle3_pipeline.traces.checks import (
     check_shards,
     duplicate_rows,
@@ -34,7 +34,7 @@ def filter_shard_traces(
     generation: str | Path,
     prompts: str | Path,
     server: str | Path,
-    traces: TracesSettings,
+    traces: TraceFilters,
     outputs: dict[str, str | Path],
 ) -> dict[str, int]:
     """Check, filter and split one generation shard; write each split's kept rows; return their counts.
@@ -43,7 +43,7 @@ def filter_shard_traces(
         generation: generations/shard-{k:05d}.parquet.
         prompts: prompts/shard-{k:05d}.parquet: the generation shard must hold exactly its ids.
         server: server/identity.json; every row must carry its identity hash.
-        traces: the traces.* settings (the filters and the split; the failed-row limit is the merge's).
+        traces: the traces.* filters and split (the failed-row limit is the merge's).
         outputs: split name -> traces/shards/{split}/shard-{k:05d}.parquet (every split of SPLITS).
 
     Raises:

@@ -1,0 +1,31 @@
+"""How many generation requests one server has in flight at most: four caps in four layers, in one place.
+
+1. generation.concurrency (C): requests in flight per shard job, its workers and its open connections
+   (shard._Workers, http.Http).
+2. generation.global_concurrency (G): requests in flight across the shard jobs of one machine sending
+   to the same server, as flock'ed slot files (slots.SlotPool; one folder per server:
+   work/generations/slots/, work/generations/replica-slots/NAME/). Per node only: jobs on other
+   SLURM nodes hold other slots.
+3. server.max_shard_jobs (M, each replica its own; null: none): shard jobs against the server at once,
+   cluster-wide, as the Snakemake resource vllm_NAME (rules/common/replicas.smk; a `--resources
+   vllm_NAME=N` wins).
+4. Snakemake's own job limit (S): `--cores N` locally (a shard job takes one core), `--jobs N` under
+   a cluster profile.
+
+So a server sees at most min(J * C, nodes * G) requests, J = min(M, S, its shards) shard jobs at once.
+None of these is a rerun trigger: they pace the requests, never shape an answer (settings.py).
+"""
+
+from __future__ import annotations
+
+
+def shard_jobs_at_once(max_shard_jobs: int | None, scheduler_jobs: int, shards: int) -> int:
+    """J: the shard jobs running against one server at once (caps 3 and 4, and its share of shards)."""
+    return min(max_shard_jobs or shards, scheduler_jobs, shards)
+
+
+def requests_in_flight(concurrency: int, global_concurrency: int, shard_jobs: int, nodes: int = 1) -> int:
+    """At most how many requests one server has in flight: each of `shard_jobs` jobs sends up to
+    `concurrency` (cap 1), and the jobs of each of `nodes` machines up to `global_concurrency` together
+    (cap 2)."""
+    return min(shard_jobs * concurrency, nodes * global_concurrency)
