@@ -13,6 +13,7 @@ import pytest
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server import backend
 from eagle3_pipeline.server.backend import ServerBackend
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
 from eagle3_pipeline.validate import draft_serving
 from eagle3_pipeline.validate.draft_serving import (
@@ -67,16 +68,17 @@ def test_production_serves_the_run_in_its_check_unit_and_measures_no_other_k(mon
 
     seen: dict[str, Any] = {}
 
-    def remote(server, validate, server_json, **run):
-        seen.update(run, server_json=server_json)
+    def remote(server, validate, snapshot, **run):
+        seen.update(run, snapshot=snapshot)
         return {"acceptance_length": 2.0}
 
     monkeypatch.setattr(production_check, "run_remote_serve_check", remote)
     run = _run(tmp_path)
     validate = ValidateSettings(by_k_max=by_k_max)
-    serving = ProductionDraftServing(ServerSettings(host="gpu-box"), validate, {"a": 1})
+    snapshot = ServerSnapshot.from_json({"model": "/m", "served_model_name": "m"})
+    serving = ProductionDraftServing(ServerSettings(host="gpu-box"), validate, snapshot)
     result = serving.serve_with_draft(run, lambda figures: figures | {"concluded": True})
-    assert seen == {**run.measured(), "server_json": {"a": 1}}
+    assert seen == {**run.measured(), "snapshot": snapshot}
     assert result["concluded"] and ("by_k" in result) == bool(by_k_max)
     if by_k_max:
         assert result["by_k"] == {"reason": ProductionDraftServing.BY_K_OFF}
@@ -131,9 +133,9 @@ def test_the_rule_serves_and_times_through_the_backends_serving(monkeypatch, tmp
     (tmp_path / "server.json").write_text(json.dumps({"model": "/m", "served_model_name": "demo"}))
     chosen: list[tuple] = []
 
-    def choose(server, validate, server_json, state_dir):
-        chosen.append((server_json["served_model_name"], state_dir))
-        return _Recorded(server, validate, server_json)
+    def choose(server, validate, snapshot, state_dir):
+        chosen.append((snapshot.served_model_name, state_dir))
+        return _Recorded(server, validate, snapshot)
 
     monkeypatch.setattr(serve_check, "draft_serving", choose)
     _Recorded.calls = []

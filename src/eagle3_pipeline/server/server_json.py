@@ -64,9 +64,8 @@ class ServerSnapshot:
 
     @classmethod
     def of(cls, snapshot: ServerSnapshot | Mapping[str, Any]) -> ServerSnapshot:
-        """A snapshot as it is, or one parsed from a dict: the lifecycle, tunnel and secrets functions
-        take either while some callers (validate/serve_check.py, validate/production_check.py, tests)
-        still pass server.json's dict."""
+        """A snapshot as it is, or one parsed from a dict: the lifecycle, tunnel, secrets and serve-check
+        functions take either, as tests pass server.json's dict; every job passes the typed snapshot."""
         return snapshot if isinstance(snapshot, ServerSnapshot) else cls.from_json(snapshot)
 
     @property

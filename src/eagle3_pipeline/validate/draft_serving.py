@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server.backend import LocalProcessBackend, ServerBackend, SystemdUnitBackend, backend_for
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.spec_decode import ask
 
@@ -54,9 +55,10 @@ class DraftServing(ABC):
     """The serve check on one kind of server (module docstring)."""
 
     def __init__(
-        self, server: ServerSettings, validate: ValidateSettings, server_json: dict[str, Any]
+        self, server: ServerSettings, validate: ValidateSettings, snapshot: ServerSnapshot | Mapping[str, Any]
     ) -> None:
-        self.server, self.validate, self.server_json = server, validate, server_json
+        self.server, self.validate = server, validate
+        self.snapshot = ServerSnapshot.of(snapshot)  # server.json (tests may pass its dict)
 
     @abstractmethod
     def serve_with_draft(self, run: ServeCheckRun, conclude: Conclude) -> dict[str, Any]:
@@ -89,7 +91,7 @@ class LocalDraftServing(DraftServing):
         others = [k for k in range(1, validate.by_k_max + 1) if k != k_main]
         levels = concurrency_levels(run.concurrency, len(run.questions)) if validate.speedup else None
         ask_group = _group_asker(self.server, run)
-        per_request = supports_per_request_metrics(self.server_json.get("vllm_version"))
+        per_request = supports_per_request_metrics(self.snapshot.vllm_version)
         result = run_local_checks(
             self.server,
             validate,
@@ -136,7 +138,7 @@ class ProductionDraftServing(DraftServing):
     def serve_with_draft(self, run: ServeCheckRun, conclude: Conclude) -> dict[str, Any]:
         from eagle3_pipeline.validate.production_check import run_remote_serve_check
 
-        measured = run_remote_serve_check(self.server, self.validate, self.server_json, **run.measured())
+        measured = run_remote_serve_check(self.server, self.validate, self.snapshot, **run.measured())
         result = conclude(measured)
         if self.validate.by_k_max:
             result["by_k"] = {"reason": self.BY_K_OFF}
@@ -154,7 +156,7 @@ class ProductionDraftServing(DraftServing):
         server = self.server
         if not self.validate.speedup:
             return {"speedup": None, "reason": SPEEDUP_OFF}
-        base_url = server_url(self.server_json, server, run.state_dir)
+        base_url = server_url(self.snapshot, server, run.state_dir)
         if not check_health(base_url, auth_headers(server), verify=tls_verify(server)):
             return {
                 "speedup": None,
@@ -174,10 +176,13 @@ SERVING: dict[type[ServerBackend], type[DraftServing]] = {
 
 
 def draft_serving(
-    server: ServerSettings, validate: ValidateSettings, server_json: dict[str, Any], state_dir: Path
+    server: ServerSettings,
+    validate: ValidateSettings,
+    snapshot: ServerSnapshot | Mapping[str, Any],
+    state_dir: Path,
 ) -> DraftServing:
     """The serve check on the configured server: its backend's serving (backend_for decides the kind)."""
-    return SERVING[type(backend_for(server, state_dir))](server, validate, server_json)
+    return SERVING[type(backend_for(server, state_dir))](server, validate, snapshot)
 
 
 def _group_asker(server: ServerSettings, run: ServeCheckRun) -> Callable[..., list[dict[str, Any]]]:

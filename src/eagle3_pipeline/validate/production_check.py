@@ -6,7 +6,7 @@ own that conflicts production, whose stop systemd follows by starting production
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,12 @@ from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server.dropin import draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, restart_timeout_s, serve_check_unit
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 
 
 def _production_check(
-    server: ServerSettings, server_json: dict[str, Any], state_dir: Path
+    server: ServerSettings, snapshot: ServerSnapshot, state_dir: Path
 ) -> Callable[[], None]:
     """/health through the configured URL (tunnel included), then /v1/models lists the snapshot's model."""
     from eagle3_pipeline.server import auth_headers, tls_verify
@@ -27,9 +28,9 @@ def _production_check(
 
     def check() -> None:
         headers, verify = auth_headers(server), tls_verify(server)
-        base_url = server_url(server_json, server, state_dir)
+        base_url = server_url(snapshot, server, state_dir)
         wait_healthy(base_url, server.start_timeout_s, None, None, headers, verify=verify)
-        check_model(base_url, server_json["served_model_name"], headers, verify)
+        check_model(base_url, snapshot.served_model_name, headers, verify)
 
     return check
 
@@ -37,7 +38,7 @@ def _production_check(
 def run_remote_serve_check(
     server: ServerSettings,
     validate: ValidateSettings,
-    server_json: dict[str, Any],
+    snapshot: ServerSnapshot | Mapping[str, Any],
     checkpoint_dir: str | Path,
     questions: list[dict],
     sampling: Sampling,
@@ -61,7 +62,8 @@ def run_remote_serve_check(
 
     unit, sudo, record_dir = server.unit, server.ssh.sudo, server.host_state_dir
     timeout_s = restart_timeout_s(server)
-    verify = _production_check(server, server_json, Path(state_dir))
+    snapshot = ServerSnapshot.of(snapshot)  # server.json (tests may pass its dict)
+    verify = _production_check(server, snapshot, Path(state_dir))
     with interrupts_as_exceptions():
         host = open_host(server)
         folder = None
@@ -87,7 +89,7 @@ def run_remote_serve_check(
                 draft_path=checkpoint, expand_environment=":" not in command.prefixes,
             ) as check:  # fmt: skip
                 run_id = check.run_id
-                base_url = server_url(server_json, server, Path(state_dir))
+                base_url = server_url(snapshot, server, Path(state_dir))
                 watch = UnitWatch(server, unit=check.name)
                 try:
                     wait_healthy(

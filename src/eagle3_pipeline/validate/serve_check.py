@@ -24,6 +24,7 @@ from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
+from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.draft_serving import ServeCheckRun, draft_serving
 from eagle3_pipeline.validate.spec_decode import load_questions
@@ -107,9 +108,9 @@ def serve_check(
             (the figures are kept in work_dir/serve_check.rejected.json).
     """
     questions = load_questions(validation_path, validate.max_questions)
-    server_json = json.loads(Path(server_json_path).read_text())
-    secrets.learn(server_json)  # the unit's secrets, hidden in this job's log and errors
-    model = server_json.get("served_model_name") or server_json["model"]
+    snapshot = ServerSnapshot.load(server_json_path)
+    secrets.learn(snapshot)  # the unit's secrets, hidden in this job's log and errors
+    model = snapshot.request_model
     sampling = serve_sampling(generation, validate, model)
     offline = json.loads(Path(offline_path).read_text()) if offline_path is not None else None
     matched = None
@@ -156,7 +157,7 @@ def serve_check(
         check_against_offline(result, offline_path, validate, work_dir)  # before by-k and the speedup
         return result
 
-    serving = draft_serving(server, validate, server_json, run.state_dir)
+    serving = draft_serving(server, validate, snapshot, run.state_dir)
     result = serving.serve_with_draft(run, conclude)
     result["speedup"] = serving.time_without_draft(run, result)
     write_json(result, output_path)
