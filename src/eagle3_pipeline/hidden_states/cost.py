@@ -47,6 +47,7 @@ from typing import Any
 from eagle3_pipeline import budget
 from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import vllm_backend
+from eagle3_pipeline.planning.windows import DraftWindows
 from eagle3_pipeline.settings import Settings
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
@@ -95,14 +96,14 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
 
 def _training_jobs(settings: Settings, plan: WindowPlan, shards: int) -> int:
     """Training jobs in windows: every draft's windows of every epoch (a learning-curve point trains
-    only in the windows holding its shards: budget.DraftWindows.point)."""
+    only in the windows holding its shards: DraftWindows.point)."""
     from eagle3_pipeline.config import shard_ids
     from eagle3_pipeline.validate.learning_curve import curve_points, epoch_entries
 
     ids = shard_ids(settings.dataset.num_samples, settings.dataset.shard_size)
     windows = plan.windows or []
-    drafts = [budget.DraftWindows.main(windows)] + [
-        budget.DraftWindows.point(
+    drafts = [DraftWindows.main(windows)] + [
+        DraftWindows.point(
             windows, ids, k, epoch_entries(settings.dataset.num_samples, settings.dataset.shard_size, k)
         )
         for k in curve_points(settings.validate.learning_curve, shards)
