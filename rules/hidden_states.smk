@@ -5,7 +5,7 @@
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 
 # hidden_states.* the states depend on: each a param of its own (a rerun trigger); the script reads
-# them back into HiddenStatesSettings with the run-time values (engine_runtime in common.smk)
+# them back into HiddenStatesSettings with the run-time values (engine_runtime in rules/common/engine.smk)
 EXTRACTION_PARAMS = as_params(
     SETTINGS.hidden_states,
     "backend",
