@@ -25,7 +25,7 @@ high-water mark) and GPU hours between two stated throughput assumptions, for tw
 - tokens: every pass over every sample at the plan's lengths.
 - disk_peak_bytes: budget.on_disk_at_once under the plan (a shard counted once, plus a part being
   packed for each of at most hidden_states.pack_slots shards; the training state files), plus the
-  engine's staging window.
+  engine's staging folder (its tokens in flight).
 
 GPU hours = GPUs x (starts x start time + tokens / prefill throughput): low for the plan with the fast
 assumptions, high for the bound with the slow ones. Training is not included; `plan.drafts_trained`
@@ -191,10 +191,10 @@ def estimate(
     staging = 0
     if vllm:
         step = hs.vllm.max_num_batched_tokens or max(hs.max_seq_len + 1, hs.batch_tokens)
-        window_tokens = hs.vllm.max_in_flight_tokens or 2 * step
-        # staged states stay in the engine's window until the writer reads them (back-pressure): the
-        # staging folder holds at most one window
-        staging = window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
+        in_flight = hs.vllm.max_in_flight_tokens or 2 * step
+        # staged states stay in flight until the writer reads them (back-pressure): the staging folder
+        # holds at most the engine's tokens in flight
+        staging = in_flight * vllm_backend.staging_bytes_per_token(hidden_size)
 
     def hours(starts: int, tokens: int, per_s: float, start_s: float) -> float:
         return round(gpus * (starts * start_s + tokens / per_s) / 3600, 1)
