@@ -14,7 +14,7 @@ from eagle3_pipeline.settings import as_params, runtime_only
 # serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the
 # engine and its consumers as one group (one submission on one node on a cluster), all at once, and
 # terminates the engine once they are done: training, after them, finds the GPUs free. One engine
-# per scope: the main shards, or under a cap one epoch's window; the baseline's shards have their own.
+# per scope: the main shards, or under a cap one epoch's plan window; the baseline's have their own.
 VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
 ENGINES = EngineScopes(RESULTS, WORK, LOGS, windowed=bool(WINDOW))
 ENGINE_ROOT = ENGINES.root

@@ -6,8 +6,8 @@ stay in the rules.
 
 One meaning per word:
 
-- shard: a data shard (dataset.shard_size samples, `shard-{k:05d}`); FSDP's split of the draft's
-  weights across GPUs is `draft/fsdp.py`'s, never a "shard".
+- shard: a data shard (dataset.shard_size samples, `shard-{k:05d}`). FSDP's split of the draft's
+  weights over the training processes stays inside `draft/fsdp.py` (its "sharded" means that alone).
 - plan window: under hidden_states.max_disk_gb, the shards of one epoch whose hidden states are on disk
   together (budget.WindowPlan.windows, per epoch): extracted, trained on and deleted together. The
   engine folders' `epoch-E-window-W` and the extraction gate count plan windows.
