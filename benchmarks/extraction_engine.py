@@ -266,10 +266,10 @@ def run_prequeued(
     layers = sequences.resolve_layers(["auto"], info.num_layers)
     layer_ids = engine_layer_ids(layers, info.num_layers)
     directory = work / f"engine-{mode}"
-    window = vllm_backend.in_flight_tokens(options, settings)
+    in_flight = vllm_backend.in_flight_tokens(options, settings)
     spec = vllm_backend.engine_spec(
         target, settings, layer_ids, "bfloat16", final_norm.find_final_norm(target).as_dict(),
-        vllm_backend.staging_dir(options, directory, window, info.hidden_size), window, 600, mode=mode,
+        vllm_backend.staging_dir(options, directory, in_flight, info.hidden_size), in_flight, 600, mode=mode,
     )  # fmt: skip
     directory.mkdir(parents=True)
     env = vllm_backend.worker_env(vllm_backend.package_path(directory), None)

@@ -233,7 +233,7 @@ class Census(TorchDispatchMode):
 
     def sharded_peak(self, gpus: int) -> tuple[int, dict[str, int]]:
         """(peak live bytes, bytes by label at that moment) of the same step under train.fsdp over `gpus`
-        processes (draft/sharding.py: the draft one FSDP unit). Each process holds 1/gpus of the trained
+        processes (draft/fsdp.py: the draft one FSDP unit). Each process holds 1/gpus of the trained
         weights and of AdamW's state throughout, and the weights gathered whole besides
         ("gathered_weights") from the forward pass to the end of the backward pass. A census run with
         a gathered copy of its own (training.py's "fsdp_bf16": bf16 weights, FSDP2's mixed-precision

@@ -209,7 +209,7 @@ def census_setup(shape: Shape, path: str) -> Callable[[Census], Callable[[str], 
     train.fsdp's mixed-precision policy (below), "former" the path before them.
 
     "fsdp_bf16" runs the step on a bf16 copy of the draft, as FSDP2 with MixedPrecisionPolicy(bf16,
-    fp32) gathers it (draft/sharding.py): bf16 gradients from the backward pass, cast to fp32 into the
+    fp32) gathers it (draft/fsdp.py): bf16 gradients from the backward pass, cast to fp32 into the
     reduce-scatter's input, the fp32 result the gradients of the fp32 weights AdamW steps on, and the
     copy refreshed from them (the next step's gathering)."""
 
@@ -326,7 +326,7 @@ def census(a: argparse.Namespace) -> None:
     named, reduced = (KIMI_MLA, REDUCED_MLA) if mla else (KIMI, REDUCED)
     target = replace(named, seq=a.batch_tokens or named.seq)
     ddp = census_of(reduced, "training", target)
-    # train.fsdp over the example's GPUs, gathered in bf16 (draft/sharding.py's policy); beside it the
+    # train.fsdp over the example's GPUs, gathered in bf16 (draft/fsdp.py's policy); beside it the
     # same without a policy (weights gathered in fp32, as before the policy) and DDP's figure
     sharded, sharded_parts = census_of(reduced, "fsdp_bf16", target).sharded_peak(a.gpus)
     emit(

@@ -44,9 +44,9 @@ def resource_limit(name):
     return getattr(limit, "value", limit)
 
 
-# The shared helpers, one idea per file (each needs the names above; variants needs the windows'):
-include: "common/windows.smk"
+# The shared helpers, one idea per file (each needs the names above; windows needs the variants'):
 include: "common/variants.smk"
+include: "common/windows.smk"
 include: "common/engine.smk"
 include: "common/inputs.smk"
 include: "common/replicas.smk"

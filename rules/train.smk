@@ -31,7 +31,7 @@ INIT_FROM = (
 
 
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
-# validate.select_every_epochs (KEPT_EPOCHS, rules/common.smk): only when on do the training rules get
+# validate.select_every_epochs (KEPT_EPOCHS, rules/common/variants.smk): only when on do the training rules get
 # the param and outputs (off, their jobs are what they were before the key existed).
 EPOCH_CHECKPOINTS = [
     f"{RESULTS}/{{variant}}draft/trained/epochs/epoch-{e:03d}.safetensors"

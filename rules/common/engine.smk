@@ -1,34 +1,34 @@
-# The vllm backend's extraction engine: its folder per scope, its run-time keys, and which extraction
-# jobs consume its Snakemake job.
+# The vllm backend's extraction engine: its folder per scope (eagle3_pipeline.planning.engines), its
+# run-time keys, and which extraction jobs consume its Snakemake job.
 import sys
 from pathlib import Path
 
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.hidden_states.engine import needs_engine, stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
+from eagle3_pipeline.planning.engines import SERVICE, EngineScopes
 from eagle3_pipeline.settings import runtime_only, runtime_params
 
 # The vllm backend's extraction engine (hidden_states/engine.py) is a job of its own: rule
 # serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the
 # engine and its consumers as one group (one submission on one node on a cluster), all at once, and
 # terminates the engine once they are done: training, after them, finds the GPUs free. One engine
-# per scope: the main shards, or under a cap one epoch's window; the baseline's shards have their own.
+# per scope: the main shards, or under a cap one epoch's plan window; the baseline's have their own.
 VLLM_ENGINE = SETTINGS.hidden_states.backend == "vllm"
-ENGINE_ROOT = f"{WORK}/hidden_states/engine"
-ENGINE_DIR = (
-    f"{ENGINE_ROOT}/epoch-{{epoch}}-window-{{window}}" if WINDOW else ENGINE_ROOT
-)
-ENGINE_SCOPE = ENGINE_DIR.removeprefix(f"{WORK}/")  # its logs' names
-ENGINE_SERVICE = "service.json"  # the engine job's service() output, in its folder
+ENGINES = EngineScopes(RESULTS, WORK, LOGS, windowed=bool(WINDOW))
+ENGINE_ROOT = ENGINES.root
+# the folder of the main shards' engine, or with {epoch} and {window} of a plan window's
+ENGINE_DIR = ENGINES.pattern
+ENGINE_SCOPE = ENGINES.scope(ENGINE_DIR)  # its logs' names
+ENGINE_SERVICE = SERVICE  # the engine job's service() output, in its folder
+# the baseline's extraction engine (its own scope: nothing of the main draft waits on it)
+BASELINE_ENGINE_DIR = ENGINES.baseline
 # every engine folder of the run: a GPU job waits there for a stopping engine's exit (engine.wait_gone)
-ENGINE_ROOTS = [ENGINE_ROOT, BASELINE_ENGINE_DIR] if VLLM_ENGINE else []
+ENGINE_ROOTS = ENGINES.roots if VLLM_ENGINE else []
 # where a run keeps each engine start's stats (engine.write_record): the engine folder's path under
 # results/RUN/ with engine_stats for engine (hidden_states/engine_stats[/epoch-E-window-W],
 # baseline/hidden_states/engine_stats); the report's table of engine starts reads them
-ENGINE_STATS_ROOTS = [
-    f"{RESULTS}/hidden_states/engine_stats",
-    f"{RESULTS}/{BASELINE}hidden_states/engine_stats",
-]
+ENGINE_STATS_ROOTS = ENGINES.stats_roots
 if VLLM_ENGINE and "extraction_engines" not in workflow.global_resources:
     # engines at once: one (two never hold the GPUs together; the serve check holds it too)
     workflow.global_resources["extraction_engines"] = 1
@@ -36,9 +36,7 @@ if VLLM_ENGINE and "extraction_engines" not in workflow.global_resources:
 
 def engine_dir(epoch=None, shard=None):
     """The extraction engine folder of shard `shard` (of epoch `epoch` under a cap)."""
-    if not WINDOW:
-        return ENGINE_DIR
-    return ENGINE_DIR.format(epoch=epoch, window=window_of(epoch, shard))
+    return ENGINES.folder(epoch, TRAINING.window_of(epoch, shard) if WINDOW else None)
 
 
 # The pack slots' folders (hidden_states.pack_slots, packing.pack_slot): one for the run's extraction
@@ -53,12 +51,11 @@ def engine_runtime(where, pack_dir=PACK_DIR):
     memory, graphs, connector, interpreter and pacing: vllm_backend.RUNTIME_KEYS, also out of the parts'
     key), the engine's folder and its log, and the folder of the pack slots (both backends).
     """
-    scope = where.removeprefix(f"{WORK}/") if where else None
     return runtime_only(
         hidden_states=runtime_params(SETTINGS.hidden_states, "extract_hidden_states"),
         engine={
             "dir": where,
-            "log": f"{LOGS}/extraction_engine/{scope}.log" if where else None,
+            "log": ENGINES.log(where) if where else None,
         },
         packing={"dir": pack_dir},
     )
@@ -77,14 +74,7 @@ def shard_engine(wildcards):
         return None
     epoch, shard = wildcards.get("epoch"), wildcards.shard
     states = STATES.format(epoch=epoch) if WINDOW else STATES
-    traces = [
-        f"{RESULTS}/traces/shards/{split}/shard-{shard}.parquet" for split in SPLITS
-    ]
-    outputs = [
-        f"{states}/{split}/shard-{shard}.{ext}"
-        for split in SPLITS
-        for ext in ("safetensors", "json")
-    ]
+    traces, outputs = ENGINES.shard_files(states, shard)
     return engine_dir(epoch, shard) if needs_engine(traces, outputs) else None
 
 
@@ -92,11 +82,7 @@ def baseline_shard_engine(wildcards):
     """shard_engine for a baseline extraction job (its own scope, the train split only)."""
     if not VLLM_ENGINE:
         return None
-    states = f"{RESULTS}/{BASELINE}hidden_states/train/shard-{wildcards.shard}"
-    traces = [
-        f"{RESULTS}/{BASELINE}traces/shards/train/shard-{wildcards.shard}.parquet"
-    ]
-    outputs = [f"{states}.safetensors", f"{states}.json"]
+    traces, outputs = ENGINES.baseline_shard_files(wildcards.shard)
     return BASELINE_ENGINE_DIR if needs_engine(traces, outputs) else None
 
 
@@ -110,7 +96,7 @@ def engine_input(folder):
         return []
     if folder is None:
         return [ancient(service(workflow.main_snakefile))]
-    return [service(f"{folder}/{ENGINE_SERVICE}")]
+    return [service(ENGINES.service(folder))]
 
 
 def get_engine_service(wildcards):
@@ -129,28 +115,22 @@ def get_baseline_engine_runtime(wildcards):
     return engine_runtime(baseline_shard_engine(wildcards), BASELINE_PACK_DIR)
 
 
-def engine_stats_dir(where):
-    """The results folder of the engine stats of the engine folder `where` (ENGINE_STATS_ROOTS)."""
-    scope = where.removeprefix(f"{WORK}/")
-    stats = scope.replace("hidden_states/engine", "hidden_states/engine_stats", 1)
-    return f"{RESULTS}/{stats}"
-
-
 def engine_job(where):
     """serve_extraction_engine's params.job (engine_job.job_text): the whole hidden_states section (its
     clients' settings, which they check), its folder, its engine's log, its service() output and the
     results folder of its stats.
     """
-    scope = where.removeprefix(f"{WORK}/")
-    log = f"{LOGS}/extraction_engine/{scope}.log"
-    service = f"{where}/{ENGINE_SERVICE}"
     return job_text(
-        SETTINGS.hidden_states, where, log, service, engine_stats_dir(where)
+        SETTINGS.hidden_states,
+        where,
+        ENGINES.log(where),
+        ENGINES.service(where),
+        ENGINES.stats_dir(where),
     )
 
 
 def get_engine_job(wildcards):
-    return engine_job(ENGINE_DIR.format(**wildcards) if WINDOW else ENGINE_DIR)
+    return engine_job(ENGINES.folder(wildcards.get("epoch"), wildcards.get("window")))
 
 
 def get_baseline_engine_job(wildcards):
@@ -181,7 +161,7 @@ def get_baseline_extraction_gate(wildcards):
 def stop_engines():
     """onsuccess/onerror: no extraction engine outlives the snakemake call (a safety net: the engine
     jobs end with their consumers, and an engine dies with its job)."""
-    for root in (ENGINE_ROOT, BASELINE_ENGINE_DIR):
+    for root in ENGINES.roots:
         if VLLM_ENGINE and Path(root).exists():
             for report in stop_all(Path(root)):
                 if report.get("stopped"):

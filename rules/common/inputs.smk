@@ -3,7 +3,11 @@
 from pathlib import Path
 
 from eagle3_pipeline.demo import demo_target_dir
-from eagle3_pipeline.prompts import SELECTION_BLOCK_SHARDS, selection_block_rows
+from eagle3_pipeline.prompts import (
+    prompt_shard_rows,
+    selection_block,
+    selection_block_rows,
+)
 from eagle3_pipeline.settings import rerun_params
 
 
@@ -38,22 +42,17 @@ def get_selection_block_rows(wildcards):
 
 def get_selection_block(wildcards):
     """The selection block that holds shard k."""
-    block = int(wildcards.shard) // SELECTION_BLOCK_SHARDS
+    block = selection_block(int(wildcards.shard))
     return f"{RESULTS}/prompts/selection-{block:05d}.parquet"
 
 
 def get_prompt_shard_rows(wildcards):
-    """Shard k's rows of its selection block: questions [k * shard_size, min((k + 1) * shard_size,
-    num_samples)) of the order, less the block's first question."""
-    size, total = SETTINGS.dataset.shard_size, SETTINGS.dataset.num_samples
-    start = int(wildcards.shard) * size
-    block_start, _ = selection_block_rows(
-        int(wildcards.shard) // SELECTION_BLOCK_SHARDS, size
+    """Shard k's rows of its selection block (prompts.prompt_shard_rows)."""
+    dataset = SETTINGS.dataset
+    start, stop = prompt_shard_rows(
+        int(wildcards.shard), dataset.shard_size, dataset.num_samples
     )
-    return {
-        "start": start - block_start,
-        "stop": min(start + size, total) - block_start,
-    }
+    return {"start": start, "stop": stop}
 
 
 # The target's config.json: an input of every job that reads the target (the disk check, extraction,

@@ -221,7 +221,7 @@ def parse_time_state_bytes(settings: Settings, hidden_size: int) -> int:
     return state_file_bytes(settings.draft, bound)
 
 
-def window_shards(settings: Settings, hidden_size: int, state_bytes: int = 0) -> int | None:
+def shards_per_window(settings: Settings, hidden_size: int, state_bytes: int = 0) -> int | None:
     """Shards per training window under hidden_states.max_disk_gb (None: no cap, no windows).
 
     Decided from the config alone, at parse time: the most shards n with n x B + min(K, n) x P <=
@@ -478,12 +478,12 @@ def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None 
     return held + plan.sizing.state_files * plan.state_file_bytes, why
 
 
-def capped_window_shards(settings: Settings, hidden_size: int) -> int | None:
-    """`window_shards` with the training state files counted: shards per window when every shard is at
+def capped_shards_per_window(settings: Settings, hidden_size: int) -> int | None:
+    """`shards_per_window` with the training state files counted: shards per window when every shard is at
     its config bound (None uncapped). The plan itself is a WindowPlan (window_plan)."""
     if settings.hidden_states.max_disk_gb is None:
         return None
-    return window_shards(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
+    return shards_per_window(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
 
 
 def epoch_order(seed: int, epoch: int, shards: Sequence[str]) -> list[str]:
@@ -724,71 +724,17 @@ class WindowPlan:
         }
 
 
-@dataclass(frozen=True)
-class DraftWindows:
-    """The windows one draft trains in under a cap: per epoch, per window of its own (numbered from 0),
-    the plan's window it shares (whose states are on disk while it trains) and the shard entries it
-    reads there. The main draft trains in every window on its shards; a validate.learning_curve point
-    in those holding some of its shards (learning_curve.point_windows), at least one an epoch."""
-
-    epochs: list[list[tuple[int, list[str]]]]
-
-    @classmethod
-    def main(cls, windows: Sequence[Sequence[Sequence[str]]]) -> DraftWindows:
-        """The main draft's: every window of the plan (WindowPlan.windows), as it is."""
-        return cls([[(w, list(shards)) for w, shards in enumerate(epoch)] for epoch in windows])
-
-    @classmethod
-    def point(
-        cls, windows: Sequence[Sequence[Sequence[str]]], shards: Sequence[str], k: int, entries: int
-    ) -> DraftWindows:
-        """A learning-curve point's, on the first k of `shards` (entries per epoch: epoch_entries)."""
-        from eagle3_pipeline.validate.learning_curve import point_windows
-
-        return cls(point_windows(windows, shards, k, entries))
-
-    def count(self, epoch: int) -> int:
-        """Its windows in epoch `epoch`."""
-        return len(self.epochs[epoch])
-
-    def shards(self, epoch: int, window: int) -> list[str]:
-        """The shard entries its window `window` of epoch `epoch` reads (a shard may repeat)."""
-        return self.epochs[epoch][window][1]
-
-    def plan_window(self, epoch: int, window: int) -> int:
-        """The plan's window its window `window` of epoch `epoch` shares."""
-        return self.epochs[epoch][window][0]
-
-    def reading(self, epoch: int, plan_window: int) -> int | None:
-        """Its window that reads the plan's window `plan_window` of epoch `epoch` (None: it has none)."""
-        return next((w for w, (shared, _) in enumerate(self.epochs[epoch]) if shared == plan_window), None)
-
-    def previous(self, epoch: int, window: int) -> tuple[int, int] | None:
-        """(epoch, window) of the window before (epoch, window): the one it starts from; None first."""
-        if window > 0:
-            return epoch, window - 1
-        return (epoch - 1, self.count(epoch - 1) - 1) if epoch > 0 else None
-
-    def last(self) -> tuple[int, int]:
-        """(epoch, window) of its last window: the state training ends with."""
-        return len(self.epochs) - 1, self.count(len(self.epochs) - 1) - 1
-
-    def shard_lists(self) -> list[list[list[str]]]:
-        """Per epoch, per window, its shard entries: what plan_windows records and counts batches of."""
-        return [[list(shards) for _, shards in epoch] for epoch in self.epochs]
-
-
 def window_sizing(settings: Settings, hidden_size: int) -> WindowSizing | None:
     """The cap's sizing from the config and the target's hidden size (None: no cap).
 
     Raises:
-        DiskBudgetError: the cap cannot hold one shard at its config bound (window_shards' message).
+        DiskBudgetError: the cap cannot hold one shard at its config bound (shards_per_window' message).
     """
     hs = settings.hidden_states
     if hs.max_disk_gb is None:
         return None
     state = parse_time_state_bytes(settings, hidden_size)
-    window_shards(settings, hidden_size, state)  # a cap below one shard's bound: refused, with the numbers
+    shards_per_window(settings, hidden_size, state)  # a cap below one shard's bound: refused, with numbers
     return WindowSizing(
         cap_bytes=math.floor(hs.max_disk_gb * GB),
         state_file_bytes=state,

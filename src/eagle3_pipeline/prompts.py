@@ -385,6 +385,19 @@ def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
     return block * rows, (block + 1) * rows
 
 
+def selection_block(shard: int) -> int:
+    """The selection block that holds shard `shard`."""
+    return shard // SELECTION_BLOCK_SHARDS
+
+
+def prompt_shard_rows(shard: int, shard_size: int, num_samples: int) -> tuple[int, int]:
+    """Shard `shard`'s rows [start, stop) of its selection block's file: questions [k * shard_size,
+    min((k + 1) * shard_size, num_samples)) of the order, less the block's first question."""
+    block_start, _ = selection_block_rows(selection_block(shard), shard_size)
+    start = shard * shard_size
+    return start - block_start, min(start + shard_size, num_samples) - block_start
+
+
 def prepare_prompts(
     dataset: DatasetSettings | QuestionOrder,
     history: str,

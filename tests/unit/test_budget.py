@@ -17,7 +17,7 @@ from eagle3_pipeline.budget import (
     DiskBudgetError,
     budget_at_start,
     bytes_per_token,
-    capped_window_shards,
+    capped_shards_per_window,
     check_disk_budget,
     check_free_space,
     estimate_from_settings,
@@ -31,8 +31,8 @@ from eagle3_pipeline.budget import (
     parse_time_state_bytes,
     shard_bound_bytes,
     shard_peak_bytes,
+    shards_per_window,
     tokens_from_lengths,
-    window_shards,
 )
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.settings import DemoSettings, Settings, TargetSettings, build_settings, section
@@ -234,9 +234,9 @@ def test_windows_are_sized_from_the_config_counting_each_shard_once():
     # hidden_states.batch_tokens 16,384 tokens): parts are deleted as they are packed
     part = 16384 * (4 * 128 * 2 + 9)
     assert shard_peak_bytes(_capped(None), 128) == bound + part == 152_322_048
-    assert window_shards(_capped(None), 128) is None  # no cap: no windows
-    assert window_shards(_capped(2 * bound / GB), 128) == 1
-    assert window_shards(_capped(5 * bound / GB), 128) == 4  # floor((5B - 4 parts) / B): 4 pack slots
+    assert shards_per_window(_capped(None), 128) is None  # no cap: no windows
+    assert shards_per_window(_capped(2 * bound / GB), 128) == 1
+    assert shards_per_window(_capped(5 * bound / GB), 128) == 4  # floor((5B - 4 parts) / B): 4 pack slots
     peak, why = on_disk_at_once(_capped(5 * bound / GB), estimate_from_settings(_capped(None), 128))
     state = parse_time_state_bytes(_capped(None), 128)  # the two training state files held at once
     assert peak == 4 * (bound + part) + 2 * state <= 5 * bound and "windows of at most 4 shards" in why
@@ -245,7 +245,7 @@ def test_windows_are_sized_from_the_config_counting_each_shard_once():
 
 def test_a_cap_below_one_shard_is_refused_with_the_numbers():
     with pytest.raises(DiskBudgetError) as error:
-        window_shards(_capped(0.1), 128)
+        shards_per_window(_capped(0.1), 128)
     message = str(error.value)
     assert "hidden_states.max_disk_gb: 0.1 GB (100.00 MB) cannot hold one shard's hidden states" in message
     assert "64 samples x hidden_states.max_seq_len 2,048 tokens x 1,033 B/token" in message
@@ -258,14 +258,14 @@ def test_the_kimi_example_cap_holds_windows_of_34_shards():
     assert settings.hidden_states.max_disk_gb == 4100 and settings.hidden_states.pack_slots == 4
     bound, part = 200 * 10240 * 57353, 32768 * 57353  # 117.46 GB a shard, a 1.88 GB part being packed
     # 34 shards once plus 4 parts (at most hidden_states.pack_slots pack at once): (4,100 - 7.52) / 117.46
-    assert window_shards(settings, 7168) == 34
+    assert shards_per_window(settings, 7168) == 34
     state = parse_time_state_bytes(settings, 7168)  # no weights at hand: the bound from the hidden size
-    assert capped_window_shards(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB - 7.52 GB) / 117.46 GB
+    assert capped_shards_per_window(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB - 7.52 GB) / 117.46 GB
     with_4020 = check_config(
         {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4020}}, SCHEMA
     )
-    assert window_shards(build_settings(with_4020), 7168) == 34  # (4,020 - 7.52) / 117.46 = 34.2
-    assert capped_window_shards(build_settings(with_4020), 7168) == 33  # the state files cost a shard
+    assert shards_per_window(build_settings(with_4020), 7168) == 34  # (4,020 - 7.52) / 117.46 = 34.2
+    assert capped_shards_per_window(build_settings(with_4020), 7168) == 33  # the state files cost a shard
     peak, _ = on_disk_at_once(settings, estimate_from_settings(settings, 7168))
     assert peak == 34 * bound + 4 * part + 2 * state <= 4100 * GB
 
@@ -320,7 +320,7 @@ def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp
     with_weights = replace(settings, target=replace(settings.target, model=str(tmp_path)))
     assert parse_time_state_bytes(settings, 7168) == 16_934_797_888
     assert parse_time_state_bytes(with_weights, 7168) == 14_292_386_368
-    assert capped_window_shards(settings, 7168) == capped_window_shards(with_weights, 7168) == 34
+    assert capped_shards_per_window(settings, 7168) == capped_shards_per_window(with_weights, 7168) == 34
 
 
 def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
@@ -356,12 +356,12 @@ def test_the_cap_counts_two_training_state_files():
     shard = shard_peak_bytes(_capped(None), 128)  # one shard while extracted: once, plus a part
     state = parse_time_state_bytes(_capped(None), 128)  # the demo's draft: 12 B per trained parameter
     assert 5 * 10**6 < state < 7 * 10**6
-    assert window_shards(_capped(2 * shard / GB), 128, state) == 1  # (2P - 2S) / P
-    assert window_shards(_capped((2 * shard + 2 * state + 1) / GB), 128, state) == 2
+    assert shards_per_window(_capped(2 * shard / GB), 128, state) == 1  # (2P - 2S) / P
+    assert shards_per_window(_capped((2 * shard + 2 * state + 1) / GB), 128, state) == 2
     with pytest.raises(DiskBudgetError, match="plus 2 training state files"):
-        window_shards(_capped((shard + state) / GB), 128, state)
+        shards_per_window(_capped((shard + state) / GB), 128, state)
     config = _capped((2 * shard + 2 * state + 1) / GB)
-    assert capped_window_shards(config, 128) == 2
+    assert capped_shards_per_window(config, 128) == 2
     peak, why = on_disk_at_once(config, estimate_from_settings(_capped(None), 128))
     assert peak == 2 * shard + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
     assert "2 training state files" in why
@@ -562,7 +562,8 @@ def test_the_window_plan_check_confirms_the_parsed_plan_or_asks_for_a_rerun(tmp_
 
 
 def test_each_draft_walks_its_own_windows_and_the_cap_holds_its_state_files():
-    from eagle3_pipeline.budget import DraftWindows, drafts_trained, state_files_at_once
+    from eagle3_pipeline.budget import drafts_trained, state_files_at_once
+    from eagle3_pipeline.planning.windows import DraftWindows
 
     windows = [[["a", "c"], ["b", "d"]], [["c", "d"], ["a", "b"]]]
     main = DraftWindows.main(windows)

@@ -143,7 +143,7 @@ def test_the_engine_admits_nothing_while_the_writer_is_behind(tmp_path):
     loop.request("r", [4] * 6)
     _until(lambda: len(loop.engine.added) == 2)
     time.sleep(0.3)  # the engine keeps looping: still nothing more admitted
-    window = loop.server.window
+    window = loop.server.flight
     assert len(loop.engine.added) == 2 and window.in_engine == 0 and window.staged == 8
     loop.reader.gate.set()  # the writer catches up: the rest runs, never more than the window held
     _until(lambda: _done(tmp_path, "r") is not None)
@@ -195,7 +195,7 @@ def test_a_cancelled_request_is_dropped_and_its_sequences_in_the_engine_aborted(
     engine_health.request_cancel(tmp_path, "gone")  # its client stopped
     _until(lambda: loop.engine.aborted)
     assert loop.engine.aborted == ["gone-0-0"] and len(loop.engine.added) == 1  # 4 never sent
-    assert loop.server.window.in_engine == 0 and not loop.server.pending
+    assert loop.server.flight.in_engine == 0 and not loop.server.pending
     assert not (tmp_path / engine_health.CANCEL_DIR / "gone").exists()
     loop.engine.hold.clear()
     loop.request("next", [4, 4])  # the engine goes on with the other clients

@@ -79,7 +79,7 @@ def test_bad_jobs_are_named(tmp_path):
 
 
 def test_the_rules_run_time_values_join_the_recorded_section():
-    # as rules/common.smk's engine_runtime: the engine's pacing keys beside the recorded hidden_states.vllm
+    # as engine_runtime (rules/common/engine.smk): the engine's pacing keys beside the recorded section
     runtime = runtime_only(
         hidden_states={"device_map": True, "pack_slots": 2, "vllm": {"max_clients": 3}},
         packing={"dir": "r/work/hidden_states/pack_slots"},

@@ -306,3 +306,11 @@ def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch
     for frame in frames:
         for (row,), turns in frame.group_by(["row"]):
             assert turns["turn"].to_list() == list(range(0, 2 * (1 + row % 3), 2))
+
+
+def test_a_prompt_shard_is_cut_from_its_selection_block_by_block_relative_rows():
+    size, blocks = 10, P.SELECTION_BLOCK_SHARDS
+    assert P.selection_block(0) == P.selection_block(blocks - 1) == 0 and P.selection_block(blocks) == 1
+    assert P.prompt_shard_rows(0, size, 1000) == (0, 10)
+    assert P.prompt_shard_rows(blocks + 2, size, 10_000) == (20, 30)  # block 1 starts at question 640
+    assert P.prompt_shard_rows(blocks + 2, size, blocks * size + 25) == (20, 25)  # the last shard, short

@@ -71,7 +71,11 @@ def test_rules_read_settings_only() -> None:
     raw = re.compile(r"\bconfig\s*(\[|\.get\b|\.items\b)|\(\s*config\s*[,)]")
     found = [
         f"{path.relative_to(ROOT)}:{number} {line.strip()}"
-        for path in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]
+        for path in [
+            ROOT / "Snakefile",
+            *sorted((ROOT / "rules").glob("*.smk")),
+            *sorted((ROOT / "rules").glob("common/*.smk")),
+        ]
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if raw.search(line) and "check_config" not in line and "build_settings" not in line
     ]

@@ -1,6 +1,6 @@
 """The census's models of DDP and FSDP (memory_census.Census.ddp_peak and sharded_peak) against the real
 wrappers tracked directly: one gloo process runs the same training step under DistributedDataParallel
-as train.py configures it (train.DDP_KWARGS) and under draft/sharding.py's FSDP2 with its bf16 policy,
+as train.py configures it (train.DDP_KWARGS) and under draft/fsdp.py's FSDP2 with its bf16 policy,
 and the peaks of live tensor bytes agree with the census's replays of the unwrapped step: the real
 wrappers hold a little more (measured at T 128: DDP +5%, FSDP2 +11%, their own flat buffers, which
 weigh most at a shape this small), never less."""
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from memory_census import KIMI, Census  # noqa: E402
 from training import census_config, census_of, frozen_head, synthetic_batch  # noqa: E402
 
+from eagle3_pipeline.draft.fsdp import wrap_fsdp  # noqa: E402
 from eagle3_pipeline.draft.model import Eagle3Draft  # noqa: E402
-from eagle3_pipeline.draft.sharding import shard  # noqa: E402
 from eagle3_pipeline.draft.train import DDP_KWARGS  # noqa: E402
 from eagle3_pipeline.draft.ttt import chunked_ttt_loss, target_in_draft  # noqa: E402
 from eagle3_pipeline.ports import free_port  # noqa: E402
@@ -57,7 +57,7 @@ def _wrapped_peak(wrapper: str) -> int:
         if wrapper == "ddp":
             wrapped = DistributedDataParallel(model, **DDP_KWARGS.to_kwargs())
         else:
-            wrapped = shard(model, torch.device("cpu"), torch.bfloat16)
+            wrapped = wrap_fsdp(model, torch.device("cpu"), torch.bfloat16)
         trainable = [p for p in wrapped.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
         for _ in range(2):

@@ -7,7 +7,7 @@
 The job file is draft/job.py's (written by the rules' thin scripts; eagle3_pipeline.launch).
 
 Each process reads its own share of the batches (data.rank_batches) and DDP averages gradients (with
-train.fsdp the draft is sharded over the processes instead: draft/sharding.py). The
+train.fsdp the draft is sharded over the processes instead: draft/fsdp.py). The
 training state (trained weights, optimiser, schedule, position in the epoch, the epoch's training sums
 over all processes, history; not the frozen embeddings, which are the target's) is saved atomically
 under the work folder every train.save_every_steps steps and at each epoch's end; a run started again
@@ -48,11 +48,11 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from eagle3_pipeline import io
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
+from eagle3_pipeline.draft.fsdp import full_state, gathered, load_full_state, wrap_fsdp
 from eagle3_pipeline.draft.init_files import checkpoint_files
 from eagle3_pipeline.draft.init_from import start_training_from
 from eagle3_pipeline.draft.job import TrainJob, draft_identity, draft_shape, train_identity
 from eagle3_pipeline.draft.model import Eagle3Draft
-from eagle3_pipeline.draft.sharding import full_state, gathered, load_full_state, shard
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
@@ -140,11 +140,11 @@ def prepare(
     accelerator: Accelerator, model: Eagle3Draft, job: TrainJob, total_steps: int
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """(model, optimiser, schedule) ready to train: DDP through accelerate, or with train.fsdp over more
-    than one process the draft sharded (draft/sharding.py) before the optimiser is built on its shards.
+    than one process the draft sharded (draft/fsdp.py) before the optimiser is built on its shards.
     The scheduler stays unprepared: accelerate's wrapper would step it once per process."""
     if job.train.fsdp and accelerator.num_processes > 1:
         compute_dtype = _frozen_dtype(accelerator)  # bf16 on GPUs: gathered in bf16, reduced in fp32
-        model = shard(model, accelerator.device, compute_dtype)
+        model = wrap_fsdp(model, accelerator.device, compute_dtype)
         optimizer, scheduler = build_optimizer(model, job.train, total_steps)
         log.info(
             "FSDP: trained tensors, gradients and AdamW state sharded over %d processes, gathered in %s",

@@ -20,7 +20,8 @@ class SlotPool:
     """Non-blocking acquisition of slot files `slot-0000.lock` .. under `directory`.
 
     Args:
-        directory: shared by every job that must respect the same cap (results/{run}/work/slots).
+        directory: shared by every job that must respect the same cap: results/{run}/work/generations/
+            slots beside the shards' journals (generate/shard.py), a replica's under replica-slots/NAME.
         total: the global cap (generation.global_concurrency).
     """
 

@@ -25,7 +25,7 @@ high-water mark) and GPU hours between two stated throughput assumptions, for tw
 - tokens: every pass over every sample at the plan's lengths.
 - disk_peak_bytes: budget.on_disk_at_once under the plan (a shard counted once, plus a part being
   packed for each of at most hidden_states.pack_slots shards; the training state files), plus the
-  engine's staging window.
+  engine's staging folder (its tokens in flight).
 
 GPU hours = GPUs x (starts x start time + tokens / prefill throughput): low for the plan with the fast
 assumptions, high for the bound with the slow ones. Training is not included; `plan.drafts_trained`
@@ -47,6 +47,7 @@ from typing import Any
 from eagle3_pipeline import budget
 from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import vllm_backend
+from eagle3_pipeline.planning.windows import DraftWindows
 from eagle3_pipeline.settings import Settings
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
@@ -95,14 +96,14 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
 
 def _training_jobs(settings: Settings, plan: WindowPlan, shards: int) -> int:
     """Training jobs in windows: every draft's windows of every epoch (a learning-curve point trains
-    only in the windows holding its shards: budget.DraftWindows.point)."""
+    only in the windows holding its shards: DraftWindows.point)."""
     from eagle3_pipeline.config import shard_ids
     from eagle3_pipeline.validate.learning_curve import curve_points, epoch_entries
 
     ids = shard_ids(settings.dataset.num_samples, settings.dataset.shard_size)
     windows = plan.windows or []
-    drafts = [budget.DraftWindows.main(windows)] + [
-        budget.DraftWindows.point(
+    drafts = [DraftWindows.main(windows)] + [
+        DraftWindows.point(
             windows, ids, k, epoch_entries(settings.dataset.num_samples, settings.dataset.shard_size, k)
         )
         for k in curve_points(settings.validate.learning_curve, shards)
@@ -190,10 +191,10 @@ def estimate(
     staging = 0
     if vllm:
         step = hs.vllm.max_num_batched_tokens or max(hs.max_seq_len + 1, hs.batch_tokens)
-        window_tokens = hs.vllm.max_in_flight_tokens or 2 * step
-        # staged states stay in the engine's window until the writer reads them (back-pressure): the
-        # staging folder holds at most one window
-        staging = window_tokens * vllm_backend.staging_bytes_per_token(hidden_size)
+        in_flight = hs.vllm.max_in_flight_tokens or 2 * step
+        # staged states stay in flight until the writer reads them (back-pressure): the staging folder
+        # holds at most the engine's tokens in flight
+        staging = in_flight * vllm_backend.staging_bytes_per_token(hidden_size)
 
     def hours(starts: int, tokens: int, per_s: float, start_s: float) -> float:
         return round(gpus * (starts * start_s + tokens / per_s) / 3600, 1)

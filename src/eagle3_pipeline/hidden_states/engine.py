@@ -7,7 +7,7 @@ is a folder (`work/hidden_states/engine/`, or one per epoch and window under a d
 `work/baseline/hidden_states/engine/` for the baseline's traces):
 
     lock          flock: one process starts (or stops) the engine at a time
-    spec.json     what it runs (target, engine settings, layer ids, final norm, staging, window)
+    spec.json     what it runs (target, engine settings, layer ids, final norm, staging, tokens in flight)
     process.json  {start_id, pid, host, fingerprint}: written by the job that started it
     heartbeat     touched every second by the engine process (its liveness, also across hosts)
     ready.json    the engine's record (vLLM version, runner, connector, settings, start_id) once up

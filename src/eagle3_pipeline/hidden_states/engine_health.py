@@ -1,10 +1,10 @@
 """The extraction engine's health: a progress watchdog, back-pressure on staged states, and the
 cancellation of a dropped client's requests (issue 37, item 4).
 
-- Back-pressure (`StagingWindow`): the engine's bounded window counts the tokens in the engine AND the
-  tokens staged (finished by vLLM, their states in a staging file the writer thread has not read yet);
-  a request leaves the window only once the writer has read its states, so while the writer is behind
-  the engine admits nothing new and the staging folder never holds more than the window.
+- Back-pressure (`InFlightTokens`): the engine's bound on tokens in flight counts the tokens in the
+  engine AND the tokens staged (finished by vLLM, their states in a staging file the writer thread has
+  not read yet); a request stays in flight until the writer has read its states, so while the writer
+  is behind the engine admits nothing new and the staging folder never holds more than the bound.
 - Watchdog (`stalled`, `Watchdog`): while requests are outstanding, engine steps must return and the
   writer must read staged states within `stall_timeout_s`, and the writer thread must be alive; else
   the engine records the stuck stage in `failed.json` and stops itself, and every client waiting on
@@ -36,13 +36,13 @@ log = logging.getLogger(__name__)
 
 FAILED_FILE = "failed.json"  # the stuck stage, written by the engine that stopped itself
 CANCEL_DIR = "cancel"  # cancel/NAME: the client of request NAME gave up on it
-# a model step of one window (two steps of up to max_num_batched_tokens) takes seconds even for a 1T
+# a model step of the in-flight tokens (two steps of up to max_num_batched_tokens) takes seconds even for a 1T
 # MoE; a writer reads one request's states in well under that: minutes without either is a hang
 STALL_TIMEOUT_S = 300.0
 WATCH_S = 1.0  # how often the watchdog looks
 
 
-class StagingWindow:
+class InFlightTokens:
     """Tokens held by the engine: in vLLM plus staged, bounded together by `limit` (thread-safe).
 
     The engine loop calls `add` (a sequence sent to vLLM), `finish` (vLLM returned it: its states are

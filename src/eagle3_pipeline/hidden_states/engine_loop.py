@@ -1,10 +1,10 @@
 """The extraction engine's serving loop, inside the engine process (vllm_worker.serve runs it).
 
-The engine never drains: requests stream into vLLM's LLMEngine under a bounded window of tokens
-(`max_in_flight_tokens`: in the engine plus staged, engine_health.StagingWindow) while a writer thread
+The engine never drains: requests stream into vLLM's LLMEngine under a bound on the tokens in flight
+(`max_in_flight_tokens`: in the engine plus staged, engine_health.InFlightTokens) while a writer thread
 reads each finished request's states, applies the final norm and writes each batch's part as soon as
 its last request is back; the engine core (its own process) keeps stepping the next requests
-meanwhile. A request leaves the window only once the writer has read its states (back-pressure), a
+meanwhile. A request stays in flight until the writer has read its states (back-pressure), a
 watchdog stops the engine when its steps or its writer stop progressing (failed.json names the stage),
 and the requests of a client that is gone are dropped (engine_health.py). `mode: drain` runs the
 former loop instead (one `LLM.generate` per batch, then reading and writing with the engine idle), for
@@ -122,13 +122,13 @@ class Server:
 
     def __init__(self, directory: Path, spec: dict[str, Any]) -> None:
         self.directory, self.spec = directory, spec
-        self.window = engine_health.StagingWindow(int(spec["max_in_flight_tokens"]))
+        self.flight = engine_health.InFlightTokens(int(spec["max_in_flight_tokens"]))
         self.idle_timeout = float(spec["idle_timeout_s"])
         self.stall_s = float(spec.get("stall_timeout_s") or engine_health.STALL_TIMEOUT_S)
         self.pending: deque[tuple[Request, int, int]] = deque()  # (request, batch, sequence) to add
         self.in_flight: dict[str, tuple[Request, int, int, int]] = {}  # vLLM id -> (.., tokens)
         self.open_requests: dict[str, Request] = {}  # requests taken and not done: their clients are watched
-        # to the writer thread; bounded by the window (a sequence leaves it once the writer read it)
+        # to the writer thread; bounded by self.flight (a sequence leaves it once the writer read it)
         self.finished: queue.Queue[Any] = queue.Queue()
         self.writer: threading.Thread | None = None
         self.writer_error = ""
@@ -238,7 +238,7 @@ class Server:
             request, b, i, output, tokens = item
             batch = request.batches[b]
             self._read(finisher, request, b, i, output)
-            self.window.taken(tokens)  # read: it leaves the window, the engine may admit more
+            self.flight.taken(tokens)  # read: no longer in flight, the engine may admit more
             if request.cancelled:
                 continue
             request.missing[b] -= 1
@@ -258,13 +258,13 @@ class Server:
         while self.pending:
             request, b, i = self.pending[0]
             ids = request.batches[b]["input_ids"][i]
-            if not self.window.admits(len(ids)):  # the engine full, or the writer behind
+            if not self.flight.admits(len(ids)):  # the engine full, or the writer behind
                 return
             self.pending.popleft()
             rid = f"{request.name}-{b}-{i}"  # outputs carry this id (vLLM suffixes its internal one)
             engine.add_request(rid, self.prompt(ids), params)
             self.in_flight[rid] = (request, b, i, len(ids))
-            self.window.add(len(ids))
+            self.flight.add(len(ids))
 
     def _cancel_dropped(self, engine: Any) -> None:
         """Drop the requests whose client is gone (a cancel mark, or its process dead)."""
@@ -290,7 +290,7 @@ class Server:
         if aborted:
             engine.abort_request(aborted)
         for rid in aborted:
-            self.window.drop(self.in_flight.pop(rid)[3])
+            self.flight.drop(self.in_flight.pop(rid)[3])
         self._forget(request, why)
         log.info(
             "request %s dropped (%s): %d sequences unsent, %d aborted in the engine; its saved parts stay",
@@ -303,8 +303,8 @@ class Server:
             writer_error=self.writer_error,
             step_started=self.step_started,
             in_engine=len(self.in_flight),
-            staged=self.window.staged_requests,
-            waiting_since=self.window.waiting_since,
+            staged=self.flight.staged_requests,
+            waiting_since=self.flight.waiting_since,
         )
 
     def _on_stall(self, stage: str, message: str) -> None:
@@ -366,7 +366,7 @@ class Server:
         for output in outputs:
             if output.finished and output.request_id in self.in_flight:
                 request, b, i, tokens = self.in_flight.pop(output.request_id)
-                self.window.finish(tokens)  # staged: still in the window until the writer reads it
+                self.flight.finish(tokens)  # staged: still in flight until the writer reads it
                 self.finished.put((request, b, i, output, tokens))
 
     def serve_loop(self, engine: Any, finisher: Any, params: Any, record: dict[str, Any]) -> None:
@@ -387,7 +387,7 @@ class Server:
                 self._step(engine, loop_start)
                 last_work = self.last_step
             else:
-                if self.pending or self.window.staged_requests:
+                if self.pending or self.flight.staged_requests:
                     last_work = time.perf_counter()  # waiting for the writer is not idle
                 elif (self.directory / "stop").exists() and self.finished.empty():
                     break

@@ -294,13 +294,14 @@ def staging_bytes_per_token(hidden_size: int, num_states: int = 4) -> int:
     return num_states * hidden_size * 2
 
 
-def staging_dir(vllm: VllmEngineSettings, engine_dir: Path, window_tokens: int, hidden_size: int) -> Path:
+def staging_dir(vllm: VllmEngineSettings, engine_dir: Path, max_in_flight: int, hidden_size: int) -> Path:
     """Where the connector writes each request's states: the config's, else /dev/shm when it holds the
-    engine's window (staged states count in it until the writer has read them: engine_health.py) with
-    as much again spare, else the engine's folder under work/ (on the run's own disk, in its budget)."""
+    engine's tokens in flight (staged states count in them until the writer has read them:
+    engine_health.py) with as much again spare, else the engine's folder under work/ (on the run's own
+    disk, in its budget)."""
     if vllm.staging_dir:
         return Path(vllm.staging_dir)
-    need = 2 * window_tokens * staging_bytes_per_token(hidden_size)
+    need = 2 * max_in_flight * staging_bytes_per_token(hidden_size)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need:
         key = hashlib.sha256(str(Path(engine_dir).resolve()).encode()).hexdigest()[:12]
@@ -309,7 +310,7 @@ def staging_dir(vllm: VllmEngineSettings, engine_dir: Path, window_tokens: int, 
 
 
 def in_flight_tokens(vllm: VllmEngineSettings, engine: dict[str, Any]) -> int:
-    """The engine's bounded window: hidden_states.vllm.max_in_flight_tokens, else two steps' worth."""
+    """The engine's bound on tokens in flight: hidden_states.vllm.max_in_flight_tokens, else two steps'."""
     return int(vllm.max_in_flight_tokens or 2 * engine["max_num_batched_tokens"])
 
 
@@ -320,7 +321,7 @@ def engine_spec(
     storage_dtype: str,
     final_norm: dict[str, Any],
     staging: Path,
-    window_tokens: int,
+    max_in_flight: int,
     idle_timeout_s: float,
     mode: str = "stream",
 ) -> dict[str, Any]:
@@ -332,7 +333,7 @@ def engine_spec(
         "storage_dtype": storage_dtype,
         "final_norm": final_norm,
         "staging_dir": str(staging),
-        "max_in_flight_tokens": window_tokens,
+        "max_in_flight_tokens": max_in_flight,
         "idle_timeout_s": idle_timeout_s,
         "mode": mode,
     }

@@ -126,15 +126,15 @@ def engine_spec_for(
     )
     info = target_info(Path(target), hidden_states.trust_remote_code)
     layers = sequences.resolve_layers(hidden_states.layers, info.num_layers)
-    window = vllm_backend.in_flight_tokens(options, engine)
+    in_flight = vllm_backend.in_flight_tokens(options, engine)
     return vllm_backend.engine_spec(
         target,
         engine,
         engine_layer_ids(layers, info.num_layers),
         hidden_states.dtype,
         final_norm.find_final_norm(Path(target)).as_dict(),
-        vllm_backend.staging_dir(options, Path(directory), window, info.hidden_size),
-        window,
+        vllm_backend.staging_dir(options, Path(directory), in_flight, info.hidden_size),
+        in_flight,
         options.idle_timeout_s,
         mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
     )

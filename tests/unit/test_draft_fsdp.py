@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 
 from eagle3_pipeline.draft.data import HiddenStateData
-from eagle3_pipeline.draft.sharding import full_state, is_sharded, load_full_state, shard
+from eagle3_pipeline.draft.fsdp import full_state, is_fsdp, load_full_state, wrap_fsdp
 from eagle3_pipeline.draft.train import (
     Context,
     TrainJob,
@@ -37,7 +37,7 @@ def test_one_process_is_not_sharded_and_its_state_round_trips(draft_train_job: T
     job = replace(draft_train_job, train=replace(draft_train_job.train, fsdp=True))
     model, _ = build_model(job)
     model, optimizer, _ = prepare(Accelerator(cpu=True), model, job, total_steps=10)
-    assert not is_sharded(model)
+    assert not is_fsdp(model)
     tensors, optim = full_state(model, optimizer)
     assert not any(name.startswith("embed_tokens.") for name in tensors)
     load_full_state(model, optimizer, tensors, optim)
@@ -61,7 +61,7 @@ def test_bf16_training_gathers_bf16_weights_and_keeps_fp32_shards_gradients_and_
     batch = data.collate(data.batches(job.train.seed, 0)[0])
     plain, head = build_model(job, torch.bfloat16)
     sharded, _ = build_model(job, torch.bfloat16)  # the same seeded weights
-    sharded = shard(sharded, torch.device("cpu"), torch.bfloat16)
+    sharded = wrap_fsdp(sharded, torch.device("cpu"), torch.bfloat16)
     optimizer, scheduler = build_optimizer(sharded, job.train, total_steps=10)
     trained = [p for p in sharded.parameters() if p.requires_grad]
     losses = {}

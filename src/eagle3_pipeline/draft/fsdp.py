@@ -48,7 +48,9 @@ def mixed_precision(compute_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def shard(model: Eagle3Draft, device: torch.device, compute_dtype: torch.dtype | None = None) -> Eagle3Draft:
+def wrap_fsdp(
+    model: Eagle3Draft, device: torch.device, compute_dtype: torch.dtype | None = None
+) -> Eagle3Draft:
     """`model` (in place) as one FSDP2 unit over the default process group, on `device`; the frozen
     embeddings replicated; gathered in `compute_dtype` (the training dtype, None: fp32)."""
     model.to(device)
@@ -60,7 +62,7 @@ def shard(model: Eagle3Draft, device: torch.device, compute_dtype: torch.dtype |
     return model
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
+def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
@@ -72,7 +74,7 @@ def _trained_names(model: torch.nn.Module) -> list[str]:
 def full_state(model: Eagle3Draft, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(trained tensors by checkpoint name, optimiser state_dict) whole. Sharded, a collective that
     every process calls; the full tensors land on the main process (the others get empty dicts)."""
-    if not is_sharded(model):
+    if not is_fsdp(model):
         return model.exported_state_dict(), optimizer.state_dict()
     tensors, optim = get_state_dict(model, optimizer, options=FULL)
     index = {name: i for i, name in enumerate(_trained_names(model))}
@@ -92,7 +94,7 @@ def load_full_state(
 ) -> None:
     """Load `full_state`'s dicts (every process holds them whole); sharded, each process keeps its
     shard. A collective when sharded."""
-    if not is_sharded(model):
+    if not is_fsdp(model):
         model.load_trained(tensors)
         optimizer.load_state_dict(optim)
         return
@@ -115,7 +117,7 @@ def load_full_state(
 def gathered(model: torch.nn.Module) -> Iterator[None]:
     """The sharded model's tensors gathered for a while (no collective per forward call): for
     validation, where processes run unequal numbers of batches."""
-    if not is_sharded(model):
+    if not is_fsdp(model):
         yield
         return
     model.unshard()
