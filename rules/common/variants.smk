@@ -1,7 +1,9 @@
 # The draft variants ({variant}): the main draft, the baseline, the learning-curve points; whose
 # states each trains on and which epochs training keeps (eagle3_pipeline.planning.variants).
 from eagle3_pipeline.planning.variants import BASELINE, Variants
-from eagle3_pipeline.validate.learning_curve import variant_name  # rules/validate.smk's too
+from eagle3_pipeline.validate.learning_curve import (
+    variant_name,
+)  # rules/validate.smk's too
 from eagle3_pipeline.validate.selection import kept_epochs
 
 # The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""

@@ -108,7 +108,9 @@ def get_window_training_runtime(wildcards):
     """train_draft_window's run-time values: train's and the window's shard ids (checked against the
     plan's; known here, not parsed back out of the states' paths)."""
     return runtime_only(
-        train=runtime_params(SETTINGS.train, "train_draft_window"),
+        train=runtime_params(
+            SETTINGS.train, "train_draft"
+        ),  # as train_draft's (rules/train.smk)
         window={"shards": draft_window_shards(wildcards)},
         engines={"roots": ENGINE_ROOTS},  # as train_draft's (rules/train.smk)
     )
