@@ -9,7 +9,7 @@ from eagle3_pipeline.generate.payload import sampling_params, shard_params
 from eagle3_pipeline.settings import runtime_params
 
 # How a job reaches and paces the server: the server's identity (an input) and the sampling shape the
-# answers; the unit's timeouts and the concurrency caps do not (generate/caps.py): the generation.* a
+# answers; the unit's timeouts and the concurrency caps do not (generate/__init__.py): the generation.* a
 # job does not record (the pacing, and for a preflight the history) and the primary's server section (a
 # shard sent to a replica: fleet.for_shard).
 PREFLIGHT_RUNTIME = runtime_only(

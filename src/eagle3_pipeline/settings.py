@@ -9,7 +9,7 @@ Each field also declares, beside its default, which jobs it reruns (`setting`): 
 that record it as a param (a rerun trigger), `later` marks a key recorded only while set (added after
 jobs were recorded without it, which keep their outputs), and a key a job does not record reaches it at
 run time only (`runtime_only`). The rules' params derive from these declarations (`rerun_params`,
-`runtime_params`); tests/workflow/test_settings_roles.py compares them with the planned jobs.
+`runtime_params`); tests/workflow/test_planned_jobs_settings_roles.py compares them with the planned jobs.
 
 The package sees only these objects: the rules read `SETTINGS` and pass plain params and run-time values;
 each script turns them back into its whole sections (`whole`, `RuntimeOnly.whole`), or into a narrow
