@@ -80,10 +80,10 @@ def drafts_trained(settings: Settings) -> int:
     draft and every validate.learning_curve point trained apart (the point of every shard is the main
     draft itself; validate/learning_curve.py). Under a cap they train on the same windows."""
     from eagle3_pipeline.config import shard_ids
-    from eagle3_pipeline.validate.learning_curve import curve_points
+    from eagle3_pipeline.planning.variants import Variants
 
-    shards = len(shard_ids(settings.dataset.num_samples, settings.dataset.shard_size))
-    return 1 + sum(1 for k in curve_points(settings.validate.learning_curve, shards) if k < shards)
+    shards = shard_ids(settings.dataset.num_samples, settings.dataset.shard_size)
+    return 1 + len(Variants.from_settings(settings, shards, "").curve)
 
 
 def _drafts_note(settings: Settings) -> str:

@@ -47,7 +47,8 @@ from typing import Any
 from eagle3_pipeline import budget
 from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import vllm_backend
-from eagle3_pipeline.planning.windows import DraftWindows
+from eagle3_pipeline.planning.variants import Variants
+from eagle3_pipeline.planning.windows import drafts_in_windows
 from eagle3_pipeline.settings import Settings
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
@@ -96,20 +97,13 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
 
 def _training_jobs(settings: Settings, plan: WindowPlan, shards: int) -> int:
     """Training jobs in windows: every draft's windows of every epoch (a learning-curve point trains
-    only in the windows holding its shards: DraftWindows.point)."""
+    only in the windows holding its shards), as the rules plan them (planning.windows)."""
     from eagle3_pipeline.config import shard_ids
-    from eagle3_pipeline.validate.learning_curve import curve_points, epoch_entries
 
     ids = shard_ids(settings.dataset.num_samples, settings.dataset.shard_size)
     windows = plan.windows or []
-    drafts = [DraftWindows.main(windows)] + [
-        DraftWindows.point(
-            windows, ids, k, epoch_entries(settings.dataset.num_samples, settings.dataset.shard_size, k)
-        )
-        for k in curve_points(settings.validate.learning_curve, shards)
-        if k < shards
-    ]
-    return sum(d.count(e) for d in drafts for e in range(len(windows)))
+    drafts = drafts_in_windows(windows, Variants.from_settings(settings, ids, ""))
+    return sum(d.count(e) for d in drafts.values() for e in range(len(windows)))
 
 
 def profile_executor(profile: str | Path | None) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
+from eagle3_pipeline.server.process_identity import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -158,24 +159,11 @@ def request_cancel(directory: Path, name: str) -> None:
     (Path(directory) / "queue" / f"{name}.json").unlink(missing_ok=True)
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:  # a zombie (exited, not reaped by its parent) is gone too
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def dropped(directory: Path, name: str, client: dict[str, Any] | None) -> str | None:
     """Why request `name` has no client any more (a cancel mark, or its process gone), else None.
     A client on another host is known by its cancel mark only."""
     if (Path(directory) / CANCEL_DIR / name).exists():
         return "its client cancelled it"
-    if client and client.get("host") == socket.gethostname() and _pid_gone(int(client["pid"])):
+    if client and client.get("host") == socket.gethostname() and not pid_alive(int(client["pid"])):
         return f"its client (pid {client['pid']}) is gone"
     return None
