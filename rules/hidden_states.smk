@@ -4,6 +4,9 @@
 # reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 
+import sys
+
+from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.settings import rerun_params
 
 # hidden_states.* the states depend on: each a param of its own (a rerun trigger), hidden_states.vllm's

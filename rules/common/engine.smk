@@ -1,9 +1,7 @@
 # The vllm backend's extraction engine: its folder per scope (eagle3_pipeline.planning.engines), its
 # run-time keys, and which extraction jobs consume its Snakemake job.
-import sys
 from pathlib import Path
 
-from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.hidden_states.engine import needs_engine, stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
 from eagle3_pipeline.planning.engines import SERVICE, EngineScopes
