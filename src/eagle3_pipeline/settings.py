@@ -96,6 +96,7 @@ class ServerSettings:
     stop_foreign: bool = setting(False, reruns="stop_server")
     stop_timeout_s: float = 600
     host_state_dir: str = "/run/eagle3-pipeline"
+    check_lease_s: float = 120
     base_url: str | None = setting(None, reruns="snapshot_server")
     api_key_env: str = "VLLM_API_KEY"
     api_key_file: str | None = None

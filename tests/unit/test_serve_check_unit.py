@@ -60,14 +60,59 @@ def test_the_check_unit_carries_what_production_applies():
                      "DeviceAllow=/dev/nvidia0 rw", "PrivateTmp=yes", "TimeoutStopSec=5min"):  # fmt: skip
         assert expected in settings, expected
     assert not any(s.startswith("Slice=") for s in settings)  # empty: systemd's default, as production
+    assert "After=vllm.service" in settings  # with Conflicts=, production's stop runs first, both ways
     files = [s for s in settings if s.startswith("EnvironmentFile=")]
     assert files == [
-        "EnvironmentFile=/run/e3/r1.env",
+        "EnvironmentFile=-/run/e3/r1.env",
         "EnvironmentFile=-/etc/vllm/*.env",
-        "EnvironmentFile=/etc/vllm/base.env",
-    ]  # ours first: production's files override it
-    assert settings[-1] == "ExecStopPost=+/usr/bin/systemctl --no-block start -- vllm.service"
+        "EnvironmentFile=-/etc/vllm/base.env",
+    ]  # ours first: production's files override it; each optional, so every ExecStopPost can spawn
+    assert settings[-2:] == [
+        "ExecStopPost=-+/usr/bin/systemctl --no-block start -- vllm.service",
+        "ExecStopPost=-+/bin/rm -f -- /run/e3/r1.env",
+    ]  # the restore first: the env file's removal never stands in its way
     assert "hf_secretvalue" not in " ".join(argv)  # Environment= values never on a command line
+
+
+def test_show_display_forms_become_what_systemd_run_accepts():
+    """A stock unit's `show` (systemd 252): n/a, !-paths, Delegate split in two, KillMode=process."""
+    stock = check_unit.parse_show(
+        "NUMAPolicy=n/a\nNUMAMask=\nWorkingDirectory=!/srv/maybe\nDelegate=yes\n"
+        "DelegateControllers=cpu memory\nKillMode=process\nTimeoutStopUSec=1min 30s\nKillSignal=15\n"
+    )
+    settings = check_unit.copied_properties(stock)
+    assert not any(s.startswith(("NUMAPolicy=", "NUMAMask=")) for s in settings)
+    for expected in ("WorkingDirectory=-/srv/maybe", "Delegate=cpu memory", "KillMode=control-group",
+                     "TimeoutStopSec=1min 30s", "KillSignal=15"):  # fmt: skip
+        assert expected in settings, settings
+    assert check_unit.copied_properties(check_unit.parse_show("KillMode=mixed\n")) == ["KillMode=mixed"]
+
+
+def test_show_words_reads_systemds_quoting_not_shlexs():
+    line = 'A=1 "B=two words" "C=hf_a\\$b\'c\\"d e\\\\f" "D=back\\slash\\n" E='
+    assert check_unit.show_words(line) == [
+        "A=1",
+        "B=two words",
+        "C=hf_a$b'c\"d e\\f",
+        "D=back\\slash\\n",
+        "E=",
+    ]
+    props = check_unit.parse_show('Environment="M=line one\nline two" N=1\nUser=x\n')
+    assert check_unit.environment(props) == [("M", "line one\nline two"), ("N", "1")]
+
+
+def test_a_literal_command_keeps_its_dollars():
+    argv = check_unit.systemd_run_argv(
+        "c.service", "vllm.service", ["/bin/x", "--key=$HOME", "a$$b"], {}, was_active=False,
+        runtime_max_s=60, systemctl="systemctl", own_env_file=None, expand_environment=False,
+    )  # fmt: skip
+    assert argv[argv.index("--") + 1 :] == ["/bin/x", "--key=$$HOME", "a$$$$b"]
+    assert not any(a.startswith("--expand-environment") for a in argv)  # 252 has no such option
+
+
+def test_types_the_check_cannot_reproduce_are_named():
+    assert "Type=dbus" in check_unit.unreproducible({"Type": ["dbus"]})
+    assert check_unit.unreproducible({"Type": ["notify"]}) is None
 
 
 def test_production_not_running_before_is_not_started_after():

@@ -9,10 +9,17 @@ production again (when it was running) however the check unit stops.
 - the lock is the host record `server.host_state_dir/UNIT.serve-check.json`, created atomically (`ln`)
   and naming its owner (host, boot id, PID namespace, pid, process start time), the check unit and
   what to restore; each phase (`locked`, `starting`, `running`) is recorded BEFORE its action;
-- the check unit is started with `systemd-run --no-block`; after a lost link or a timeout the state is
-  read from systemd again before anything else: a check unit systemd knows is ours and running, one it
-  does not know never reached the host (the start is sent again: its unique name makes a duplicate
-  impossible);
+- refusals before anything changes (`preflight`): a systemd older than check_unit.MIN_SYSTEMD, a
+  unit type the check cannot reproduce, a required EnvironmentFile= that is missing, sudo rules that
+  do not allow a command the check runs (the message gives the sudoers line to add);
+- the check unit is started with `systemd-run --no-block`; after a lost link, a timeout or a refusal
+  the state is read from systemd again before anything else: a check unit systemd knows is ours and
+  running, one it does not know never reached the host (the start is sent again: its unique name makes
+  a duplicate impossible);
+- a lease (check_unit.lease_argv): a transient timer that stops the check unit `server.check_lease_s`
+  after its last renewal; a thread with its own connection renews it while the pipeline lives, so a
+  pipeline killed mid-check leaves production down for the lease, the check unit's stop and
+  production's start, not for the whole RuntimeMaxSec;
 - the restore: stop the check unit if systemd still has it (ExecStopPost starts production), wait for
   production, start production ONLY if it was running, is not running, and has not been started since
   the check began (its InvocationID is still the one before: the pipeline's check stopped it and
@@ -21,14 +28,16 @@ production again (when it was running) however the check unit stops.
 - a record is recovered automatically only when its owner is provably gone (same host, boot and PID
   namespace, and its pid no longer that process); otherwise the error says how to recover by hand.
 
-Needs on the host: `sudo -n` for systemd-run, systemctl, tee, ln, mv, rm and cat (server.ssh.sudo).
+Needs on the host: `sudo -n` for SUDO_COMMANDS (server.ssh.sudo), checked first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,6 +65,10 @@ from eagle3_pipeline.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # between two reads of a unit's state while it starts or stops
+LEASE_RENEWALS = 4  # renewals per lease: three may be lost (a slow link) before the lease runs out
+# what the check runs through `sudo -n` (server.ssh.sudo): record and env file (mkdir, tee, mv, ln,
+# cmp, rm, cat), the check unit and its lease (systemd-run, systemctl)
+SUDO_COMMANDS = ("systemd-run", "systemctl", "mkdir", "tee", "mv", "ln", "cmp", "rm", "cat")
 START_ATTEMPTS = 3  # systemd-run sent again only when systemd, read again, does not know the unit
 # The record's phases, in order; each names what may have changed on the host once it is written.
 LOCKED, STARTING, RUNNING = "locked", "starting", "running"
@@ -72,6 +85,96 @@ def state(host: Any, unit: str) -> dict[str, str]:
     """A unit's LoadState, ActiveState, InvocationID and MainPID (the last value of each)."""
     props = show(host, unit, "LoadState", "ActiveState", "SubState", "InvocationID", "MainPID")
     return {k: v[-1] for k, v in props.items()}
+
+
+def systemd_version(host: Any) -> int:
+    """The host's systemd version (`systemctl --version`: "systemd 252 (252.38-1~deb12u1)")."""
+    res = must(run_retried(host, "systemctl --version", "version"), "systemctl --version")
+    match = re.match(r"systemd (\d+)", res.stdout.strip())
+    if not match:
+        raise ServeCheckError(f"cannot read the systemd version on {host.name}: {res.stdout[:200]!r}")
+    return int(match[1])
+
+
+def _sudo_refused(host: Any) -> list[str]:
+    """The SUDO_COMMANDS (as paths on the host) that `sudo -n` does not allow the SSH user."""
+    probe = (
+        f'for c in {" ".join(SUDO_COMMANDS)}; do p=$(command -v "$c") || {{ echo "$c"; continue; }}; '
+        'sudo -n -l "$p" >/dev/null 2>&1 || echo "$p"; done'
+    )
+    return run_retried(host, probe, "sudo -l").stdout.split()
+
+
+def preflight(host: Any, unit: str, props: dict[str, list[str]], sudo: bool) -> None:
+    """Refuse, before anything changes, what the check could not do right on this host.
+
+    Raises:
+        ServeCheckError: naming the setting to change or the sudoers line to add.
+    """
+    version = systemd_version(host)
+    if version < check_unit.MIN_SYSTEMD:
+        raise ServeCheckError(
+            f"{host.name} runs systemd {version}; the serve check needs {check_unit.MIN_SYSTEMD} or newer "
+            "(transient units with ExecStopPost= and --collect). Set validate.serve_check: false for "
+            "this host; nothing was changed"
+        )
+    if why := check_unit.unreproducible(props):
+        raise ServeCheckError(
+            f"the serve check cannot run {unit} as its own unit: {why}; nothing was changed"
+        )
+    for path, required in check_unit.env_files(props):
+        if required and not any(c in path for c in "*?[") and not run_retried(
+            host, f"{sudo_prefix(sudo)}cat -- {shlex.quote(path)} >/dev/null", "env file"
+        ).ok:  # fmt: skip
+            raise ServeCheckError(
+                f"{unit}'s EnvironmentFile={path} is missing or unreadable on {host.name}: production "
+                "itself would not start. Restore the file (or mark it optional with `-`), then rerun; "
+                "nothing was changed"
+            )
+    if sudo and (refused := _sudo_refused(host)):
+        user = run_retried(host, "id -un", "id").stdout.strip() or "USER"
+        raise ServeCheckError(
+            f"sudo on {host.name} does not let {user} run {', '.join(refused)} without a password, which "
+            f"the serve check needs. Add to /etc/sudoers.d/eagle3-pipeline: `{user} ALL=(root) NOPASSWD: "
+            f"{', '.join(refused)}` (or set server.ssh.sudo: false when connecting as root); "
+            "nothing was changed"
+        )
+
+
+class Lease:
+    """Renews the check unit's lease timer from a thread with its own connection while the pipeline
+    lives; `renewals` counts the renewals that reached systemd (for the tests and the log)."""
+
+    def __init__(self, host: Any, check: str, lease_s: float, sudo: bool) -> None:
+        self.host, self.timer = host, f"{check_unit.lease_name(check)}.timer"
+        self.interval_s, self.sudo = max(0.5, lease_s / LEASE_RENEWALS), sudo
+        self.renewals, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"lease {check}", daemon=True)
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=self.interval_s + 30)
+
+    def _renew(self) -> None:
+        other = self.host.another()
+        restart = f"{sudo_prefix(self.sudo)}systemctl restart --no-block -- {shlex.quote(self.timer)}"
+        try:
+            while not self._done.wait(self.interval_s):
+                try:
+                    if other.run(restart, timeout=self.interval_s * 2).ok:
+                        self.renewals += 1
+                    else:
+                        log.warning("renewing %s was refused", self.timer)
+                except Exception as err:  # a lost link: the next renewal tries a fresh connection
+                    log.warning("renewing %s failed (%s): the lease runs on", self.timer, err)
+                    with contextlib.suppress(Exception):
+                        other.reconnect()
+        finally:
+            other.close()
 
 
 @dataclass
@@ -113,7 +216,9 @@ def _start_check(
     name, command = record["check_unit"], f"{sudo_prefix(sudo)}{shlex.join(argv)}"
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            must(host.run(command), f"systemd-run {name}")
+            res = host.run(command)
+            if not res.ok and not _reached(host, record):  # refused: systemd knows nothing of it
+                must(res, f"systemd-run {name}")
             break
         except TransportError as err:
             log.warning("the link dropped while starting %s (%s): reading systemd again", name, err)
@@ -146,7 +251,7 @@ def serve_check_unit(
     host: Any, unit: str, argv: list[str], *, record_dir: str, sudo: bool = True,
     runtime_max_s: float = 3600, timeout_s: float = 720, draft_path: str | None = None,
     before_start: Callable[[], None] | None = None, verify: Callable[[], None] | None = None,
-    expand_environment: bool = True,
+    expand_environment: bool = True, lease_s: float = 120,
 ) -> Iterator[CheckRun]:  # fmt: skip
     """The serve check's state machine on the host (see the module docstring). Yields the running
     check unit; on exit, whatever happened, `restore_from_record`."""
@@ -160,6 +265,7 @@ def serve_check_unit(
             "the snapshot is not what runs. Load them yourself (systemctl daemon-reload, then restart it) "
             "or revert the edit, then rerun; nothing was changed"
         )
+    preflight(host, unit, props, sudo)
     rpath, run_id = record_path(unit, record_dir), new_run_id()
     name = check_unit.unit_name(run_id)
     env = check_unit.environment(props)
@@ -168,6 +274,7 @@ def serve_check_unit(
         "phase": LOCKED, "was_active": last.get("ActiveState") in RUNNING_STATES,
         "active_state_before": last.get("ActiveState"), "invocation_before": last.get("InvocationID") or None,
         "draft_path": draft_path, "env_file": f"{record_dir}/{name}.env" if env else None,
+        "lease": f"{check_unit.lease_name(name)}.timer",
     }  # fmt: skip
     must(
         run_retried(host, f"{sudo_prefix(sudo)}mkdir -p -- {shlex.quote(record_dir)}", "mkdir"),
@@ -191,9 +298,14 @@ def serve_check_unit(
             expand_environment=expand_environment,
         )  # fmt: skip
         set_fields(host, rpath, record, sudo, phase=STARTING)
-        invocation = _start_check(host, record, run_argv, sudo, timeout_s)
-        set_fields(host, rpath, record, sudo, phase=RUNNING, check_invocation=invocation)
-        yield CheckRun(host, name, invocation, run_id)
+        lease = check_unit.lease_argv(name, lease_s, "systemctl")  # armed first: it covers the start
+        must(
+            run_retried(host, f"{sudo_prefix(sudo)}{shlex.join(lease)}", "lease"), f"arming {record['lease']}"
+        )
+        with Lease(host, name, lease_s, sudo):
+            invocation = _start_check(host, record, run_argv, sudo, timeout_s)
+            set_fields(host, rpath, record, sudo, phase=RUNNING, check_invocation=invocation)
+            yield CheckRun(host, name, invocation, run_id)
     except BaseException as err:
         log.warning("serve check ends early (%s): restoring %s", type(err).__name__, unit)
         restore_from_record(host, record, rpath, sudo, timeout_s, verify)
@@ -271,6 +383,9 @@ def restore_from_record(
         try:
             if record.get("phase") in (STARTING, RUNNING):
                 _stop_check(host, record, sudo, timeout_s)
+            if record.get("lease"):  # not loaded (never armed, or fired and collected): nothing to stop
+                stop_lease = f"{sudo_prefix(sudo)}systemctl stop --no-block -- {shlex.quote(record['lease'])}"
+                run_retried(host, stop_lease, "stop lease")
             done = _production_back(host, record, sudo, timeout_s)
             if record.get("was_active") and record.get("phase") in (STARTING, RUNNING):
                 _verify_production(host, record, sudo, verify)

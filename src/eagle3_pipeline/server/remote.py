@@ -106,6 +106,10 @@ class LocalHost:
     def hostname(self) -> str:
         return "127.0.0.1"
 
+    def another(self) -> LocalHost:
+        """A second handle for another thread (the serve check's lease renewals)."""
+        return LocalHost()
+
     def close(self) -> None:
         pass
 
@@ -241,6 +245,11 @@ class RemoteHost:
             hop.client = self._client(self.ssh)
             hop = hop.gateway
         return connection
+
+    def another(self) -> RemoteHost:
+        """A second connection to the same host for another thread (the serve check's lease
+        renewals): one thread's reconnect never pulls the other's connection away."""
+        return RemoteHost(self.name, self.ssh, self.ssh_config_path)
 
     def reconnect(self) -> None:
         """Drop the connection (it may be half-dead) for a fresh one on the next command."""

@@ -87,6 +87,7 @@ def run_remote_serve_check(
                                                  matched is not None),
                 before_start=lambda: remote_checkpoint.verify(host, checkpoint, expected), verify=verify,
                 draft_path=checkpoint, expand_environment=":" not in command.prefixes,
+                lease_s=server.check_lease_s,
             ) as check:  # fmt: skip
                 run_id = check.run_id
                 base_url = server_url(snapshot, server, Path(state_dir))
