@@ -24,6 +24,7 @@ pytest_plugins = [
     "support.http_endpoint",
     "support.served_drafts",
     "support.sshd",
+    "support.systemd_box",
     "support.traces",
     "support.workflow",
     "support.timeline",  # TEST_TIMELINE=path: each phase's start and stop, per worker
@@ -54,7 +55,7 @@ FIRST = [
     "demo-e2e",
     "tests/unit/",
     "served-draft",
-    "tests/integration/test_serve_check_unit_ssh.py",
+    "tests/integration/test_serve_check_real_systemd.py",
     "demo-server",
     "tests/workflow/",
     "tests/integration/test_serve_check_host_record_ssh.py",

@@ -1,9 +1,8 @@
 """Ownership of a server the pipeline starts (server.manage) and the serve check's host record, over a
 real sshd, as operators' hosts behave: a health-gated start that outlives the SSH command timeout, a
 link that drops on the way to `systemctl start` or on the way back, a job killed after sending the
-start, a unit still `activating`, a missing InvocationID; a production that does not come back after
-the check (the record stays, the error says what to run); a sudo user; a host in another language;
-ProxyJump.
+start, a unit still `activating`, a missing InvocationID; a host in another language; ProxyJump.
+(The serve check's scenarios run on a real systemd: test_serve_check_real_systemd.py.)
 
 systemctl, systemd-run and journalctl on the remote are tests/data/remote/systemctl-unit (its header
 says what it models), `sudo` is tests/data/remote/sudo. SSH, the files and their modes are real.
@@ -21,8 +20,7 @@ from support.standin_systemd import fast_polls as fast_polls  # noqa: F401
 from support.standin_systemd import host as host  # noqa: F401
 
 from eagle3_pipeline.server import ownership, process_identity
-from eagle3_pipeline.server.dropin import ServeCheckError, draft_argv, vllm_exec
-from eagle3_pipeline.server.host_record import recover_leftover, serve_check_unit
+from eagle3_pipeline.server.host_record import recover_leftover
 from eagle3_pipeline.server.lifecycle import ensure_running, stop
 from eagle3_pipeline.server.remote import HostError, RemoteHost
 from eagle3_pipeline.settings import ServerSettings, SshSettings, section
@@ -100,41 +98,6 @@ def test_an_unknown_invocation_id_is_not_ours(sshd_server, box, tmp_path, monkey
     box.set("no-invocation")
     ensure_running(server_json, cfg, state)
     assert stop(server_json, cfg, state)["action"] == "left running" and box.mainpid_alive()
-
-
-def _check(host, box: Box, sudo: bool = False, **kwargs):
-    argv = draft_argv(vllm_exec(host.run(f"systemctl cat -- {UNIT}").stdout, UNIT), DRAFT, 3, False)
-    return serve_check_unit(host, UNIT, argv, record_dir=str(box.records), sudo=sudo, timeout_s=8,
-                            runtime_max_s=120, draft_path=DRAFT, **kwargs)  # fmt: skip
-
-
-def test_production_that_does_not_come_back_keeps_the_record(host, box):
-    """Production fails as systemd starts it after the check: started once (by ExecStopPost), never
-    again by the pipeline; the record stays and the error says what to run by hand."""
-    assert host.run(f"systemctl start -- {UNIT}").ok
-    with pytest.raises(ServeCheckError) as info, _check(host, box):
-        box.set("production-crashes")
-    message = str(info.value)
-    assert (
-        "failed after the check unit stopped" in message
-        and "sudo systemctl stop eagle3-serve-check-" in message
-    )
-    assert box.record.exists() and len(box.starts()) == 2
-    assert f"systemctl start --no-block -- {UNIT}" not in box.calls()
-
-
-def test_a_sudo_user_writes_and_reads_through_sudo(host, box):
-    """With server.ssh.sudo: the lock, the environment file (0600: it holds the unit's secrets) and
-    systemd-run go through `sudo -n`; the record (no secret) is world-readable."""
-    assert host.run(f"systemctl start -- {UNIT}").ok
-    with _check(host, box, sudo=True):
-        record = json.loads(box.record.read_text())
-        assert oct(Path(record["env_file"]).stat().st_mode & 0o777) == "0o600"
-        assert oct(box.record.stat().st_mode & 0o777) == "0o644"
-    calls = (box.state / "sudo-calls").read_text().splitlines()
-    assert any(c.startswith("sudo -n ln -- ") for c in calls)
-    assert any(c.startswith("sudo -n systemd-run --unit=eagle3-serve-check-") for c in calls)
-    assert any(c.startswith("sudo -n systemctl stop --no-block -- eagle3-serve-check-") for c in calls)
 
 
 def test_a_host_in_another_language(sshd_server, host, box):

@@ -50,6 +50,12 @@ def _ssh() -> str | None:
     return None
 
 
+def _systemd() -> str | None:
+    from support.real_systemd import why_not_here
+
+    return why_not_here()
+
+
 def _gpu() -> str | None:
     import torch
 
@@ -60,6 +66,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "vllm": _vllm,
     "speculators": _speculators,
     "ssh": _ssh,
+    "systemd": _systemd,
     "gpu": _gpu,
 }
 
@@ -74,6 +81,7 @@ FIXTURE_NEEDS: dict[str, str] = {
     "served_trained_draft": "vllm",  # support.served_drafts
     "demo_e2e_workdir": "vllm",  # support.workflow
     "sshd_server": "ssh",  # support.sshd
+    "systemd_host": "systemd",  # support.systemd_box
 }
 
 

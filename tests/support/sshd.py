@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,24 +68,9 @@ class SshServer:
         return path
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"sshd did not listen on {port}: {log.read_text()[-2000:]}")
-
-
-@pytest.fixture(scope="session")
-def sshd_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real sshd on 127.0.0.1 (session-wide); skipped with the reason when it cannot run here."""
-    require("ssh")
-    root = tmp_path_factory.mktemp("sshd")
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+def prepare_sshd(root: Path) -> tuple[SshServer, Path]:
+    """Keys, authorized_keys (the remote PATH starting with `bin_dir`), sshd_config on a free port and
+    the client's files, under `root`: the server as a test reaches it, and its sshd_config."""
     host_key, user_key = root / "host_ed25519", root / "user_ed25519"
     keygen(host_key)
     user_public = keygen(user_key)
@@ -100,27 +86,55 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory):
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
         "PermitUserEnvironment yes\nLogLevel VERBOSE\n"
     )
+    host_public = Path(f"{host_key}.pub").read_text().split()
+    known_hosts = root / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {host_public[0]} {host_public[1]}\n")
+    server = SshServer(
+        port=port,
+        user=getpass.getuser(),
+        root=root,
+        host_public_key=" ".join(host_public[:2]),
+        user_key=user_key,
+        ssh_config=root / "ssh_config",
+        known_hosts=known_hosts,
+        bin_dir=bin_dir,
+    )
+    server.write_ssh_config(server.ssh_config, user_key)
+    return server, config
+
+
+def wait_listening(port: int, alive: Callable[[], str | None]) -> None:
+    """Until something listens on 127.0.0.1:port; `alive` says why the server died, or None."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if (why := alive()) is not None:
+            raise RuntimeError(why)
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"sshd did not listen on {port}")
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real sshd on 127.0.0.1 (session-wide); skipped with the reason when it cannot run here."""
+    require("ssh")
+    root = tmp_path_factory.mktemp("sshd")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    server, config = prepare_sshd(root)
     log = root / "sshd.log"
     with open(log, "wb") as log_handle:
         proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(config)], stdout=log_handle, stderr=subprocess.STDOUT
         )
     try:
-        _wait_listening(port, proc, log)
-        host_public = Path(f"{host_key}.pub").read_text().split()
-        known_hosts = root / "known_hosts"
-        known_hosts.write_text(f"[127.0.0.1]:{port} {host_public[0]} {host_public[1]}\n")
-        server = SshServer(
-            port=port,
-            user=getpass.getuser(),
-            root=root,
-            host_public_key=" ".join(host_public[:2]),
-            user_key=user_key,
-            ssh_config=root / "ssh_config",
-            known_hosts=known_hosts,
-            bin_dir=bin_dir,
+        wait_listening(
+            server.port,
+            lambda: (
+                None if proc.poll() is None else f"sshd exited ({proc.returncode}): {log.read_text()[-2000:]}"
+            ),
         )
-        server.write_ssh_config(server.ssh_config, user_key)
         yield server
     finally:
         proc.terminate()
