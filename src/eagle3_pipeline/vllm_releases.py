@@ -20,12 +20,10 @@ Stdlib only: the extraction engine's interpreter (vLLM's, without the pipeline's
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
 
 # the releases whose wheels the compatibility check reads (make vllm-compat; docs/testing.md)
 CHECKED_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
@@ -82,7 +80,8 @@ def check(use: str, version: str | None, allow_outside: bool = False) -> str | N
     """Report `version` against the range of `use`: None inside it (or unknown), else a warning.
 
     Returns:
-        The warning logged for a version outside the range (or one that does not parse), else None.
+        The warning for a version outside the range (or one that does not parse), for the caller to
+        log or record, else None.
 
     Raises:
         UnsupportedVllmError: outside the range of a use with an override that is not set.
@@ -90,20 +89,18 @@ def check(use: str, version: str | None, allow_outside: bool = False) -> str | N
     if not version:
         return None  # a source checkout without metadata: the engine records what ran
     supported = RANGES[use]
-    if supported.contains(version):
+    inside = supported.contains(version)
+    if inside:
         return None
-    message = (
-        f"vLLM {version} is outside the range the pipeline's {use} was checked with "
-        f"({supported.spec}: {supported.what})"
-    )
+    where = "is outside the range" if inside is False else "cannot be compared with the range"
+    message = f"vLLM {version} {where} the pipeline's {use} was checked with ({supported.spec}: "
+    message += f"{supported.what})"
     if supported.override and not allow_outside:
         raise UnsupportedVllmError(
             f"{message}, which change between releases. Use a vLLM in that range, or set "
             f"{supported.override}: true to run it anyway"
         )
-    warning = f"{message}; {f'{supported.override}: true' if supported.override else 'going on'}"
-    log.warning("%s", warning)
-    return warning
+    return f"{message}; {f'{supported.override}: true' if supported.override else 'going on'}"
 
 
 def report(version: str | None) -> dict[str, dict[str, object]]:

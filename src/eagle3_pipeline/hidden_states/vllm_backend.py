@@ -26,7 +26,7 @@ from typing import Any
 from eagle3_pipeline import vllm_releases
 from eagle3_pipeline.server.secrets import REDACTED
 from eagle3_pipeline.server.server_json import ServerSnapshot
-from eagle3_pipeline.settings import VllmEngineSettings, runtime_keys
+from eagle3_pipeline.settings import HiddenStatesSettings, VllmEngineSettings, runtime_keys
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +185,23 @@ def check_vllm_version(version: str, allow_untested: bool) -> None:
         VllmBackendError: naming the version, the range and the override key.
     """
     try:
-        vllm_releases.check("extract", version, allow_untested)
+        warning = vllm_releases.check("extract", version, allow_untested)
     except vllm_releases.UnsupportedVllmError as err:
         raise VllmBackendError(
             f"{err} (check the states against hidden_states.backend: transformers)"
         ) from None
+
+
+def check_served_release(hidden_states: HiddenStatesSettings, snapshot: ServerSnapshot) -> None:
+    """At the snapshot, before any GPU work: refuse the served unit's vLLM when extraction will run it
+    (backend vllm with no hidden_states.vllm.python: the unit's own interpreter) and it is outside
+    extraction's range without the override (check_vllm_version).
+
+    Raises:
+        VllmBackendError: naming the version, the range and the override key.
+    """
+    if hidden_states.backend == "vllm" and not hidden_states.vllm.python and snapshot.vllm_version:
+        check_vllm_version(snapshot.vllm_version, hidden_states.vllm.allow_untested_version)
 
 
 def vllm_version(python: str) -> str | None:

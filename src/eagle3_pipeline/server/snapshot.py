@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io
+from eagle3_pipeline import io, vllm_releases
 from eagle3_pipeline.server import exec_stop, secrets, shell_script
 from eagle3_pipeline.server.fingerprints import (
     chat_template_fingerprint,
@@ -257,7 +257,11 @@ def build_server_json(
     snapshot["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
     own = {command.container.name} if command.container is not None and command.container.name else set()
     stop_warnings = exec_stop.reach_warnings(unit.exec_stop, unit.name, own)
-    snapshot["warnings"] = list(dict.fromkeys([*unit.warnings, *stop_warnings]))  # systemd's, and ours
+    # a vLLM outside the ranges serving and the exported draft were checked with: said here, before any
+    # GPU work (extraction's own range, an error, is checked by the snapshot job: vllm_backend)
+    release_warnings = [w for use in ("serve", "export") if (w := vllm_releases.check(use, version))]
+    warnings = [*unit.warnings, *stop_warnings, *release_warnings]
+    snapshot["warnings"] = list(dict.fromkeys(warnings))  # systemd's, and ours
     snapshot["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
     return secrets.redact_data(snapshot, found), {"identity": identity, "fields": fields}
