@@ -206,7 +206,9 @@ rule export_draft:
     conda:
         "../envs/pipeline.yaml"
     params:
-        # speculators_config's proposal (its verifier: the target's folder, from input.target)
+        # speculators_config's proposal, and its verifier: target.hub_id once set (else from the
+        # target's folder, input.target: its hub id when it is a hub cache snapshot, else its path)
         speculative_tokens=SETTINGS.validate.num_speculative_tokens,
+        target=rerun_params(SETTINGS.target, "export_draft"),
     script:
         "../scripts/export_draft.py"

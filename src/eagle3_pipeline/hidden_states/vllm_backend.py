@@ -190,6 +190,8 @@ def check_vllm_version(version: str, allow_untested: bool) -> None:
         raise VllmBackendError(
             f"{err} (check the states against hidden_states.backend: transformers)"
         ) from None
+    if warning:
+        log.warning("%s", warning)
 
 
 def check_served_release(hidden_states: HiddenStatesSettings, snapshot: ServerSnapshot) -> None:

@@ -166,9 +166,9 @@ CONFIG_FIELDS = {
 MISSING = object()
 
 
-def read_config(config: Any, path: str) -> Any:
-    """The value at dotted `path` under `config`, or MISSING where a release has no such field."""
-    value = config
+def read_config(vllm_config: Any, path: str) -> Any:
+    """The value at dotted `path` under `vllm_config`, or MISSING where a release has no such field."""
+    value = vllm_config
     for name in path.split("."):
         value = getattr(value, name, MISSING)
         if value is MISSING or value is None:
@@ -176,10 +176,10 @@ def read_config(config: Any, path: str) -> Any:
     return value
 
 
-def runner_name(config: Any) -> str:
+def runner_name(vllm_config: Any) -> str:
     """Which model runner ran: `use_v2_model_runner` up to vLLM 0.33; 0.34 removed that field with the
     V1 runner, so a config without it ran V2."""
-    return "v1" if getattr(config, "use_v2_model_runner", True) is False else "v2"
+    return "v1" if getattr(vllm_config, "use_v2_model_runner", True) is False else "v2"
 
 
 def _recorded(field: str, value: Any) -> Any:
