@@ -34,7 +34,7 @@ LOGGER = "vllm.eagle3_pipeline_cpu_fix"
 # the module and function this fix wraps, where it exists (vllm_compat.py checks the releases)
 VLLM_NAMES = (
     ("name", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl", {"below": "0.34"}),
-    ("literal", "vllm/platforms/cpu.py", "vllm.utils.cpu_triton_utils", {"below": "0.34"}),
+    ("key", "vllm/platforms/cpu.py", "_expand_kernel_impl", {"below": "0.34"}),  # registered from there
 )
 
 

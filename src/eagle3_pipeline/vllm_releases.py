@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# the releases whose wheels the compatibility check reads (make vllm-compat; docs/testing.md)
+# the releases whose wheels the compatibility check reads (make vllm-compat; README, Tests)
 CHECKED_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 
 

@@ -19,6 +19,14 @@ from support.requirements import VLLM_PYTHON
 
 pytestmark = pytest.mark.vllm
 
+# the vLLM names SCRIPT uses (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("module", "vllm.utils.cpu_triton_utils", {"below": "0.34"}),
+    ("name", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl", {"below": "0.34"}),
+    ("name", "vllm.platforms", "current_platform"),
+    ("member", "vllm.platforms.interface", "Platform.import_kernels"),
+)
+
 # out[cu[i-1]:cu[i]] = replace_to if x[i] == replace_from else x[i]; cu as the sampler's (int32)
 CASES = {
     # name: (dtype, x, replace_from, replace_to, expected)

@@ -21,6 +21,11 @@ import torch
 from eagle3_pipeline import vllm_cpu_fix
 
 MODULE = Path(vllm_cpu_fix.__file__)
+# the stand-ins below take the place of this vLLM module (vllm_compat.py checks it where it exists)
+VLLM_NAMES = (
+    ("module", "vllm.utils.cpu_triton_utils", {"below": "0.34"}),
+    ("name", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl", {"below": "0.34"}),
+)
 
 # the .pth's loading, then what a vLLM process does: import the module cpu.py registers kernels from,
 # and call the kernel as the sampler does (a float32 temperature per request)

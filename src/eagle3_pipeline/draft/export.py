@@ -76,6 +76,32 @@ from eagle3_pipeline.draft.config import (
 from eagle3_pipeline.draft.vocab import load_vocab_map
 from eagle3_pipeline.target_shape import sglang_layer_ids
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("literal", "vllm/model_executor/models/registry.py", "LlamaForCausalLMEagle3"),
+    ("literal", "vllm/model_executor/models/registry.py", "Eagle3DeepseekV2ForCausalLM"),
+    ("literal", "vllm/model_executor/models/registry.py", "Eagle3DeepseekV3ForCausalLM"),
+    ("key", "vllm/model_executor/models/", "eagle_aux_hidden_state_layer_ids"),
+    ("key", "vllm/model_executor/models/", "draft_vocab_size"),
+    ("key", "vllm/model_executor/models/", "target_hidden_size"),
+    ("key", "vllm/model_executor/models/", "norm_before_residual"),
+    ("key", "vllm/model_executor/models/", "norm_before_fc"),
+    ("key", "vllm/model_executor/models/", "fc_norm"),
+    ("key", "vllm/model_executor/models/", "norm_output"),
+    ("key", "vllm/model_executor/models/", "d2t"),
+    ("key", "vllm/model_executor/models/", "t2d"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculators_model_type"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculators_config"),
+    ("key", "vllm/transformers_utils/", "verifier"),
+    ("key", "vllm/transformers_utils/", "name_or_path"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "proposal_methods"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculative_tokens"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "transformer_layer_config"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "norm_before_residual"),
+    ("literal", "vllm/transformers_utils/configs/speculators/", "eagle3"),
+    ("name", "vllm.transformers_utils.config", "maybe_override_with_speculators"),
+)
+
 log = logging.getLogger(__name__)
 
 # Every tensor name vLLM's Eagle3LlamaForCausalLM.load_weights maps onto a parameter (midlayer. ->

@@ -30,6 +30,16 @@ from eagle3_pipeline.settings import HiddenStatesSettings, VllmEngineSettings, r
 
 log = logging.getLogger(__name__)
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--data-parallel-size"),
+    ("flag", "vllm serve", "--dtype"),
+    ("flag", "vllm serve", "--enable-expert-parallel"),
+    ("flag", "vllm serve", "--enforce-eager"),
+    ("flag", "vllm serve", "--quantization"),
+    ("flag", "vllm serve", "--tensor-parallel-size"),
+    ("env", "vllm/envs.py", "VLLM_ENABLE_V1_MULTIPROCESSING"),
+)
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
 # Set by `accelerate launch` / torchrun for the pipeline's process; vLLM must build its own world.
 DISTRIBUTED_ENV = frozenset(

@@ -26,6 +26,72 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
+# what this subclass relies on of its parent (vllm_compat.py reads this literal without importing the
+# module, which imports vLLM)
+VLLM_NAMES = (
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector",
+    ),
+    ("name", "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector", "PendingSave"),
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "extract_from_kv_cache",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._submit_async_write",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._is_tp_rank_zero",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._kv_cache",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._block_size",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._lock_fds",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._req_copy_events",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.block_ids",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.token_ids",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.filename",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.req_id",
+    ),
+)
+
 
 class _Done:
     """Stands in for the parent's CUDA copy event: the write already happened."""

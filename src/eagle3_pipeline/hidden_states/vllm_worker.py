@@ -44,6 +44,67 @@ SYNC_CONNECTOR_MODULE = "eagle3_pipeline.hidden_states.vllm_connector"
 ASYNC_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's own (pinned memory, side stream, threads)
 FALLBACK = "set hidden_states.backend: transformers to extract with transformers instead"
 HEARTBEAT_S = 1.0
+# the vLLM names the engine's set-up uses (vllm_compat.py checks them in every supported release's
+# wheel; CONFIG_FIELDS' paths below are declared here too)
+VLLM_NAMES = (
+    ("module", "vllm"),
+    ("name", "vllm", "__version__"),
+    ("name", "vllm", "LLM"),
+    ("name", "vllm", "ModelRegistry"),
+    ("member", "vllm.model_executor.models.registry", "_ModelRegistry.get_supported_archs"),
+    ("name", "vllm.platforms", "current_platform"),
+    ("member", "vllm.platforms.interface", "Platform.is_cuda_alike"),
+    ("name", "vllm.config", "KVTransferConfig"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector_module_path"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_role"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector_extra_config"),
+    ("literal", "vllm/distributed/kv_transfer/kv_connector/", "shared_storage_path"),
+    ("literal", "vllm/distributed/kv_transfer/kv_connector/factory.py", "ExampleHiddenStatesConnector"),
+    ("literal", "vllm/config/speculative.py", "extract_hidden_states"),
+    ("key", "vllm/v1/worker/gpu/spec_decode/", "eagle_aux_hidden_state_layer_ids"),
+    ("member", "vllm.config.speculative", "SpeculativeConfig.num_speculative_tokens"),
+    ("member", "vllm.config.speculative", "SpeculativeConfig.draft_model_config"),
+    ("member", "vllm.config.compilation", "CompilationConfig.cudagraph_mode"),
+    ("member", "vllm.config.compilation", "CUDAGraphMode.NONE"),
+    # engine_kwargs: LLM(**kwargs) hands them to EngineArgs
+    ("member", "vllm.engine.arg_utils", "EngineArgs.skip_tokenizer_init"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.speculative_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.kv_transfer_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_chunked_prefill"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_prefix_caching"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.tensor_parallel_size"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_expert_parallel"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.dtype"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.max_model_len"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.max_num_batched_tokens"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.trust_remote_code"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enforce_eager"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.seed"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.language_model_only"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.compilation_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.quantization"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.gpu_memory_utilization"),
+    # engine_record: CONFIG_FIELDS' paths, field by field
+    ("member", "vllm.config.vllm", "VllmConfig.kv_transfer_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.model_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.parallel_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.scheduler_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.compilation_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.device_config"),
+    ("member", "vllm.config.model", "ModelConfig.dtype"),
+    ("member", "vllm.config.model", "ModelConfig.quantization"),
+    ("member", "vllm.config.model", "ModelConfig.max_model_len"),
+    ("member", "vllm.config.model", "ModelConfig.trust_remote_code"),
+    ("member", "vllm.config.model", "ModelConfig.enforce_eager"),
+    ("member", "vllm.config.model", "ModelConfig.multimodal_config"),
+    ("member", "vllm.config.multimodal", "MultiModalConfig.language_model_only"),
+    ("member", "vllm.config.parallel", "ParallelConfig.tensor_parallel_size"),
+    ("member", "vllm.config.parallel", "ParallelConfig.enable_expert_parallel"),
+    ("member", "vllm.config.scheduler", "SchedulerConfig.max_num_batched_tokens"),
+    ("member", "vllm.config.device", "DeviceConfig.device"),
+    ("member", "vllm.config.vllm", "VllmConfig.use_v2_model_runner", {"below": "0.34"}),  # runner_name
+)
 
 
 def _is_cuda() -> bool:

@@ -48,6 +48,39 @@ _launcher_python = launcher_python  # its former name, still imported by tests
 log = logging.getLogger(__name__)
 Host = LocalHost | RemoteHost
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--chat-template"),
+    ("flag", "vllm serve", "--chat-template-content-format"),
+    ("flag", "vllm serve", "--code-revision"),
+    ("flag", "vllm serve", "--config"),
+    ("flag", "vllm serve", "--default-chat-template-kwargs"),
+    ("flag", "vllm serve", "--dtype"),
+    ("flag", "vllm serve", "--enable-auto-tool-choice"),
+    ("flag", "vllm serve", "--generation-config"),
+    ("flag", "vllm serve", "--hf-config-path"),
+    ("flag", "vllm serve", "--hf-overrides"),
+    ("flag", "vllm serve", "--host"),
+    ("flag", "vllm serve", "--kv-cache-dtype"),
+    ("flag", "vllm serve", "--logits-processors"),
+    ("flag", "vllm serve", "--max-logprobs"),
+    ("flag", "vllm serve", "--max-model-len"),
+    ("flag", "vllm serve", "--override-generation-config"),
+    ("flag", "vllm serve", "--port"),
+    ("flag", "vllm serve", "--quantization"),
+    ("flag", "vllm serve", "--reasoning-parser"),
+    ("flag", "vllm serve", "--revision"),
+    ("flag", "vllm serve", "--seed"),
+    ("flag", "vllm serve", "--served-model-name"),
+    ("flag", "vllm serve", "--ssl-certfile"),
+    ("flag", "vllm serve", "--tensor-parallel-size"),
+    ("flag", "vllm serve", "--tokenizer"),
+    ("flag", "vllm serve", "--tokenizer-mode"),
+    ("flag", "vllm serve", "--tokenizer-revision"),
+    ("flag", "vllm serve", "--tool-call-parser"),
+    ("flag", "vllm serve", "--trust-remote-code"),
+)
+
 # Flags whose value changes what the server writes for a given request (the identity). Port, host,
 # parallelism, memory and logging settings do not.
 IDENTITY_FLAGS = (
