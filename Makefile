@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint clean-demo
+.PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint vllm-compat clean-demo
 
 # .venv first (the other two see its torch), then the other two side by side; each is a no-op once
 # installed from the same pins (envs/install.sh's stamp)
@@ -59,6 +59,13 @@ test-fast:
 lint: install-pipeline
 	source .venv/bin/activate && ruff check src scripts tests benchmarks envs && ruff format --check src scripts tests benchmarks envs \
 		&& snakefmt --check Snakefile rules  # snakemake --lint: tests/workflow/test_planning.py
+
+# every vLLM name the project uses (VLLM_NAMES beside the code), checked in each supported release's own
+# wheel (src/eagle3_pipeline/vllm_releases.py), read as source: no install, no GPU. The wheels are
+# downloaded by name into .cache/vllm-wheels once (240-340 MB each); tests/unit/test_vllm_compat.py reads
+# the same cache. One JSON line per release; exit 1 when a name is missing from one.
+vllm-compat: install-pipeline
+	source .venv/bin/activate && python -m eagle3_pipeline.vllm_compat
 
 # mutation testing of the modules where a silent error costs most, each module's mutants against its fast
 # unit tests (tests/mutation/run.py; results and survivors: docs/testing.md); not part of `make test`.

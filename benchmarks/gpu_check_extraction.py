@@ -1,9 +1,11 @@
-"""GPU check of the vllm backend's extraction engine as the pipeline runs it (issues 22 and 37, item 6).
+"""GPU check of the vllm backend's extraction engine as the pipeline runs it (issues 22, 37 and 48).
 
-Run it where CUDA GPUs and a CUDA build of vLLM 0.32 exist; it exits 1 when a case fails a threshold
-and 2 when no GPU is visible. Not run yet: no GPU was lent to the sessions that wrote it (its
-CPU-safe parts, the arguments, the cases and the pass/fail logic, are tested in
-tests/unit/test_gpu_check_extraction.py).
+Run it where CUDA GPUs exist, with one CUDA build of vLLM per supported release (vllm_releases.py:
+0.32, 0.33, 0.34), each `--vllm-python` once: every case runs on every release given (the JSON lines
+name the release), and the verdict fails naming a supported release no interpreter was given for. It
+exits 1 when a case fails a threshold or a release is left unchecked, and 2 when no GPU is visible.
+Not run yet: no GPU was lent to the sessions that wrote it (its CPU-safe parts, the arguments, the
+releases, the cases and the pass/fail logic, are tested in tests/unit/test_gpu_check_extraction.py).
 
 On a random tiny DeepseekV3 (MLA, sigmoid MoE with `noaux_tc` and hand-written
 `e_score_correction_bias`, 8 heads and 8 routed experts so that TP and EP up to 8 divide them: the
@@ -18,7 +20,7 @@ queue, parts, packing), on sequences of `--seq-tokens` (8,192) tokens:
   ep{N}         --enable-expert-parallel at the largest TP (experts split over the N GPUs; N = 1 when
                 one GPU is visible: the path runs, the split is trivial)
   tp1-sync      our synchronous connector (hidden_states.vllm.connector: sync)
-  tp1-v1        VLLM_USE_V2_MODEL_RUNNER=0
+  tp1-v1        VLLM_USE_V2_MODEL_RUNNER=0 (up to 0.33: 0.34 removed the V1 runner and refuses it)
   kimi-tp{N}    the wrapper config at the largest TP
 
 Each case prints one JSON line: the runner and connector the engine recorded, its start seconds, the
@@ -37,7 +39,8 @@ backend on the same sequences, and its verdict against the thresholds:
 The last line is the verdict of all cases ({"case": "verdict", "passed": ..., "failures": [...]}).
 About 8 engine starts with 8 GPUs (5 with one); minutes each for TP 8.
 
-    .venv/bin/python benchmarks/gpu_check_extraction.py --vllm-python .venv-vllm-gpu/bin/python
+    .venv/bin/python benchmarks/gpu_check_extraction.py --vllm-python /opt/vllm-0.32/bin/python \
+        --vllm-python /opt/vllm-0.33/bin/python --vllm-python /opt/vllm-0.34/bin/python
     .venv/bin/python benchmarks/gpu_check_extraction.py --vllm-python ... --cases tp1 ep8 --tokens 32768
 """
 
@@ -60,9 +63,11 @@ import polars as pl
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagle3_pipeline import vllm_releases
 from eagle3_pipeline.hidden_states import HiddenStateShard, extract
 from eagle3_pipeline.hidden_states import engine as engine_service
 from eagle3_pipeline.hidden_states.job import ShardJob
+from eagle3_pipeline.hidden_states.vllm_backend import vllm_version
 from eagle3_pipeline.settings import HiddenStatesSettings, section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--vllm-python", type=Path, required=True, help="a CUDA build of vLLM 0.32")
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        action="append",
+        required=True,
+        help="a CUDA build of vLLM, once per supported release (0.32, 0.33, 0.34)",
+    )
     parser.add_argument("--tokens", type=int, default=65536, help="tokens in all (8 sequences of 8,192)")
     parser.add_argument(
         "--seq-tokens", type=int, default=8192, help="each sequence (prompt 512 + completion)"
@@ -130,6 +141,39 @@ class Case:
 def tp_sizes(visible: int) -> list[int]:
     """The TP sizes to check with `visible` GPUs: 1, 2, 4, 8 up to the visible count."""
     return [tp for tp in TP_SIZES if tp <= visible]
+
+
+def plan_releases(versions: dict[Path, str | None]) -> tuple[dict[str, Path], list[str]]:
+    """({release: interpreter}, problems) of the interpreters given, by the vLLM version each has.
+
+    A problem names an interpreter without vLLM, one outside the supported ranges (vllm_releases.py),
+    two of one release, and each supported release (major.minor of CHECKED_RELEASES) none was given for.
+    """
+    chosen: dict[str, Path] = {}
+    problems = []
+    for python, version in versions.items():
+        release = vllm_releases.major_minor(version)
+        if release is None:
+            problems.append(f"{python}: no vLLM found")
+        elif not vllm_releases.RANGES["extract"].contains(version):
+            problems.append(f"{python}: vLLM {version} is outside {vllm_releases.RANGES['extract'].spec}")
+        elif f"{release[0]}.{release[1]}" in chosen:
+            problems.append(f"{python}: a second interpreter of vLLM {release[0]}.{release[1]}")
+        else:
+            chosen[f"{release[0]}.{release[1]}"] = python
+    supported = sorted({".".join(r.split(".")[:2]) for r in vllm_releases.CHECKED_RELEASES})
+    problems += [
+        f"vLLM {r}: not checked (give --vllm-python of a CUDA build of it)"
+        for r in supported
+        if r not in chosen
+    ]
+    return chosen, problems
+
+
+def release_cases(cases: list[Case], release: str) -> list[Case]:
+    """The cases a release runs: a case whose environment the release refuses at start is left out
+    (tp1-v1 from 0.34, which removed the V1 runner: vllm_releases.REFUSED_ENV)."""
+    return [case for case in cases if not vllm_releases.refused_env(f"{release}.0", case.env)]
 
 
 def plan_cases(visible: int, only: list[str] | None = None) -> list[Case]:
@@ -317,12 +361,15 @@ def shard_job(target: Path, traces: Path, out: Path, engine_dir: Path | None = N
     )  # fmt: skip
 
 
-def run_case(case: Case, target: Path, traces: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The case's engine as its Snakemake job runs it (serve_engine, in a thread) and one client."""
+def run_case(
+    case: Case, python: Path, target: Path, traces: Path, out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The case's engine as its Snakemake job runs it (serve_engine, in a thread, vLLM of `python`) and
+    one client."""
     from eagle3_pipeline.hidden_states import vllm_extraction
 
     vllm = {
-        "python": str(args.vllm_python),
+        "python": str(python),
         "dtype": "bfloat16",
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
@@ -363,7 +410,8 @@ def run_case(case: Case, target: Path, traces: Path, out: Path, args: argparse.N
     run = engine["last_run"]
     report = reports[0] if reports else {}
     return {
-        "path": job.output, "runner": engine["runner"], "connector": engine["connector"],
+        "path": job.output, "vllm_version": engine["vllm_version"], "runner": engine["runner"],
+        "connector": engine["connector"],
         "tensor_parallel_size": engine["tensor_parallel_size"],
         "enable_expert_parallel": engine["enable_expert_parallel"],
         "language_model_only": engine["language_model_only"], "start_s": engine["engine_start_s"],
@@ -396,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     visible = torch.cuda.device_count()
     cases = plan_cases(visible, args.cases)
-    problems: dict[str, list[str]] = {}
+    releases, uncovered = plan_releases({python: vllm_version(str(python)) for python in args.vllm_python})
+    problems: dict[str, list[str]] = {"releases": uncovered} if uncovered else {}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         work = Path(tmp)
         deepseek = deepseek_target(work / "deepseek")
@@ -408,19 +457,23 @@ def main(argv: list[str] | None = None) -> int:
         emit(case="transformers", tokens=meta["num_tokens"], job_s=round(time.perf_counter() - start, 1))
         reference = job.output
         torch.cuda.empty_cache()
-        for case in cases:
-            try:
-                result = run_case(case, kimi if case.wrapper else deepseek, traces, work / case.name, args)
-                result["cosine"] = compare(result.pop("path"), reference)
-            except Exception as err:  # one case's failure is a finding; the others still run
-                problems[case.name] = [f"{type(err).__name__}: {err}"[-2000:]]
-                emit(case=case.name, passed=False, failures=problems[case.name])
-                continue
-            found = failures(result, args)
-            if found:
-                problems[case.name] = found
-            emit(case=case.name, passed=not found, failures=found, **result)
-    emit(case="verdict", passed=not problems, gpus=visible, cases=[c.name for c in cases], failures=problems)
+        for release, python in sorted(releases.items()):
+            for case in release_cases(cases, release):
+                name = f"{release}/{case.name}"
+                target = kimi if case.wrapper else deepseek
+                try:
+                    result = run_case(case, python, target, traces, work / release / case.name, args)
+                    result["cosine"] = compare(result.pop("path"), reference)
+                except Exception as err:  # one case's failure is a finding; the others still run
+                    problems[name] = [f"{type(err).__name__}: {err}"[-2000:]]
+                    emit(case=case.name, release=release, passed=False, failures=problems[name])
+                    continue
+                found = failures(result, args)
+                if found:
+                    problems[name] = found
+                emit(case=case.name, release=release, passed=not found, failures=found, **result)
+    ran = {release: [c.name for c in release_cases(cases, release)] for release in sorted(releases)}
+    emit(case="verdict", passed=not problems, gpus=visible, releases=ran, failures=problems)
     return 1 if problems else 0
 
 

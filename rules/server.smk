@@ -18,7 +18,10 @@ rule snapshot_server:
     params:
         # which unit, where, and its URL: what the snapshot records
         server=rerun_params(SETTINGS.server, "snapshot_server"),
-        runtime=runtime_only(server=SERVER),
+        # hidden_states: whether extraction runs the unit's vLLM, checked against its range here
+        runtime=runtime_only(
+            server=SERVER, hidden_states=as_params(SETTINGS.hidden_states)
+        ),
     script:
         "../scripts/snapshot_server.py"
 

@@ -30,6 +30,12 @@ INIT_FROM = (
 )
 
 
+# the speculators folder's verifier: target.hub_id, a param only when set (`later` in settings.py:
+# unset, export_draft's jobs are what they were before the key existed); unset, the export takes it from
+# the target's folder (input.target: its hub id when it is a hub cache snapshot, else its path)
+VERIFIER = rerun_params(SETTINGS.target, "export_draft")
+
+
 TRAIN_TRACES = shard_files(f"{RESULTS}/traces/shards/train/shard-{{shard}}.parquet")
 # validate.select_every_epochs (KEPT_EPOCHS, rules/common/variants.smk): only when on do the training rules get
 # the param and outputs (off, their jobs are what they were before the key existed).
@@ -206,7 +212,8 @@ rule export_draft:
     conda:
         "../envs/pipeline.yaml"
     params:
-        # speculators_config's proposal (its verifier: the target's folder, from input.target)
+        **VERIFIER,  # the speculators folder's verifier, when target.hub_id is set
+        # speculators_config's proposal
         speculative_tokens=SETTINGS.validate.num_speculative_tokens,
     script:
         "../scripts/export_draft.py"

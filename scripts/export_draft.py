@@ -17,5 +17,6 @@ export_checkpoint(
     output_config=snakemake.output.config,
     output_weights=snakemake.output.weights,
     speculators_dir=Path(snakemake.output.speculators_config).parent,
+    verifier=snakemake.params.get("hub_id"),  # target.hub_id, when set
     speculative_tokens=snakemake.params.speculative_tokens,
 )

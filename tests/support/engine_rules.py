@@ -21,12 +21,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# the vLLM names VLLM_RULE imports (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("name", "vllm.transformers_utils.config", "get_config"),
+    ("name", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", {"below": "0.34"}),
+    ("member", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._get_eagle3_aux_layers_from_config",
+     {"below": "0.34"}),
+    ("name", "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "get_eagle3_aux_layers_from_config"),
+    ("name", "vllm.model_executor.models.interfaces", "SupportsEagle3"),
+    ("member", "vllm.model_executor.models.interfaces",
+     "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers"),
+)  # fmt: skip
 
 VLLM_RULE = r"""
 import json, sys
 from types import SimpleNamespace
 from vllm.transformers_utils.config import get_config
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+try:  # the V1 model runner: 0.34 removed it (Model Runner V2 only)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+except ImportError:
+    GPUModelRunner = None
 from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
 from vllm.model_executor.models.interfaces import SupportsEagle3
 
@@ -35,17 +49,19 @@ for checkpoint, num_layers in json.loads(sys.argv[1]):
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=get_config(checkpoint, False)))
     target = SimpleNamespace(model=SimpleNamespace(layers=[None] * num_layers))
     default = SupportsEagle3.get_eagle3_default_aux_hidden_state_layers(target)
-    v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+    v1 = GPUModelRunner and GPUModelRunner._get_eagle3_aux_layers_from_config(
+        SimpleNamespace(speculative_config=spec))
     v2 = get_eagle3_aux_layers_from_config(spec)
-    results.append({"v1": list(v1 or default), "v2": list(v2 or default)})
+    results.append({"v1": list(v1 or default) if GPUModelRunner else None, "v2": list(v2 or default)})
 print(json.dumps(results))
 """
 
 
 def vllm_fed_layers(cases: list[tuple[Path, int]]) -> list[dict[str, list[int]]]:
-    """For each (checkpoint, N): {"v1": ids, "v2": ids}, the layers vLLM's V1 runner (CPU) and Model
-    Runner V2 (GPU) capture for that checkpoint beside an N-layer target, in vLLM's numbering (input of
-    layer i). One process for all cases: importing vLLM takes seconds."""
+    """For each (checkpoint, N): {"v1": ids, "v2": ids}, the layers vLLM's V1 runner (CPU; None on a
+    vLLM without it, 0.34 and later) and Model Runner V2 (GPU) capture for that checkpoint beside an
+    N-layer target, in vLLM's numbering (input of layer i). One process for all cases: importing vLLM
+    takes seconds."""
     argument = json.dumps([[str(checkpoint), int(n)] for checkpoint, n in cases])
     out = subprocess.run(
         [str(VLLM_PYTHON), "-c", VLLM_RULE, argument],

@@ -56,6 +56,18 @@ def _systemd() -> str | None:
     return why_not_here()
 
 
+def _vllm_wheels() -> str | None:
+    from eagle3_pipeline.vllm_compat import DEFAULT_CACHE
+    from eagle3_pipeline.vllm_releases import CHECKED_RELEASES
+
+    absent = [r for r in CHECKED_RELEASES if not any(DEFAULT_CACHE.glob(f"vllm-{r}-*.whl"))]
+    return (
+        f"no cached vLLM wheel of {', '.join(absent)} in {DEFAULT_CACHE}: make vllm-compat downloads them"
+        if absent
+        else None
+    )
+
+
 def _gpu() -> str | None:
     import torch
 
@@ -68,6 +80,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "ssh": _ssh,
     "systemd": _systemd,
     "gpu": _gpu,
+    "vllm_wheels": _vllm_wheels,  # the supported releases' wheels, read by tests/unit/test_vllm_compat.py
 }
 
 

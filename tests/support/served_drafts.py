@@ -192,7 +192,7 @@ def train_draft(
         shard.with_suffix(".json"),
         checkpoint / "config.json",
         checkpoint / "model.safetensors",
-        **({"speculators_dir": work / "speculators", "verifier": target} if speculators else {}),
+        **({"speculators_dir": work / "speculators"} if speculators else {}),
     )
     return checkpoint
 

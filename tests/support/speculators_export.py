@@ -37,7 +37,6 @@ def export_model(
         folder / "checkpoint" / "config.json",
         folder / "checkpoint" / "model.safetensors",
         speculators_dir=folder / "speculators",
-        verifier=random_target,
         speculative_tokens=speculative_tokens,
     )
     eagle, speculators = (folder / fmt / "config.json" for fmt in ("checkpoint", "speculators"))

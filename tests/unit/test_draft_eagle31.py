@@ -14,7 +14,7 @@ from support.speculators_export import export_model
 
 from eagle3_pipeline.config import ConfigError, check_config
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
-from eagle3_pipeline.draft.export import WEIGHT_KEYS
+from eagle3_pipeline.draft.export import WEIGHT_KEYS, hub_id_of, verifier_name
 from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
 from eagle3_pipeline.validate.offline import load_draft
 
@@ -156,3 +156,24 @@ def test_draft_config_defaults_keep_older_trained_weights_loadable():
     fields |= {"max_position_embeddings": 64, "vocab_size": 96, "draft_vocab_size": 40}
     config = DraftConfig(**fields)  # a draft_config written before EAGLE-3.1's keys
     assert (config.norm_before_fc, config.fc_norm, config.norm_output) == (False, False, False)
+
+
+@pytest.mark.parametrize(
+    ("folder", "hub_id"),
+    [
+        ("/data/hub/models--moonshotai--Kimi-K2.5/snapshots/3f1a2b", "moonshotai/Kimi-K2.5"),
+        ("/h/models--org--name.with-dots_1/snapshots/abc/", "org/name.with-dots_1"),
+        ("/models/Kimi-K2.5", None),
+        ("/h/models--org--name/blobs/abc", None),
+    ],
+)
+def test_a_target_in_the_hubs_cache_is_known_by_its_hub_id(folder, hub_id):
+    assert hub_id_of(folder) == hub_id
+
+
+def test_the_verifier_is_target_hub_id_else_the_cache_snapshots_else_the_local_path(random_target, caplog):
+    snapshot = "/hub/models--org--target/snapshots/0123"
+    assert verifier_name(random_target, "moonshotai/Kimi-K2.5") == "moonshotai/Kimi-K2.5"  # target.hub_id
+    assert verifier_name(snapshot) == "org/target"
+    assert verifier_name(random_target) == str(random_target.resolve())
+    assert "vllm serve" in caplog.text and "target.hub_id" in caplog.text  # the form that serves it

@@ -104,3 +104,31 @@ def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(check.torch.cuda, "is_available", lambda: False)
     assert check.main(["--vllm-python", "/opt/vllm/bin/python"]) == 2
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_every_supported_release_is_checked_or_named_unchecked():
+    given = {Path("/a/python"): "0.32.0", Path("/b/python"): "0.34.0", Path("/c/python"): "0.34.1"}
+    releases, problems = check.plan_releases(given | {Path("/d/python"): None, Path("/e/python"): "0.35.0"})
+    assert releases == {"0.32": Path("/a/python"), "0.34": Path("/b/python")}
+    assert problems == [
+        "/c/python: a second interpreter of vLLM 0.34",
+        "/d/python: no vLLM found",
+        "/e/python: vLLM 0.35.0 is outside >=0.32,<0.35",
+        "vLLM 0.33: not checked (give --vllm-python of a CUDA build of it)",
+    ]
+
+
+def test_the_v1_runner_case_runs_only_on_releases_that_have_it():
+    cases = check.plan_cases(1)
+    assert "tp1-v1" in [case.name for case in check.release_cases(cases, "0.33")]
+    assert [case.name for case in check.release_cases(cases, "0.34")] == [
+        "tp1",
+        "ep1",
+        "tp1-sync",
+        "kimi-tp1",
+    ]
+
+
+def test_an_interpreter_is_given_once_per_release():
+    args = _args("--vllm-python", "/opt/vllm-0.33/bin/python")
+    assert args.vllm_python == [Path("/opt/vllm/bin/python"), Path("/opt/vllm-0.33/bin/python")]

@@ -62,16 +62,16 @@ def test_a_step_smaller_than_one_sequence_is_refused():
         )
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.32.1rc1", "0.32.0+cpu"])
-def test_the_tested_vllm_range_passes(version):
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.32.1rc1", "0.32.0+cpu", "0.33.0", "0.34.0"])
+def test_the_supported_vllm_range_passes(version):
     vllm_backend.check_vllm_version(version, allow_untested=False)
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "not-a-version"])
-def test_a_vllm_outside_the_tested_range_is_refused_naming_the_override(version):
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "not-a-version"])
+def test_a_vllm_outside_the_supported_range_is_refused_naming_the_range_and_the_override(version):
     with pytest.raises(VllmBackendError) as err:
         vllm_backend.check_vllm_version(version, allow_untested=False)
-    assert f"vLLM {version} is outside" in str(err.value)
+    assert f"vLLM {version} " in str(err.value) and ">=0.32,<0.35" in str(err.value)
     assert "hidden_states.vllm.allow_untested_version: true" in str(err.value)
     vllm_backend.check_vllm_version(version, allow_untested=True)  # the override lets it run
 

@@ -116,3 +116,18 @@ def test_wrapper_script_unknown_variable_is_reported() -> None:
 def test_non_shell_executable_is_not_read_as_a_script() -> None:
     cmd = parse_command(["/srv/bin"], _read({"/srv/bin": "\x7fELF binary vllm serve m"}), "/")
     assert not cmd.found and cmd.model is None
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--monokernel",
+        "--checkpoint-prepare-on-startup",
+        "--enable-extensible-kv-cache",
+        "--shuffle-safetensors-files",
+    ],
+)
+def test_a_boolean_flag_of_033_or_034_before_the_model_takes_no_value(flag) -> None:
+    # the table is the union over the supported releases (vllm_compat checks it against each wheel)
+    command = parse_command(["vllm", "serve", flag, "/models/m", "--port", "8000"], _read({}), None)
+    assert command.model == "/models/m" and command.flags[flag] is True

@@ -1,13 +1,16 @@
-"""src/eagle3_pipeline/vllm_cpu_fix.py without vLLM: the version gate, what interpreter start costs, and
-the replacement kernel's values. The gate runs in a bare interpreter (`-S`) that loads the module by its
-path as the .pth in .venv-vllm does, with a stand-in `vllm.utils.cpu_triton_utils` and a stand-in
-installed distribution (a .dist-info folder, read by importlib.metadata) on its path."""
+"""src/eagle3_pipeline/vllm_cpu_fix.py without vLLM: the finder, what interpreter start costs, the
+kernel asked for its fault, and the replacement kernel's values. The finder runs in a bare interpreter
+(`-S`, site-packages added only after the start-up is measured) that loads the module by its path as
+the .pth in .venv-vllm does, with a stand-in `vllm.utils.cpu_triton_utils` on its path: the faulty
+kernel as 0.32.0 and 0.33.0 ship it (the C++ op, here its Python equivalent, writes into an int64 copy
+of `output`), or one that writes its output. The real one: tests/integration/test_vllm_cpu_fix_installed.py.
+"""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +21,14 @@ import torch
 from eagle3_pipeline import vllm_cpu_fix
 
 MODULE = Path(vllm_cpu_fix.__file__)
+# the stand-ins below take the place of this vLLM module (vllm_compat.py checks it where it exists)
+VLLM_NAMES = (
+    ("module", "vllm.utils.cpu_triton_utils", {"below": "0.34"}),
+    ("name", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl", {"below": "0.34"}),
+)
 
-# the .pth's loading, then what a vLLM process does: import the module cpu.py registers kernels from
+# the .pth's loading, then what a vLLM process does: import the module cpu.py registers kernels from,
+# and call the kernel as the sampler does (a float32 temperature per request)
 SCRIPT = r"""
 import sys
 p = sys.argv[1]
@@ -28,37 +37,54 @@ with open(p) as f: exec(compile(f.read(), p, 'exec'), m.__dict__)
 finder = m.install()
 heavy = ("importlib.metadata", "importlib.util", "logging", "torch", "vllm")
 at_start = [k for k in heavy if k in sys.modules]
+sys.path.extend(sys.argv[2:])  # torch, for the kernel's call
 import logging
 logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
 import vllm.utils.cpu_triton_utils as cpu_tl
-import json
+import json, torch
+output = torch.zeros(6)
+cpu_tl._expand_kernel_impl(output, torch.tensor([0.6, 0.9]), torch.tensor([3, 6], dtype=torch.int32), 0, 0)
+chosen = getattr(cpu_tl._expand_kernel_impl, "eagle3_chosen", [cpu_tl._expand_kernel_impl])
 print(json.dumps({
     "installed": finder is not None,
     "at_start": at_start,
-    "impl": cpu_tl._expand_kernel_impl.__name__,
+    "used": chosen[0].__name__,
+    "output": [round(v, 4) for v in output.tolist()],
     "finder_left": any(getattr(f, "eagle3_vllm_cpu_fix", False) for f in sys.meta_path),
 }))
 """
 
+# the stand-ins: 0.32.0's kernel (its C++ op's effect: `output` converted to a new int64 tensor, which
+# is written and dropped), and one that writes its output as the Triton kernel does
+KERNELS = {
+    "faulty": (
+        "import torch\n"
+        "def _ensure_int64(t):\n    return t if t.dtype == torch.int64 else t.to(torch.int64)\n"
+        "def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,"
+        " MAX_NUM_TOKENS=None):\n"
+        "    out = _ensure_int64(output)\n    out.fill_(1)\n"
+    ),
+    "correct": (
+        "import torch\n"
+        "def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,"
+        " MAX_NUM_TOKENS=None):\n"
+        "    counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1))\n"
+        "    output.copy_(torch.repeat_interleave(input_val, counts))\n"
+    ),
+}
 
-def _run(tmp_path: Path, distribution: str | None, version: str, env: dict[str, str] | None = None):
+
+def _run(tmp_path: Path, kernel: str, env: dict[str, str] | None = None):
     package = tmp_path / "vllm" / "utils"
     package.mkdir(parents=True)
     (tmp_path / "vllm" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
-    (package / "cpu_triton_utils.py").write_text(
-        "def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,"
-        " MAX_NUM_TOKENS=None):\n    pass\n"
-    )
-    if distribution:
-        info = tmp_path / f"{distribution.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (package / "cpu_triton_utils.py").write_text(KERNELS[kernel])
     run = subprocess.run(
-        [sys.executable, "-S", "-c", SCRIPT, str(MODULE)],
+        [sys.executable, "-S", "-c", SCRIPT, str(MODULE), *site.getsitepackages()],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         cwd=tmp_path,  # '' on sys.path: the stand-ins
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})},
     )
@@ -66,51 +92,27 @@ def _run(tmp_path: Path, distribution: str | None, version: str, env: dict[str, 
     return json.loads(run.stdout), run.stderr
 
 
-@pytest.mark.parametrize(
-    ("distribution", "version", "patched"),
-    [
-        ("vllm-cpu", "0.32.0", True),
-        ("vllm-cpu", "0.32.3", True),
-        ("vllm-cpu", "0.33.0", False),  # another version
-        ("vllm-cpu", "0.31.9", False),
-        ("vllm", "0.32.0", False),  # the CUDA build's distribution
-        (None, "", False),  # no vLLM installed
-    ],
-)
-def test_only_vllm_cpu_0_32_is_patched(tmp_path, distribution, version, patched):
-    result, log = _run(tmp_path, distribution, version)
-    # start-up: a finder on sys.meta_path, nothing imported (the gate waits for vLLM's module)
+@pytest.mark.parametrize(("kernel", "replaced"), [("faulty", True), ("correct", False)])
+def test_the_kernel_is_replaced_only_when_it_leaves_a_float_output_unwritten(tmp_path, kernel, replaced):
+    result, log = _run(tmp_path, kernel)
+    # start-up: a finder on sys.meta_path, nothing imported (it waits for vLLM's module)
     assert result["installed"] is True
     assert result["at_start"] == []
-    assert result["impl"] == ("expand_kernel_impl_fixed" if patched else "_expand_kernel_impl")
-    assert result["finder_left"] is False  # gone after the one import it watches, patched or not
+    assert result["used"] == ("expand_kernel_impl_fixed" if replaced else "_expand_kernel_impl")
+    assert result["output"] == [0.6, 0.6, 0.6, 0.9, 0.9, 0.9]  # the sampler's temperatures, either way
+    assert result["finder_left"] is False  # gone after the one import it watches
     lines = [line for line in log.splitlines() if "eagle3_pipeline_cpu_fix" in line]
-    assert len(lines) == (1 if patched else 0), log
-    if patched:
-        assert f"vllm-cpu {version}" in lines[0] and "EAGLE3_VLLM_CPU_FIX=0" in lines[0]
+    assert len(lines) == (1 if replaced else 0), log
+    if replaced:
+        assert "(probed)" in lines[0] and "EAGLE3_VLLM_CPU_FIX=0" in lines[0]
 
 
 @pytest.mark.parametrize("value", ["0", "false", "off"])
 def test_eagle3_vllm_cpu_fix_0_turns_it_off(tmp_path, value):
-    result, log = _run(tmp_path, "vllm-cpu", "0.32.0", {"EAGLE3_VLLM_CPU_FIX": value})
-    assert result == {"installed": False, "at_start": [], "impl": "_expand_kernel_impl", "finder_left": False}
+    result, log = _run(tmp_path, "faulty", {"EAGLE3_VLLM_CPU_FIX": value})
+    assert result["installed"] is False and result["used"] == "_expand_kernel_impl"
+    assert result["output"] == [0.0] * 6  # the fault, left as vLLM ships it
     assert "eagle3_pipeline_cpu_fix" not in log
-
-
-def test_the_gate_reads_the_distribution_not_vllm(monkeypatch):
-    asked = []
-
-    def version(name):
-        asked.append(name)
-        if name != "vllm-cpu" or installed is None:
-            raise importlib.metadata.PackageNotFoundError(name)
-        return installed
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
-    cases = [("0.32.0", "0.32.0"), ("0.32.0+cpu", "0.32.0+cpu"), ("0.320.1", None), ("1.0.0", None)]
-    for installed, expected in [*cases, (None, None)]:
-        assert vllm_cpu_fix.affected_version() == expected, installed
-    assert set(asked) == {"vllm-cpu"}
 
 
 def _reference(output, x, cu, replace_from, replace_to, max_num_tokens):

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,32 @@ from eagle3_pipeline.draft.config import (
 )
 from eagle3_pipeline.draft.vocab import load_vocab_map
 from eagle3_pipeline.target_shape import sglang_layer_ids
+
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("literal", "vllm/model_executor/models/registry.py", "LlamaForCausalLMEagle3"),
+    ("literal", "vllm/model_executor/models/registry.py", "Eagle3DeepseekV2ForCausalLM"),
+    ("literal", "vllm/model_executor/models/registry.py", "Eagle3DeepseekV3ForCausalLM"),
+    ("key", "vllm/model_executor/models/", "eagle_aux_hidden_state_layer_ids"),
+    ("key", "vllm/model_executor/models/", "draft_vocab_size"),
+    ("key", "vllm/model_executor/models/", "target_hidden_size"),
+    ("key", "vllm/model_executor/models/", "norm_before_residual"),
+    ("key", "vllm/model_executor/models/", "norm_before_fc"),
+    ("key", "vllm/model_executor/models/", "fc_norm"),
+    ("key", "vllm/model_executor/models/", "norm_output"),
+    ("key", "vllm/model_executor/models/", "d2t"),
+    ("key", "vllm/model_executor/models/", "t2d"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculators_model_type"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculators_config"),
+    ("key", "vllm/transformers_utils/", "verifier"),
+    ("key", "vllm/transformers_utils/", "name_or_path"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "proposal_methods"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "speculative_tokens"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "transformer_layer_config"),
+    ("key", "vllm/transformers_utils/configs/speculators/", "norm_before_residual"),
+    ("literal", "vllm/transformers_utils/configs/speculators/", "eagle3"),
+    ("name", "vllm.transformers_utils.config", "maybe_override_with_speculators"),
+)
 
 log = logging.getLogger(__name__)
 
@@ -330,10 +357,36 @@ def aux_layers_from_metadata(metadata_path: str | Path) -> list[int]:
     return [int(i) for i in meta["aux_layers_vllm"]]
 
 
-def verifier_name(target: str | Path) -> str:
-    """The verifier as speculators_config names it: the target's folder, absolute (vLLM loads it from
-    there when serving the speculators folder without flags), or a hub id as given."""
+# A folder of the hub's cache (huggingface_hub's layout): models--ORG--NAME/snapshots/REVISION
+HUB_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+
+
+def hub_id_of(target: str | Path) -> str | None:
+    """The hub repository id of a target folder that is a hub cache snapshot, else None."""
+    match = HUB_CACHE_SNAPSHOT.search(Path(target).as_posix())
+    return f"{match['org']}/{match['name']}" if match else None
+
+
+def verifier_name(target: str | Path, hub_id: str | None = None) -> str:
+    """The verifier as speculators_config names it: `hub_id` (target.hub_id), else the target folder's
+    own hub id when it is a hub cache snapshot, else the folder, absolute.
+
+    vLLM 0.33 and later serve the folder alone (`vllm serve FOLDER`) only with a hub id there
+    (transformers_utils/config.py, maybe_override_with_speculators: "Speculators verifier must name a
+    remote model repository"); with a local path the folder is served by the explicit form, `vllm serve
+    TARGET --speculative-config '{"model": FOLDER, ...}'` (README), on every release.
+    """
+    found = hub_id or hub_id_of(target)
+    if found:
+        return found
     path = Path(target)
+    log.warning(
+        "the speculators folder names the target by its local path %s: vLLM >= 0.33 serves it only as "
+        '`vllm serve %s --speculative-config \'{"method": "eagle3", "model": FOLDER, ...}\'`; set '
+        "target.hub_id to serve it as `vllm serve FOLDER`",
+        path.resolve() if path.exists() else path,
+        path.resolve() if path.exists() else path,
+    )
     return str(path.resolve()) if path.exists() else str(target)
 
 
@@ -354,11 +407,12 @@ def export_checkpoint(
     output_config: str | Path,
     output_weights: str | Path,
     speculators_dir: str | Path | None = None,
-    verifier: str | Path | None = None,
+    verifier: str | None = None,
     speculative_tokens: int = 3,
 ) -> None:
     """Write config.json and model.safetensors of the EAGLE-3 checkpoint, and with `speculators_dir` the
-    same draft in speculators' format there, naming `verifier` (default: the target's folder).
+    same draft in speculators' format there, naming `verifier` (a hub id; default: `verifier_name` of
+    the target's folder).
 
     Raises:
         ValueError: the trained draft does not fit the target, the vocab map or the loaders.
@@ -379,7 +433,7 @@ def export_checkpoint(
         write_speculators_refusal(Path(speculators_dir))
     elif speculators_dir is not None:
         folder = Path(target_config)
-        verifier = verifier_name(verifier or (folder if folder.is_dir() else folder.parent))
+        verifier = verifier_name(folder if folder.is_dir() else folder.parent, verifier)
         architectures = target.get("architectures") or ["LlamaForCausalLM"]
         spec = speculators_config(config, layer_ids, verifier, architectures, speculative_tokens)
         out, metadata = Path(speculators_dir), {"format": "pt"}

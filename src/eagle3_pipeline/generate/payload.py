@@ -14,6 +14,14 @@ from typing import Any
 from eagle3_pipeline.settings import GenerationSettings, later_values, rerun_keys, rerun_params, runtime_keys
 
 # Sent only when not null; null leaves the value to the served model's generation defaults.
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("key", "vllm/entrypoints/openai/", "return_token_ids"),
+    ("key", "vllm/entrypoints/openai/", "chat_template_kwargs"),
+    ("key", "vllm/entrypoints/openai/", "top_k"),
+    ("key", "vllm/entrypoints/openai/", "min_p"),
+    ("key", "vllm/entrypoints/openai/", "repetition_penalty"),
+)
 OPTIONAL_SAMPLING = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 # What the pipeline itself sets: extra_body may not override it.
 RESERVED_KEYS = frozenset(

@@ -10,6 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("key", "vllm/entrypoints/openai/", "reasoning"),
+    ("key", "vllm/entrypoints/openai/", "prompt_token_ids"),
+    ("key", "vllm/entrypoints/openai/", "token_ids"),
+    ("key", "vllm/entrypoints/", "metrics"),
+    ("key", "vllm/entrypoints/", "speculative_decoding"),
+    ("key", "vllm/entrypoints/", "time_to_first_token_ms"),
+    ("key", "vllm/entrypoints/", "mean_itl_ms"),
+)
 CONTEXT_HINTS = ("context length", "max_model_len", "maximum model length", "too long")
 
 

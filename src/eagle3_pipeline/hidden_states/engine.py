@@ -14,7 +14,8 @@ is a folder (`work/hidden_states/engine/`, or one per epoch and window under a d
     queue/        requests: one JSON per client job (its batches, their part files, its host and pid)
     done/         one JSON per finished request ({ok, error, tokens, ...})
     cancel/       one empty file per request its client gave up on (the engine drops its sequences)
-    failed.json   the stuck stage ({start_id, stage, error}) of an engine its watchdog stopped
+    failed.json   why the engine stopped itself ({start_id, stage, kind, error}): a stage its watchdog
+                  found stuck, or one that raised after the model loaded (vllm_worker.fail_after_load)
     stats.json    busy seconds (time in engine steps), wall from ready to the last request done, idle
     stopped.json  the engine job's report once it ended (how it stopped, its stats); also kept in the
                   run's results (`record_dir`/START_ID.json: results/RUN/hidden_states/engine_stats/)
@@ -206,6 +207,13 @@ def _died(directory: Path, info: dict[str, Any], what: str) -> EngineError:
     )
 
 
+def _failed(directory: Path, info: dict[str, Any], failure: dict[str, Any]) -> EngineError:
+    return EngineError(
+        f"{engine_health.describe_failure(failure)}. Rerun: a new engine starts and the parts saved are "
+        f"kept; its log: {log_path(directory, info)}"
+    )
+
+
 def _not_ready(info: dict[str, Any], timeout_s: float) -> EngineError:
     return EngineError(f"the extraction engine {info['start_id']} was not ready after {timeout_s:.0f} s")
 
@@ -219,6 +227,8 @@ def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -
     directory = Path(directory)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if failure := engine_health.read_failure(directory, info["start_id"]):
+            raise _failed(directory, info, failure)  # checked first: it may have been ready a moment
         if ready := _ready(directory, info):
             return ready
         if not engine_alive(directory, info):
@@ -256,11 +266,7 @@ def wait_done(
                 raise EngineError(failed)
             return done
         if failure := engine_health.read_failure(directory, info["start_id"]):
-            raise EngineError(
-                f"the extraction engine {info['start_id']} stopped itself: its {failure['stage']} made no "
-                f"progress: {failure['error']}. Rerun: a new engine starts and the parts saved are kept; "
-                f"its log: {log_path(directory, info)}"
-            )
+            raise _failed(directory, info, failure)
         current = _read(directory / "process.json") or {}
         if current.get("start_id") != info["start_id"] or not engine_alive(directory, current):
             if not _ready(directory, info):
@@ -444,6 +450,8 @@ def join(directory: Path, spec: dict[str, Any], timeout_s: float = JOIN_TIMEOUT_
                 )
             log.info("joined the extraction engine %s (pid %s)", info["start_id"], info["pid"])
             return info
+        if info and (failure := engine_health.read_failure(directory, info["start_id"])):
+            raise _failed(directory, info, failure)  # it loaded, failed and is gone: no wait for it
         time.sleep(POLL_S)
     raise EngineError(
         f"no extraction engine started in {directory} within {timeout_s:.0f} s (rule serve_extraction_engine)"

@@ -133,10 +133,19 @@ class Watchdog(threading.Thread):
                 return
 
 
-def record_failure(directory: Path, start_id: str, stage: str, message: str) -> None:
-    """failed.json: the stage that stopped the engine `start_id`, for its clients."""
-    failure = {"start_id": start_id, "stage": stage, "error": message, "at": time.time()}
+def record_failure(directory: Path, start_id: str, stage: str, message: str, kind: str = "stall") -> None:
+    """failed.json: the stage that stopped the engine `start_id`, for its clients; `kind` is `stall` (its
+    watchdog found the stage making no progress) or `error` (the stage raised after the model loaded)."""
+    failure = {"start_id": start_id, "stage": stage, "kind": kind, "error": message, "at": time.time()}
     io.write_json(failure, Path(directory) / FAILED_FILE, indent=None)
+
+
+def describe_failure(failure: dict[str, Any]) -> str:
+    """What failed.json says, in words: `the extraction engine ID ...`."""
+    head = f"the extraction engine {failure['start_id']}"
+    if failure.get("kind") == "error":
+        return f"{head} failed after its model loaded, in its {failure['stage']}: {failure['error']}"
+    return f"{head} stopped itself: its {failure['stage']} made no progress: {failure['error']}"
 
 
 def read_failure(directory: Path, start_id: str) -> dict[str, Any] | None:

@@ -37,6 +37,33 @@ from eagle3_pipeline.hidden_states import engine_health, final_norm, storage
 log = logging.getLogger("eagle3_pipeline.hidden_states.vllm_worker")  # the engine's log, as before
 IDLE_POLL_S = 0.005  # with nothing in the engine: how often queue/ is read (a request waits at most this)
 CANCEL_POLL_S = 0.5  # how often the open requests' clients are checked (a cancel mark, a pid gone)
+# the vLLM names this loop uses (vllm_compat.py checks them in every supported release's wheel)
+VLLM_NAMES = (
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "load_hidden_states",
+    ),
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "cleanup_hidden_states",
+    ),
+    ("literal", "vllm/distributed/kv_transfer/kv_connector/v1/", "hidden_states_path"),
+    ("name", "vllm", "SamplingParams"),
+    ("member", "vllm.sampling_params", "SamplingParams.max_tokens"),
+    ("member", "vllm.sampling_params", "SamplingParams.temperature"),
+    ("name", "vllm", "TokensPrompt"),
+    ("key", "vllm/inputs/", "prompt_token_ids"),
+    ("member", "vllm.entrypoints.llm", "LLM.llm_engine"),
+    ("member", "vllm.entrypoints.llm", "LLM.generate"),
+    ("member", "vllm.v1.engine.llm_engine", "LLMEngine.add_request"),
+    ("member", "vllm.v1.engine.llm_engine", "LLMEngine.abort_request"),
+    ("member", "vllm.v1.engine.llm_engine", "LLMEngine.step"),
+    ("member", "vllm.outputs", "RequestOutput.request_id"),
+    ("member", "vllm.outputs", "RequestOutput.finished"),
+    ("member", "vllm.outputs", "RequestOutput.kv_transfer_params"),
+)
 
 
 class WorkerError(RuntimeError):

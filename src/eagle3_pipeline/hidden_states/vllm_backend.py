@@ -23,12 +23,23 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline import vllm_releases
 from eagle3_pipeline.server.secrets import REDACTED
 from eagle3_pipeline.server.server_json import ServerSnapshot
-from eagle3_pipeline.settings import VllmEngineSettings, runtime_keys
+from eagle3_pipeline.settings import HiddenStatesSettings, VllmEngineSettings, runtime_keys
 
 log = logging.getLogger(__name__)
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--data-parallel-size"),
+    ("flag", "vllm serve", "--dtype"),
+    ("flag", "vllm serve", "--enable-expert-parallel"),
+    ("flag", "vllm serve", "--enforce-eager"),
+    ("flag", "vllm serve", "--quantization"),
+    ("flag", "vllm serve", "--tensor-parallel-size"),
+    ("env", "vllm/envs.py", "VLLM_ENABLE_V1_MULTIPROCESSING"),
+)
 WORKER_MODULE = "eagle3_pipeline.hidden_states.vllm_worker"
 # Set by `accelerate launch` / torchrun for the pipeline's process; vLLM must build its own world.
 DISTRIBUTED_ENV = frozenset(
@@ -79,12 +90,6 @@ def read_snapshot(path: Path | None) -> ServerSnapshot | None:
         return ServerSnapshot.load(path)
     except (OSError, ValueError) as err:
         raise VllmBackendError(f"cannot read the server snapshot {path}: {err}") from None
-
-
-# vLLM releases this backend was run against: the connector subclasses vLLM internals
-# (ExampleHiddenStatesConnector's PendingSave, _submit_async_write, _lock_fds) that change between them
-TESTED_VLLM = ((0, 32), (0, 33))  # [low, high): 0.32.x
-ALLOW_UNTESTED_KEY = "hidden_states.vllm.allow_untested_version"
 
 
 def engine_settings(
@@ -183,30 +188,32 @@ def engine_settings(
 
 
 def check_vllm_version(version: str, allow_untested: bool) -> None:
-    """Refuse a vLLM outside TESTED_VLLM unless `hidden_states.vllm.allow_untested_version` is set.
+    """Refuse a vLLM outside extraction's supported range (vllm_releases.RANGES["extract"]) unless
+    `hidden_states.vllm.allow_untested_version` is set, before any engine starts.
 
     Raises:
-        VllmBackendError: naming the version, the tested range and the override key.
+        VllmBackendError: naming the version, the range and the override key.
     """
-    from packaging.version import InvalidVersion, Version
-
-    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VLLM
-    tested = f">={lo_major}.{lo_minor}.0,<{hi_major}.{hi_minor}"
     try:
-        release = Version(version).release[:2]
-    except InvalidVersion:
-        release = ()
-    if (lo_major, lo_minor) <= tuple(release) < (hi_major, hi_minor):
-        return
-    if allow_untested:
-        log.warning("vLLM %s is outside the tested range %s (%s: true)", version, tested, ALLOW_UNTESTED_KEY)
-        return
-    raise VllmBackendError(
-        f"vLLM {version} is outside the range this backend was tested with ({tested}): its hidden-state "
-        f"connector subclasses vLLM internals that change between releases. Install a vLLM in that "
-        f"range for hidden_states.vllm.python, or set {ALLOW_UNTESTED_KEY}: true to run it anyway "
-        "(check the states against the transformers backend)"
-    )
+        warning = vllm_releases.check("extract", version, allow_untested)
+    except vllm_releases.UnsupportedVllmError as err:
+        raise VllmBackendError(
+            f"{err} (check the states against hidden_states.backend: transformers)"
+        ) from None
+    if warning:
+        log.warning("%s", warning)
+
+
+def check_served_release(hidden_states: HiddenStatesSettings, snapshot: ServerSnapshot) -> None:
+    """At the snapshot, before any GPU work: refuse the served unit's vLLM when extraction will run it
+    (backend vllm with no hidden_states.vllm.python: the unit's own interpreter) and it is outside
+    extraction's range without the override (check_vllm_version).
+
+    Raises:
+        VllmBackendError: naming the version, the range and the override key.
+    """
+    if hidden_states.backend == "vllm" and not hidden_states.vllm.python and snapshot.vllm_version:
+        check_vllm_version(snapshot.vllm_version, hidden_states.vllm.allow_untested_version)
 
 
 def vllm_version(python: str) -> str | None:

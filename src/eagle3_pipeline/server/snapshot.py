@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io
+from eagle3_pipeline import io, vllm_releases
 from eagle3_pipeline.server import exec_stop, secrets, shell_script
 from eagle3_pipeline.server.fingerprints import (
     chat_template_fingerprint,
@@ -47,6 +47,39 @@ _launcher_python = launcher_python  # its former name, still imported by tests
 
 log = logging.getLogger(__name__)
 Host = LocalHost | RemoteHost
+
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--chat-template"),
+    ("flag", "vllm serve", "--chat-template-content-format"),
+    ("flag", "vllm serve", "--code-revision"),
+    ("flag", "vllm serve", "--config"),
+    ("flag", "vllm serve", "--default-chat-template-kwargs"),
+    ("flag", "vllm serve", "--dtype"),
+    ("flag", "vllm serve", "--enable-auto-tool-choice"),
+    ("flag", "vllm serve", "--generation-config"),
+    ("flag", "vllm serve", "--hf-config-path"),
+    ("flag", "vllm serve", "--hf-overrides"),
+    ("flag", "vllm serve", "--host"),
+    ("flag", "vllm serve", "--kv-cache-dtype"),
+    ("flag", "vllm serve", "--logits-processors"),
+    ("flag", "vllm serve", "--max-logprobs"),
+    ("flag", "vllm serve", "--max-model-len"),
+    ("flag", "vllm serve", "--override-generation-config"),
+    ("flag", "vllm serve", "--port"),
+    ("flag", "vllm serve", "--quantization"),
+    ("flag", "vllm serve", "--reasoning-parser"),
+    ("flag", "vllm serve", "--revision"),
+    ("flag", "vllm serve", "--seed"),
+    ("flag", "vllm serve", "--served-model-name"),
+    ("flag", "vllm serve", "--ssl-certfile"),
+    ("flag", "vllm serve", "--tensor-parallel-size"),
+    ("flag", "vllm serve", "--tokenizer"),
+    ("flag", "vllm serve", "--tokenizer-mode"),
+    ("flag", "vllm serve", "--tokenizer-revision"),
+    ("flag", "vllm serve", "--tool-call-parser"),
+    ("flag", "vllm serve", "--trust-remote-code"),
+)
 
 # Flags whose value changes what the server writes for a given request (the identity). Port, host,
 # parallelism, memory and logging settings do not.
@@ -257,7 +290,11 @@ def build_server_json(
     snapshot["unresolved"] = [u.as_dict() for u in _unique(unresolved)]
     own = {command.container.name} if command.container is not None and command.container.name else set()
     stop_warnings = exec_stop.reach_warnings(unit.exec_stop, unit.name, own)
-    snapshot["warnings"] = list(dict.fromkeys([*unit.warnings, *stop_warnings]))  # systemd's, and ours
+    # a vLLM outside the ranges serving and the exported draft were checked with: said here, before any
+    # GPU work (extraction's own range, an error, is checked by the snapshot job: vllm_backend)
+    release_warnings = [w for use in ("serve", "export") if (w := vllm_releases.check(use, version))]
+    warnings = [*unit.warnings, *stop_warnings, *release_warnings]
+    snapshot["warnings"] = list(dict.fromkeys(warnings))  # systemd's, and ours
     snapshot["redaction"] = found.export()
     secrets.REDACTOR.merge(found)
     return secrets.redact_data(snapshot, found), {"identity": identity, "fields": fields}

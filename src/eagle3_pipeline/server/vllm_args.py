@@ -28,6 +28,22 @@ from eagle3_pipeline.server.shell_script import SHELLS
 from eagle3_pipeline.server.unit import Unresolved
 from eagle3_pipeline.server.vllm_find import API_SERVER_MODULES, find_vllm, runs_server, through_shell
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+VLLM_NAMES = (
+    ("flag", "vllm serve", "--config"),
+    ("flag", "vllm serve", "--disable-log-stats"),
+    ("flag", "vllm serve", "--enable-per-request-metrics"),
+    ("flag", "vllm serve", "--enforce-eager"),
+    ("flag", "vllm serve", "--host"),
+    ("flag", "vllm serve", "--model"),
+    ("flag", "vllm serve", "--per-request-spec-decode-metrics"),
+    ("flag", "vllm serve", "--port"),
+    ("flag", "vllm serve", "--speculative-config"),
+    ("literal", "vllm/config/speculative.py", "eagle3"),
+    ("literal", "vllm/", "summary"),
+)
+
+
 __all__ = ["API_SERVER_MODULES", "SHELLS", "find_vllm", "runs_server"]  # re-exported for callers
 
 

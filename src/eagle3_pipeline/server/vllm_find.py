@@ -12,6 +12,12 @@ from eagle3_pipeline.server import container as containers
 from eagle3_pipeline.server import shell_script
 from eagle3_pipeline.server.shell_script import SHELLS, script_option_at
 
+# the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
+# (vllm.entrypoints.api_server, the legacy server of older releases, is only recognised in a unit)
+VLLM_NAMES = (
+    ("module", "vllm.entrypoints.openai.api_server"),
+    ("module", "vllm.entrypoints.cli.main"),
+)
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
 

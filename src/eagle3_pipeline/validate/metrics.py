@@ -16,6 +16,14 @@ import requests
 
 log = logging.getLogger(__name__)
 
+# the vLLM metrics this module reads, as vLLM names them (Prometheus adds _total to a counter);
+# vllm_compat.py checks them in each supported release's wheel
+VLLM_NAMES = (
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_drafts"),
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_draft_tokens"),
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_accepted_tokens"),
+    ("literal", "vllm/v1/spec_decode/metrics.py", "vllm:spec_decode_num_accepted_tokens_per_pos"),
+)
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
