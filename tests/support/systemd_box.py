@@ -39,30 +39,40 @@ class SystemdHost:
     sshd: SshServer
 
 
-@pytest.fixture(scope="module")
-def systemd_host(tmp_path_factory: pytest.TempPathFactory):
-    require("systemd")
-    require("ssh")
-    root = Path(tempfile.mkdtemp(prefix="eagle3-systemd-", dir="/var/tmp"))  # others may read it
+def start_systemd_host(sshd_root: Path) -> SystemdHost:
+    """Boot systemd (its folder under /var/tmp: units run as other users read programs there) and
+    start an sshd as one of its units, its keys and config under `sshd_root`."""
+    root = Path(tempfile.mkdtemp(prefix="eagle3-systemd-", dir="/var/tmp"))
     booted = real_systemd.boot(root)
     try:
-        sshd, config = prepare_sshd(tmp_path_factory.mktemp("systemd-sshd"))
+        sshd, config = prepare_sshd(sshd_root)
         booted.run("systemd-run", "--unit=eagle3-test-sshd", "--", SSHD, "-D", "-e", "-f", str(config))
 
         def alive() -> str | None:
             state = booted.show("eagle3-test-sshd.service", "ActiveState")["ActiveState"]
             journal = booted.run("journalctl", "--no-pager", "-u", "eagle3-test-sshd", check=False).stdout
-            return (
-                None
-                if state in ("active", "activating")
-                else f"sshd in systemd is {state}: {journal[-2000:]}"
-            )
+            up = state in ("active", "activating")
+            return None if up else f"sshd in systemd is {state}: {journal[-2000:]}"
 
         wait_listening(sshd.port, alive)
-        yield SystemdHost(booted, sshd)
-    finally:
-        real_systemd.halt(booted.cgroup)
-        shutil.rmtree(root, ignore_errors=True)
+    except BaseException:
+        stop_systemd_host(booted)
+        raise
+    return SystemdHost(booted, sshd)
+
+
+def stop_systemd_host(booted: real_systemd.BootedSystemd) -> None:
+    real_systemd.halt(booted.cgroup)
+    shutil.rmtree(booted.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def systemd_host(tmp_path_factory: pytest.TempPathFactory):
+    require("systemd")
+    require("ssh")
+    host = start_systemd_host(tmp_path_factory.mktemp("systemd-sshd"))
+    yield host
+    stop_systemd_host(host.systemd)
 
 
 class RealBox:
@@ -159,23 +169,29 @@ class RealBox:
         self.systemd.systemctl("daemon-reload")
 
 
-@pytest.fixture
-def real_box(systemd_host: SystemdHost):
-    root = Path(tempfile.mkdtemp(prefix="box-", dir=systemd_host.systemd.root))
+def make_box(host: SystemdHost) -> RealBox:
+    """Production's files in a folder of its own under the booted systemd's, its unit loaded."""
+    root = Path(tempfile.mkdtemp(prefix="box-", dir=host.systemd.root))
     root.chmod(0o777)  # the events file and the lock are written by User=nobody
-    box = RealBox(systemd_host, root)
+    box = RealBox(host, root)
     (root / "bin").mkdir()
     (root / "bin" / "vllm").write_text("#!/usr/bin/python3\n" + PROGRAM.read_text())  # as `vllm serve`
     (root / "bin" / "vllm").chmod(0o755)
-    for path, text in ((box.events_file, ""), (box.lock, "")):
-        path.write_text(text)
+    for path in (box.events_file, box.lock):
+        path.write_text("")
         path.chmod(0o666)
     box.env_file.write_text(f"EAGLE3_TEST_GPU={box.lock}\nEAGLE3_TEST_EVENTS={box.events_file}\n")
     box.records.mkdir()
     box.install()
+    return box
+
+
+@pytest.fixture
+def real_box(systemd_host: SystemdHost):
+    box = make_box(systemd_host)
     yield box
     box.clean_up()
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(box.root, ignore_errors=True)
 
 
 def wait(predicate, timeout: float = 30, what: str = "condition") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,3 +207,20 @@ def test_the_serve_check_rule_turns_sigterm_into_an_exception():
         with pytest.raises(Interrupted):
             job()
     assert hasattr(serve_check, "__wrapped__")
+
+
+def test_the_property_table_in_docs_is_the_codes():
+    """docs/server.md's table names every property check_unit reads from `systemctl show`, and no other."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    table = docs.split("### Production's settings as systemd applied them", 1)[1].split("\n\n", 2)[2]
+    rows = [line.split("|")[1] for line in table.split("\n\n", 1)[0].splitlines()[2:]]
+    named = set()
+    for cell in rows:
+        for name in re.findall(r"`([A-Za-z]+)`", cell):
+            named.add(name)
+        if "LimitX" in cell:
+            named |= {f"Limit{x}{soft}" for x in check_unit.LIMITS for soft in ("", "Soft")}
+    named -= {"LimitX", "LimitXSoft"}
+    assert named == set(check_unit.SHOWN)
