@@ -12,6 +12,12 @@ over /etc/systemd/system, a minimal copy of the distribution's targets (and jour
 sshd that runs as a unit of that systemd (so `systemctl` in an SSH session talks to it). /tmp and the
 rest of the file system are shared, so units run the programs the tests write. Teardown kills the
 whole cgroup (cgroup.kill) and removes its folders.
+
+A second, newer systemd: Debian's bookworm-backports builds 254 against the same libraries as 252,
+so its packages (`fetch_release`: apt-get download from Debian's archive, unpacked with dpkg -x, no
+install) run here as they are; inside the private mount namespace their files are bind-mounted over
+the distribution's (PID 1, systemctl, systemd-run, journalctl, journald, the shared libraries and the
+unit files), so the namespace's systemd, and every `systemctl` an SSH session runs there, is 254.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SYSTEMD = "/lib/systemd/system"
+# a newer systemd from Debian's archive: (suite, version) -> the packages that make it
+NEWER = {"254": ("bookworm-backports", "254.26-1~bpo12+1")}
+PACKAGES = ("systemd", "libsystemd0", "libsystemd-shared")
+# the distribution's files a release's own replace inside the namespace (its root holds the same paths)
+OVERLAID = (
+    "usr/lib/systemd", "usr/lib/x86_64-linux-gnu/systemd", "usr/bin/systemctl", "usr/bin/journalctl",
+    "usr/bin/systemd-notify", "usr/bin/systemd-run",
+)  # fmt: skip
 # the units a minimal boot needs, copied from the distribution (its own files, its own version)
 BOOT_UNITS = (
     "multi-user.target", "basic.target", "sysinit.target", "sockets.target", "timers.target",
@@ -34,8 +48,13 @@ BOOT_UNITS = (
 )  # fmt: skip
 INNER = r"""
 set -e
-root=$1
+root=$1 release=$2
 mount --make-rprivate /
+if [ -n "$release" ]; then  # a newer systemd's files over the distribution's (module docstring)
+  for path in $OVERLAID; do mount --bind "$release/$path" "$(readlink -f "/$path")"; done
+  lib=usr/lib/x86_64-linux-gnu/libsystemd.so.0
+  mount --bind "$(readlink -f "$release/$lib")" "$(readlink -f "/$lib")"
+fi
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/lock /run/sshd
 mount -t tmpfs -o mode=755,nosuid tmpfs /dev
@@ -54,7 +73,7 @@ mount --bind "$root/lib-units" /usr/lib/systemd/system
 mount --bind "$root/empty" /usr/lib/systemd/system-generators
 hostname eagle3-systemd-test
 exec env -i container=eagle3-test PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  /lib/systemd/systemd --show-status=no
+  /usr/lib/systemd/systemd --show-status=no
 """
 
 
@@ -121,12 +140,42 @@ class BootedSystemd:
             time.sleep(0.1)
 
 
-def _lay_out(root: Path) -> None:
+def fetch_release(version: str, cache: Path) -> Path:
+    """A newer systemd's packages from Debian's archive, unpacked under `cache` (once): its root."""
+    suite, full = NEWER[version]
+    root = cache / f"systemd-{full}"
+    if (root / "usr" / "bin" / "systemctl").exists():
+        return root
+    work = cache / f"apt-{version}"
+    (work / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (work / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    (work / "sources.list").write_text(f"deb http://deb.debian.org/debian {suite} main\n")
+    apt = [
+        f"-oDir::Etc::SourceList={work}/sources.list", "-oDir::Etc::SourceParts=/dev/null",
+        f"-oDir::State::Lists={work}/lists", f"-oDir::Cache={work}", "-oAPT::Sandbox::User=root", "-qq",
+    ]  # fmt: skip
+    subprocess.run(["apt-get", *apt, "update"], check=True, capture_output=True, timeout=300)
+    subprocess.run(["apt-get", *apt, "download", *(f"{p}={full}" for p in PACKAGES)], check=True,
+                   capture_output=True, timeout=300, cwd=work)  # fmt: skip
+    unpacked = cache / f"unpacking-{full}"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    for deb in sorted(work.glob("*.deb")):
+        subprocess.run(["dpkg", "-x", str(deb), str(unpacked)], check=True)
+    for top in ("lib", "bin", "sbin"):  # the packages predate usrmerge: their paths as this system's
+        if (unpacked / top).is_dir():
+            subprocess.run(["cp", "-a", f"{unpacked / top}/.", str(unpacked / "usr" / top)], check=True)
+            shutil.rmtree(unpacked / top)
+    unpacked.rename(root)
+    return root
+
+
+def _lay_out(root: Path, release: Path | None) -> None:
     for folder in ("etc-units", "lib-units", "empty"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     lib = root / "lib-units"
+    units = release / "usr" / "lib" / "systemd" / "system" if release else Path(SYSTEMD)
     for name in BOOT_UNITS:
-        shutil.copy2(Path(SYSTEMD) / name, lib / name)
+        shutil.copy2(units / name, lib / name)
     (lib / "default.target").symlink_to("multi-user.target")
     for target, wanted in (
         ("sockets.target.wants", ("systemd-journald.socket", "systemd-journald-dev-log.socket")),
@@ -138,18 +187,20 @@ def _lay_out(root: Path) -> None:
     root.chmod(0o755)
 
 
-def boot(root: Path, timeout: float = 60) -> BootedSystemd:
-    """Boot systemd with `root` as its folder; returns once it reports running (or degraded)."""
+def boot(root: Path, release: Path | None = None, timeout: float = 60) -> BootedSystemd:
+    """Boot systemd with `root` as its folder (the distribution's, or the one unpacked at `release`:
+    fetch_release); returns once it reports running (or degraded)."""
     base = cgroup2_root()
     assert base is not None, why_not_here()
-    _lay_out(root)
+    _lay_out(root, release)
     cgroup = base / f"eagle3-systemd-{os.getpid()}-{root.name}"
     cgroup.mkdir()
     log = open(root / "boot.log", "wb")  # noqa: SIM115 (the process keeps it)
     proc = subprocess.Popen(
         ["bash", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --cgroup '
-         f'--uts --ipc --mount-proc bash -c "$0" inner "$1"', INNER, str(root)],
+         f'--uts --ipc --mount-proc bash -c "$0" inner "$1" "$2"', INNER, str(root), str(release or "")],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OVERLAID": " ".join(OVERLAID)},
     )  # fmt: skip
     deadline = time.monotonic() + timeout
     pid = None  # unshare's child: PID 1 inside, which execs systemd

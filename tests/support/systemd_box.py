@@ -29,6 +29,7 @@ UNIT = "vllm.service"
 SECRET = "hf_s3cr$t'q\"d \\x b"  # as the server must see it, byte for byte
 SECRET_IN_UNIT = "hf_s3cr$t'q\\\"d \\\\x b"  # the same inside a double-quoted Environment= entry
 PROGRAM = Path(__file__).with_name("standin_vllm.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -39,11 +40,12 @@ class SystemdHost:
     sshd: SshServer
 
 
-def start_systemd_host(sshd_root: Path) -> SystemdHost:
-    """Boot systemd (its folder under /var/tmp: units run as other users read programs there) and
-    start an sshd as one of its units, its keys and config under `sshd_root`."""
+def start_systemd_host(sshd_root: Path, release: Path | None = None) -> SystemdHost:
+    """Boot systemd (its folder under /var/tmp: units run as other users read programs there; the
+    distribution's, or a newer one unpacked at `release`) and start an sshd as one of its units, its
+    keys and config under `sshd_root`."""
     root = Path(tempfile.mkdtemp(prefix="eagle3-systemd-", dir="/var/tmp"))
-    booted = real_systemd.boot(root)
+    booted = real_systemd.boot(root, release)
     try:
         sshd, config = prepare_sshd(sshd_root)
         booted.run("systemd-run", "--unit=eagle3-test-sshd", "--", SSHD, "-D", "-e", "-f", str(config))
@@ -68,9 +70,22 @@ def stop_systemd_host(booted: real_systemd.BootedSystemd) -> None:
 
 @pytest.fixture(scope="module")
 def systemd_host(tmp_path_factory: pytest.TempPathFactory):
+    """The distribution's systemd (252 on Debian 12) and an sshd in it, for one test module."""
     require("systemd")
     require("ssh")
     host = start_systemd_host(tmp_path_factory.mktemp("systemd-sshd"))
+    yield host
+    stop_systemd_host(host.systemd)
+
+
+@pytest.fixture(scope="module")
+def newer_systemd_host(tmp_path_factory: pytest.TempPathFactory):
+    """Debian bookworm-backports' systemd 254 (real_systemd.fetch_release, cached under .cache/systemd)
+    and an sshd in it; a test module that names this fixture `systemd_host` runs its tests on 254."""
+    require("systemd")
+    require("ssh")
+    release = real_systemd.fetch_release("254", REPO / ".cache" / "systemd")
+    host = start_systemd_host(tmp_path_factory.mktemp("systemd-sshd"), release)
     yield host
     stop_systemd_host(host.systemd)
 
