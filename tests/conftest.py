@@ -24,6 +24,7 @@ pytest_plugins = [
     "support.http_endpoint",
     "support.served_drafts",
     "support.sshd",
+    "support.slurm",
     "support.traces",
     "support.workflow",
     "support.timeline",  # TEST_TIMELINE=path: each phase's start and stop, per worker

@@ -1,9 +1,9 @@
 """What a test tier needs that a machine may lack, and the one place that says why a test is skipped.
 
-tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh` or `gpu` with the reason below when
-the machine lacks it; a session fixture that starts one of these services calls `require` first, so a
-test that takes the fixture skips with the same reason (and conftest refuses, at collection, a test
-that takes such a fixture without the marker: FIXTURE_NEEDS).
+tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh`, `slurm` or `gpu` with the reason
+below when the machine lacks it; a session fixture that starts one of these services calls `require`
+first, so a test that takes the fixture skips with the same reason (and conftest refuses, at
+collection, a test that takes such a fixture without the marker: FIXTURE_NEEDS).
 
 Under `CI=true` (how .ci/run is run) a missing requirement FAILS the test instead: CI installs and
 starts everything the tiers need, so a skip there would hide a broken install step (a runner with
@@ -50,6 +50,16 @@ def _ssh() -> str | None:
     return None
 
 
+def _slurm() -> str | None:
+    tools = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch")
+    absent = [tool for tool in tools if not Path(tool).exists()]
+    if absent:
+        return (
+            f"needs Debian's slurmctld, slurmd, slurm-client and munge (.ci/run installs them): no {absent}"
+        )
+    return None if os.geteuid() == 0 else "needs root (slurmd runs each job as its user)"
+
+
 def _gpu() -> str | None:
     import torch
 
@@ -60,6 +70,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "vllm": _vllm,
     "speculators": _speculators,
     "ssh": _ssh,
+    "slurm": _slurm,
     "gpu": _gpu,
 }
 
@@ -74,6 +85,7 @@ FIXTURE_NEEDS: dict[str, str] = {
     "served_trained_draft": "vllm",  # support.served_drafts
     "demo_e2e_workdir": "vllm",  # support.workflow
     "sshd_server": "ssh",  # support.sshd
+    "slurm_cluster": "slurm",  # support.slurm
 }
 
 
