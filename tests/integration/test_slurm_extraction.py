@@ -113,8 +113,13 @@ def _allocations(cluster: Cluster, known: set[str]) -> list[dict[str, str]]:
     return out
 
 
+def _one_node_eight_gpus(allocation: dict[str, str]) -> bool:
+    """The engine scope's allocation: one node, the engine's 8 GPUs (--gpus=8, as scontrol lists it)."""
+    return allocation["NumNodes"] == "1" and "gpu:8" in allocation.get("TresPerJob", "")
+
+
 def _files(results: Path) -> dict[str, tuple[int, int]]:
-    """Each state file's (inode, mtime): untouched means both the same."""
+    """Each state file's (inode, mtime): the same inode is the same file, not extracted again."""
     found = {}
     for path in sorted((results / "hidden_states").glob("*/shard-*.safetensors")):
         stat = path.stat()
@@ -189,7 +194,7 @@ def test_a_killed_client_fails_its_group_and_leaves_no_process_on_the_node(scope
             process.kill()
     assert process.returncode != 0, output[-4000:]
     (allocation,) = _allocations(cluster, scope["seen"])  # the whole scope: one sbatch
-    assert allocation["NumNodes"] == "1" and "gres/gpu=8" in allocation["TRES"], allocation
+    assert _one_node_eight_gpus(allocation), allocation
     # Snakemake removed every output of the failed group; the finished shards wait in the engine's folder
     kept = results / "work" / "hidden_states" / "engine" / "kept"
     assert len(list(kept.glob("*.safetensors"))) == len(finished), list(kept.iterdir())
@@ -206,10 +211,14 @@ def test_the_rerun_extracts_only_the_killed_shard_on_one_engine_start(scope):
     done = _run(workdir, cluster)
     assert done.returncode == 0, _failure(done, workdir, cluster)
     (allocation,) = _allocations(cluster, scope["seen"])
-    assert allocation["NumNodes"] == "1" and "gres/gpu=8" in allocation["TRES"], allocation
+    assert _one_node_eight_gpus(allocation), allocation
     assert _engine_starts(results) == starts + 1
     files = _files(results)
-    assert all(files[f] == before for f, before in scope["finished"].items())  # the same files, untouched
+    # the same files, their bytes never rewritten (Snakemake touches an output older than its job's start)
+    assert all(files[f][0] == before[0] for f, before in scope["finished"].items()), (
+        files,
+        scope["finished"],
+    )
     assert len(files) == len(SHARDS) * len(SPLITS)
     for shard in SHARDS:
         log = (results / "logs" / "extract_hidden_states" / f"{shard}.log").read_text()
@@ -226,7 +235,7 @@ def test_a_single_shard_forced_again_runs_inside_an_engine_scope_with_the_gpus(s
     done = _run(workdir, cluster, "--forcerun", forced)
     assert done.returncode == 0, _failure(done, workdir, cluster)
     (allocation,) = _allocations(cluster, scope["seen"])
-    assert allocation["NumNodes"] == "1" and "gres/gpu=8" in allocation["TRES"], allocation
+    assert _one_node_eight_gpus(allocation), allocation
     assert _engine_starts(results) == starts + 1
     log = (results / "logs" / "extract_hidden_states" / "00001.log").read_text()
     assert "joined the extraction engine " in log and " started (pid " not in log, log[-3000:]
