@@ -26,12 +26,16 @@
 from snakemake.utils import min_version
 
 from eagle3_pipeline.fixes import print_failures
+from eagle3_pipeline.snakemake_ancient_fix import install as mask_like_the_rerun_walk
 from eagle3_pipeline.snakemake_groups_fix import install as check_each_group_once
 
 min_version("9.0")
 # Snakemake 9 checks a job group once per member (n^2 walks): most of a large plan's time with the
 # extraction engine's groups (src/eagle3_pipeline/snakemake_groups_fix.py)
 check_each_group_once()
+# Snakemake 9 never checks a job behind an ancient input downstream of one that reruns: the baseline's
+# training missed a changed key until the next run (src/eagle3_pipeline/snakemake_ancient_fix.py)
+mask_like_the_rerun_walk()
 
 
 configfile: "config/config.yaml"

@@ -7,7 +7,7 @@
 import sys
 
 from eagle3_pipeline.config import SPLITS
-from eagle3_pipeline.settings import rerun_params
+from eagle3_pipeline.settings import RuntimeWord, rerun_params
 
 # hidden_states.* the states depend on: each a param of its own (a rerun trigger), hidden_states.vllm's
 # as one (vllm); the script reads them back into HiddenStatesSettings with the run-time values
@@ -27,7 +27,7 @@ rule extract_hidden_states:
         # again after new shards were generated (the stop report is not temp, so it exists)
         server_stopped=ancient(rules.stop_server.output[0]),
         after=get_extraction_gate,  # under a cap: the previous window trained on and deleted
-        # vllm: its scope's engine job (serve_extraction_engine), when this shard is stale
+        # vllm: its scope's engine job (serve_extraction_engine), whatever reruns this job
         engine=get_engine_service,
     output:
         # one per split, in the order of input.traces; under a cap deleted once trained on
@@ -90,14 +90,15 @@ use rule extract_hidden_states as baseline_extract_hidden_states with:
 
 if VLLM_ENGINE:
 
-    # The extraction engine of one scope, a job of its own: its service() output is consumed by the
-    # stale extraction jobs of its scope (get_engine_service), and Snakemake runs them and this job
-    # as one group (one submission on one node under profiles/slurm), starting them together and
-    # terminating this job once they are done. It holds the GPUs; no job of it at all when no shard
-    # is stale. It reads the config's hidden_states as its clients do (they check the engine's settings).
+    # The extraction engine of one scope, a job of its own: its service() output is consumed by every
+    # extraction job of its scope (get_engine_service), and Snakemake runs the ones it runs and this
+    # job as one group (one submission on one node under profiles/slurm), starting them together and
+    # terminating this job once they are done. It holds the GPUs; no job of it at all when no
+    # extraction job of its scope runs: its inputs are ancient and its params unrecorded, so it never
+    # reruns by itself. It reads the config's hidden_states as its clients do (they check its settings).
     rule serve_extraction_engine:
         input:
-            target=get_target_config(),
+            target=ancient(get_target_config()),
             server_stopped=ancient(rules.stop_server.output[0]),
         output:
             service(f"{ENGINE_DIR}/{ENGINE_SERVICE}"),
@@ -113,7 +114,7 @@ if VLLM_ENGINE:
             job=get_engine_job,  # its settings and paths (engine_job.py): no rerun trigger (a service)
             server_json=rules.snapshot_server.output.server,
             # the interpreter that reads this Snakefile (it imports eagle3_pipeline), as script: uses
-            python=sys.executable,
+            python=RuntimeWord(sys.executable),
         # shell and exec, not script: Snakemake ends a service job by signalling the process of a
         # shell command (a script's is never signalled); the output first: every extraction job of
         # the group waits --latency-wait seconds for it
@@ -130,7 +131,7 @@ if VLLM_ENGINE:
         params:
             job=get_baseline_engine_job,
             server_json=rules.snapshot_server.output.server,
-            python=sys.executable,
+            python=RuntimeWord(sys.executable),
 
 
 # Where the target's weights are not on this machine (TARGET_ABSENT, rules/common/inputs.smk), the jobs

@@ -25,6 +25,7 @@ pytest_plugins = [
     "support.served_drafts",
     "support.sshd",
     "support.systemd_box",
+    "support.slurm",
     "support.traces",
     "support.workflow",
     "support.timeline",  # TEST_TIMELINE=path: each phase's start and stop, per worker

@@ -2,10 +2,10 @@
 # run-time keys, and which extraction jobs consume its Snakemake job.
 from pathlib import Path
 
-from eagle3_pipeline.hidden_states.engine import needs_engine, stop_all
+from eagle3_pipeline.hidden_states.engine import stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
 from eagle3_pipeline.planning.engines import SERVICE, EngineScopes
-from eagle3_pipeline.settings import runtime_only, runtime_params
+from eagle3_pipeline.settings import RuntimeWord, runtime_only, runtime_params
 
 # The vllm backend's extraction engine (hidden_states/engine.py) is a job of its own: rule
 # serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the
@@ -60,41 +60,27 @@ def engine_runtime(where, pack_dir=PACK_DIR):
 
 
 def shard_engine(wildcards):
-    """The engine folder of a main extraction job whose shard is stale when Snakemake plans (an output
-    missing or older than its traces: engine.needs_engine), else None (vllm backend only).
-
-    A planned engine job runs anew every run (a service output never exists between runs), and
-    Snakemake reruns every job that consumes a job it runs: so only a stale shard consumes its scope's
-    engine job, a done one none, and a run with nothing stale plans no engine job at all. A job
-    Snakemake reruns for another reason (a changed param or script) finds no engine folder in its
-    run-time values and starts a private engine (vllm_extraction.run_on_engine)."""
+    """The engine folder of a main extraction job's scope (vllm backend only, else None)."""
     if not VLLM_ENGINE:
         return None
-    epoch, shard = wildcards.get("epoch"), wildcards.shard
-    states = STATES.format(epoch=epoch) if WINDOW else STATES
-    traces, outputs = ENGINES.shard_files(states, shard)
-    return engine_dir(epoch, shard) if needs_engine(traces, outputs) else None
+    epoch = wildcards.get("epoch")
+    return engine_dir(epoch, wildcards.shard)
 
 
 def baseline_shard_engine(wildcards):
-    """shard_engine for a baseline extraction job (its own scope, the train split only)."""
-    if not VLLM_ENGINE:
-        return None
-    traces, outputs = ENGINES.baseline_shard_files(wildcards.shard)
-    return BASELINE_ENGINE_DIR if needs_engine(traces, outputs) else None
+    """shard_engine for a baseline extraction job (its own scope)."""
+    return BASELINE_ENGINE_DIR if VLLM_ENGINE else None
 
 
 def engine_input(folder):
-    """A vllm extraction job's `engine` input: its scope's service output, or for a done shard a
-    stand-in that changes nothing (the main Snakefile, ancient). Both are flagged service, which
-    Snakemake records as "<service>" whatever the path, so a shard's recorded set of inputs is the
-    same with and without an engine job (no "set of input files has changed" rerun once it is done;
-    measured with Snakemake 9.27.1). The transformers backend: none."""
-    if not VLLM_ENGINE:
-        return []
+    """A vllm extraction job's `engine` input: its scope's service() output, ancient, made to exist when
+    Snakemake plans (EngineScopes.planned_service). Every extraction job consumes it, so each one that
+    runs, for whatever reason (an output missing, a changed param or script, --forcerun, a retry), is
+    planned in its scope's engine group (the engine's GPUs, locally and on a cluster), and a done one
+    is not rerun when the engine job runs. The transformers backend: none."""
     if folder is None:
-        return [ancient(service(workflow.main_snakefile))]
-    return [service(ENGINES.service(folder))]
+        return []
+    return [ancient(service(ENGINES.planned_service(folder)))]
 
 
 def get_engine_service(wildcards):
@@ -116,14 +102,17 @@ def get_baseline_engine_runtime(wildcards):
 def engine_job(where):
     """serve_extraction_engine's params.job (engine_job.job_text): the whole hidden_states section (its
     clients' settings, which they check), its folder, its engine's log, its service() output and the
-    results folder of its stats.
+    results folder of its stats. Not recorded (RuntimeWord): the engine job never reruns by itself,
+    only with the extraction jobs it serves, whose params record the settings the states depend on.
     """
-    return job_text(
-        SETTINGS.hidden_states,
-        where,
-        ENGINES.log(where),
-        ENGINES.service(where),
-        ENGINES.stats_dir(where),
+    return RuntimeWord(
+        job_text(
+            SETTINGS.hidden_states,
+            where,
+            ENGINES.log(where),
+            ENGINES.service(where),
+            ENGINES.stats_dir(where),
+        )
     )
 
 

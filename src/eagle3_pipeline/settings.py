@@ -496,6 +496,17 @@ class RuntimeOnly:
 TRAIN_RUNTIME_KEYS = runtime_keys(TrainSettings, "train_draft")
 
 
+@dataclass(frozen=True)
+class RuntimeWord:
+    """One shell word a job reads at run time, as a param Snakemake does not record (RuntimeOnly's
+    reason): `{params.NAME:q}` in a shell command formats it as its text."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def runtime_only(**sections: Mapping[str, Any]) -> RuntimeOnly:
     """Run-time values by section, e.g. runtime_only(server=as_params(settings.server)): see RuntimeOnly."""
     return RuntimeOnly({name: dict(values) for name, values in sections.items()})

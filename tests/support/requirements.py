@@ -1,9 +1,9 @@
 """What a test tier needs that a machine may lack, and the one place that says why a test is skipped.
 
-tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh` or `gpu` with the reason below when
-the machine lacks it; a session fixture that starts one of these services calls `require` first, so a
-test that takes the fixture skips with the same reason (and conftest refuses, at collection, a test
-that takes such a fixture without the marker: FIXTURE_NEEDS).
+tests/conftest.py skips a test marked `vllm`, `speculators`, `ssh`, `slurm` or `gpu` with the reason
+below when the machine lacks it; a session fixture that starts one of these services calls `require`
+first, so a test that takes the fixture skips with the same reason (and conftest refuses, at
+collection, a test that takes such a fixture without the marker: FIXTURE_NEEDS).
 
 Under `CI=true` (how .ci/run is run) a missing requirement FAILS the test instead: CI installs and
 starts everything the tiers need, so a skip there would hide a broken install step (a runner with
@@ -68,6 +68,16 @@ def _vllm_wheels() -> str | None:
     )
 
 
+def _slurm() -> str | None:
+    tools = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch")
+    absent = [tool for tool in tools if not Path(tool).exists()]
+    if absent:
+        return (
+            f"needs Debian's slurmctld, slurmd, slurm-client and munge (.ci/run installs them): no {absent}"
+        )
+    return None if os.geteuid() == 0 else "needs root (slurmd runs each job as its user)"
+
+
 def _gpu() -> str | None:
     import torch
 
@@ -79,6 +89,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "speculators": _speculators,
     "ssh": _ssh,
     "systemd": _systemd,
+    "slurm": _slurm,
     "gpu": _gpu,
     "vllm_wheels": _vllm_wheels,  # the supported releases' wheels, read by tests/unit/test_vllm_compat.py
 }
@@ -95,6 +106,7 @@ FIXTURE_NEEDS: dict[str, str] = {
     "demo_e2e_workdir": "vllm",  # support.workflow
     "sshd_server": "ssh",  # support.sshd
     "systemd_host": "systemd",  # support.systemd_box
+    "slurm_cluster": "slurm",  # support.slurm
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from eagle3_pipeline.planning.engines import EngineScopes
 
 
@@ -29,22 +31,16 @@ def test_one_engine_per_epoch_and_plan_window_under_a_cap():
     assert engines.log(where) == "results/r/logs/extraction_engine/hidden_states/engine/epoch-1-window-2.log"
 
 
-def test_a_shards_files_decide_whether_it_needs_its_engine():
-    engines = EngineScopes("results/r", "results/r/work", "results/r/logs", windowed=True)
-    traces, outputs = engines.shard_files("results/r/hidden_states/epoch-0", "00003")
-    assert traces == [
-        "results/r/traces/shards/train/shard-00003.parquet",
-        "results/r/traces/shards/validation/shard-00003.parquet",
-    ]
-    assert outputs == [
-        "results/r/hidden_states/epoch-0/train/shard-00003.safetensors",
-        "results/r/hidden_states/epoch-0/train/shard-00003.json",
-        "results/r/hidden_states/epoch-0/validation/shard-00003.safetensors",
-        "results/r/hidden_states/epoch-0/validation/shard-00003.json",
-    ]
-    traces, outputs = engines.baseline_shard_files("00003")
-    assert traces == ["results/r/baseline/traces/shards/train/shard-00003.parquet"]
-    assert outputs == [
-        "results/r/baseline/hidden_states/train/shard-00003.safetensors",
-        "results/r/baseline/hidden_states/train/shard-00003.json",
-    ]
+def test_every_extraction_job_consumes_its_scopes_service_which_exists_when_planned(tmp_path):
+    # Snakemake deletes a group's service output once the group is done; planning makes it again, so a
+    # done shard's ancient input exists (no rerun) while one that runs still pulls its engine job in
+    engines = EngineScopes(
+        str(tmp_path / "r"), str(tmp_path / "r/work"), str(tmp_path / "r/logs"), windowed=True
+    )
+    where = engines.folder("0", 1)
+    service = engines.planned_service(where)
+    assert service == engines.service(where) and Path(service).read_text() == ""
+    Path(service).write_text('{"pid": 1}')  # the engine job's record while it runs: left as it is
+    before = Path(service).stat().st_mtime_ns
+    assert engines.planned_service(where) == service
+    assert Path(service).read_text() == '{"pid": 1}' and Path(service).stat().st_mtime_ns == before

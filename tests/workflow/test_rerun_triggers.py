@@ -4,8 +4,9 @@ Every output of the demo DAG is created and `snakemake --touch` records it as do
 input set, its code), exactly what a real run leaves in .snakemake/metadata; then one key is changed
 and `snakemake -n` plans what it would rerun. Runtime-only knobs (timeouts, concurrency caps) plan
 nothing, train's too (TRAIN_RUNTIME_KEYS), while every other key of the train and draft sections, read
-from the settings' fields and changed to a value the schema admits, retrains the main draft (the
-baseline's only on the next invocation: a Snakemake bug, an expected failure here); toggling
+from the settings' fields and changed to a value the schema admits, retrains the main draft and the
+baseline in the same run; a rerun extraction, forced or for a changed param, is planned with its
+engine job; toggling
 validate.baseline replans only the report (its inputs change), never the main serve check (which
 restarts the production unit); a key that shapes an output reruns from there (the control that shows the
 params are recorded at all). The same records, touched again by the scheduler on two cores, show the
@@ -91,11 +92,11 @@ def _planned(workdir: Path) -> dict[str, int]:
 
 def _scheduled_rounds(log: str) -> list[list[dict[str, str]]]:
     """A run's jobs as the scheduler selected them: one list per 'Execute N jobs...' round, each job its
-    rule, output and resources line as logged."""
+    rule, output and resources line as logged (a group's jobs indented)."""
     rounds: list[list[dict[str, str]]] = []
     for block in re.split(r"^Execute \d+ jobs\.\.\.$", log, flags=re.MULTILINE)[1:]:
         jobs = re.findall(
-            r"^(?:local)?rule (\w+):\n(?: .*\n)*? +output: (.+)\n(?: .*\n)*? +resources: (.+)$",
+            r"^ *(?:local)?rule (\w+):\n(?: .*\n)*? +output: (.+)\n(?: .*\n)*? +resources: (.+)$",
             block.split("Select jobs to execute...")[0],
             re.MULTILINE,
         )
@@ -200,12 +201,13 @@ def test_a_key_that_shapes_the_weights_reruns_training(finished, name, key, monk
 # The main draft retrained reruns its offline validation, which the baseline's extraction waits on through
 # an ancient input (get_baseline_extraction_gate). Snakemake (9.27, dag.update_needrun) never checks a
 # job downstream of one that reruns, expecting to reach it from there, yet stops at an ancient input
-# that exists: the baseline's training, behind it, keeps its changed params unseen until the next
-# invocation, which retrains it (its report meanwhile compares the new main draft with the old baseline).
-@pytest.mark.xfail(strict=True, reason="snakemake/snakemake#4166: a job behind an ancient input is masked")
+# that exists (snakemake/snakemake#4166): the Snakefile's fix (snakemake_ancient_fix) checks such a job
+# on its own, so the baseline retrains in the same run, and nothing behind the gate reruns for it alone.
 def test_a_key_that_shapes_the_weights_retrains_the_baseline_in_the_same_run(finished, monkeypatch):
     _change(finished, "train", "lr", monkeypatch)
-    assert BASELINE_TRAINED in _planned_outputs(_snakemake(finished, "-n"))
+    outputs = _planned_outputs(_snakemake(finished, "-n"))
+    assert BASELINE_TRAINED in outputs and MAIN_TRAINED in outputs
+    assert not [f for f in outputs if f.startswith("results/demo/baseline/hidden_states/")]
 
 
 @pytest.mark.parametrize(("name", "key"), RUNTIME_KEYS, ids=[key for _, key in RUNTIME_KEYS])
@@ -232,10 +234,41 @@ def test_the_engine_run_time_keys_rerun_no_extraction(finished):
     assert _planned(finished) == {}
 
 
-def test_an_engine_key_that_changes_the_bytes_reruns_extraction(finished):
-    # the control: the vllm section's recorded keys are still triggers (bf16 served, fp16 here)
+def test_an_engine_key_that_changes_the_bytes_reruns_extraction_on_its_engine(finished):
+    # the control: the vllm section's recorded keys are still triggers (bf16 served, fp16 here); the
+    # shards rerun for a changed param, their outputs there, yet in their engine's group
     _configure(finished, hidden_states={"vllm": {"dtype": "float16"}})
-    assert _planned(finished)["extract_hidden_states"] == 4  # the baseline's: masked, as above
+    planned = _planned(finished)
+    assert planned["extract_hidden_states"] == planned["baseline_extract_hidden_states"] == 4
+    assert planned["serve_extraction_engine"] == planned["baseline_serve_extraction_engine"] == 1
+
+
+def test_a_forced_extraction_is_planned_with_its_engine(finished):
+    # issue 50: a rerun Snakemake plans for another reason than a missing output (--forcerun, a changed
+    # param or script) runs on its scope's engine job, never alone starting an engine of its own
+    _configure(finished)
+    planned = dict(
+        job_counts(_snakemake(finished, "-n", "--quiet", "rules", "--forcerun", "extract_hidden_states"))
+    )
+    assert planned["extract_hidden_states"] == 4 and planned["serve_extraction_engine"] == 1
+    # the baseline's extraction is another rule, not forced: its engine stays unplanned
+    assert (
+        "baseline_serve_extraction_engine" not in planned and "baseline_extract_hidden_states" not in planned
+    )
+
+
+def test_one_forced_shard_is_planned_alone_with_its_engine(finished):
+    _configure(finished)
+    state = "results/demo/hidden_states/train/shard-00002.safetensors"
+    planned = dict(job_counts(_snakemake(finished, "-n", "--quiet", "rules", "--forcerun", state)))
+    assert planned["extract_hidden_states"] == 1 and planned["serve_extraction_engine"] == 1
+
+
+def test_a_dry_run_over_a_finished_run_forced_whole_plans_every_engine(finished):
+    _configure(finished)
+    planned = dict(job_counts(_snakemake(finished, "-n", "--quiet", "rules", "--forceall")))
+    assert planned["serve_extraction_engine"] == planned["baseline_serve_extraction_engine"] == 1
+    assert planned["extract_hidden_states"] == planned["baseline_extract_hidden_states"] == 4
 
 
 def test_concurrency_reruns_no_generation_only_the_measured_serve_checks(finished):
@@ -307,29 +340,21 @@ def test_the_main_serve_check_runs_alone_before_the_baselines_engine(finished):
     result = snakemake(*command, "--touch", "--forceall", cwd=finished, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rounds = _scheduled_rounds(result.stderr)
-    blocks = re.findall(r"^(?:local)?rule \w+:$", result.stderr, re.MULTILINE)
+    blocks = re.findall(r"^ *(?:local)?rule \w+:$", result.stderr, re.MULTILINE)
     assert sum(map(len, rounds)) == len(blocks) - 1 > 40  # every job parsed but `all` (no output)
     starts = {f: i for i, jobs in enumerate(rounds) for job in jobs for f in job["output"].split(", ")}
     check = starts["results/demo/validation/serve_check.json"]
-    # alone in its round but for the baseline's extraction clients (gpu 0): --touch runs them without
-    # their group's engine job; in a run the group starts as one, and its engine holds the engine slot
-    # and every GPU (tests/workflow/test_demo_e2e.py runs it)
-    (job,) = [job for job in rounds[check] if job["rule"] == "serve_check"]
-    others = [job for job in rounds[check] if job["rule"] != "serve_check"]
-    assert all(
-        o["rule"] == "baseline_extract_hidden_states" and o["resources"].endswith("gpu=0") for o in others
-    )
+    # alone in its round: the baseline's extraction jobs are one group with their engine job (every one
+    # of them consumes it), which holds the engine slot and every GPU
+    (job,) = rounds[check]
+    assert job["rule"] == "serve_check"
     # while it runs, no extraction engine job (its one slot held) nor GPU job can start
     assert job["resources"].endswith("draft_server=1, extraction_engines=1, gpu=1"), job
     baseline = [f for f in starts if f.startswith(("results/demo/baseline/hidden_states/", BASELINE_WORK))]
     trained = ("draft/trained/history.json", "validation/offline.json")
     baseline += [f"results/demo/baseline/{f}" for f in trained]
-    # 4 shards' states and metadata and the trained files; the engine job (a service() output) where
-    # --touch schedules it at all
+    # 4 shards' states and metadata, the engine job's service() output and the trained files
     engines = [j for r in rounds for j in r if j["rule"] == "baseline_serve_extraction_engine"]
-    assert len(baseline) == 4 * 2 + 2 + len(engines), baseline
-    clients = {f for o in others for f in o["output"].split(", ")}
-    assert all(starts[f] > check or f in clients for f in baseline), {f: starts[f] for f in baseline} | {
-        "check": check
-    }
+    assert len(engines) == 1 and len(baseline) == 4 * 2 + 1 + 2, baseline
+    assert all(starts[f] > check for f in baseline), {f: starts[f] for f in baseline} | {"check": check}
     assert starts["results/demo/validation/offline.json"] < check

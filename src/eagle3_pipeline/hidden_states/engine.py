@@ -28,9 +28,9 @@ queues its batches (`enqueue`, at once: the engine takes them as soon as it is r
 parts (`wait_done`), failing loudly when the engine dies (its log's tail in the error, or the stage its
 watchdog found stuck: engine_health.py; the rerun starts a new engine and resumes from the parts
 saved). A client stopped by a signal cancels its request (`wait_or_cancel`), and the engine drops the
-requests of a client whose process is gone, so a rerun never computes a batch twice. A client with no
-engine job to join (a rerun Snakemake planned for another reason than a missing output) starts a
-private engine, stopped when it returns (`start_or_join` in a folder of its own). The engine process
+requests of a client whose process is gone, so a rerun never computes a batch twice. Every extraction
+job the rules run has its scope's engine job beside it (planning.engines.planned_service); only tests
+and benchmarks run a private engine (`start_or_join` in a folder of their own). The engine process
 dies with the job that started it (its parent-death signal): no engine outlives Snakemake.
 
 This module imports neither vLLM nor torch (the pipeline's side); the engine is
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
-from eagle3_pipeline.hidden_states import engine_health
+from eagle3_pipeline.hidden_states import engine_health, kept
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
 from eagle3_pipeline.locks import SlotLockError, held_slot
 from eagle3_pipeline.server.process_identity import pid_alive
@@ -415,20 +415,6 @@ def wait_gone(roots: list[Path], timeout_s: float = GONE_TIMEOUT_S) -> list[str]
     return waited
 
 
-def needs_engine(inputs: list[str], outputs: list[str]) -> bool:
-    """Whether an extraction job consumes its scope's engine job (rules/common/engine.smk): an output of
-    it missing, or older than one of its inputs (new traces). Decided when Snakemake plans, so that an
-    engine job is planned for the stale shards only: a consumer of an engine job that runs is rerun
-    with it (its service output is new every run). A job Snakemake reruns for another reason (a
-    changed param or script) runs a private engine instead."""
-    try:
-        oldest = min(Path(path).stat().st_mtime for path in outputs)
-    except (OSError, ValueError):  # one missing (or none given)
-        return True
-    newest = max((Path(path).stat().st_mtime for path in inputs if Path(path).exists()), default=0.0)
-    return newest > oldest
-
-
 def join(directory: Path, spec: dict[str, Any], timeout_s: float = JOIN_TIMEOUT_S) -> dict[str, Any]:
     """The process record of the engine its Snakemake job runs in `directory` (a client's side).
 
@@ -494,10 +480,13 @@ def serve(
 ) -> dict[str, Any]:
     """Rule serve_extraction_engine: run the engine of `directory` until Snakemake ends the job (SIGTERM,
     once every client is done) or the engine exits by itself; then stop it and write its report
-    (stopped.json: how it stopped, its stats). A leftover engine of the folder is stopped first.
+    (stopped.json: how it stopped, its stats). A leftover engine of the folder is stopped first. Ended
+    by Snakemake, it drops the finished shards' kept links once every client it served is done
+    (kept.release).
 
     Args:
-        marker: the job's service() output, written once the engine runs (its start id and pid).
+        marker: the job's service() output: this process (`job_pid`, `host`: its clients end when it is
+            gone, engine_watch.py), then also the engine's start id and pid once it runs.
         handle_signals: SIGTERM and SIGINT end the serving (main thread only: tests serve from a thread
             and end it with `stop_engine`).
         record_dir: where the run keeps every engine start's stats (`write_record`): the report's
@@ -510,14 +499,17 @@ def serve(
         previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGINT)}
     info: dict[str, Any] | None = None
     how = "exited by itself"
+    job = {"job_pid": os.getpid(), "host": socket.gethostname()}  # its clients watch it (engine_watch)
     try:
+        if marker is not None:
+            io.write_json(job, Path(marker))
         with _locked(directory):
             old = _read(directory / "process.json")
             if old and engine_alive(directory, old):
                 _stop(directory, old, timeout_s=SERVICE_STOP_S)
             info = _start(directory, python, spec, env)
         if marker is not None:
-            io.write_json(info, Path(marker))
+            io.write_json({**info, **job}, Path(marker))
         while pid_alive(int(info["pid"])):  # reaps it once it exits
             if not (directory / "process.json").exists():  # stopped by hand (stop_engine)
                 break
@@ -533,6 +525,9 @@ def serve(
     if info is not None:
         report.update(_stop(directory, info, timeout_s=SERVICE_STOP_S))
         report["failed"] = engine_health.read_failure(directory, info["start_id"])
+        # Snakemake's end of a service job: every client done; the finished shards' links go (kept.py)
+        if how == "ended by Snakemake (SIGTERM)":
+            report["kept_released"] = kept.release(directory, info["start_id"])
     io.write_json(report, directory / STOPPED_FILE)
     if record_dir is not None and info is not None:
         write_record(report, _read(directory / "ready.json") or {}, Path(record_dir))

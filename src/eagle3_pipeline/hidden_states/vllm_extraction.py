@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.hidden_states import engine as engine_service
-from eagle3_pipeline.hidden_states import final_norm, sequences, vllm_backend
+from eagle3_pipeline.hidden_states import engine_watch, final_norm, kept, sequences, vllm_backend
 from eagle3_pipeline.hidden_states.job import ShardJob
 from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
-from eagle3_pipeline.hidden_states.plan import plan_shard, target_info
+from eagle3_pipeline.hidden_states.plan import ShardPlan, plan_shard, target_info
+from eagle3_pipeline.planning.engines import SERVICE
 from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings
 from eagle3_pipeline.target_shape import engine_layer_ids
@@ -62,6 +63,9 @@ def _extract_shards(
     hidden_states: HiddenStatesSettings, jobs: list[ShardJob], keep_work: bool
 ) -> list[dict[str, Any] | None]:
     first = jobs[0]
+    engine_dir = Path(first.engine_dir) if first.engine_dir is not None else None
+    if engine_dir is not None:  # a client of an engine job: it ends with it (a failed group)
+        engine_watch.watch(engine_dir / SERVICE)
     snapshot = vllm_backend.read_snapshot(first.server_json)
     engine = vllm_backend.engine_settings(
         hidden_states.vllm, snapshot, hidden_states.max_seq_len, hidden_states.batch_tokens
@@ -72,9 +76,16 @@ def _extract_shards(
         engine["sources"],
     )
     plans = [plan_shard(hidden_states, job) for job in jobs]
+    keys = [fingerprint(hidden_states, plan, engine) for plan in plans]
+    # shards this job finished before its group failed (Snakemake removed them): taken back, not redone
+    restored = [
+        kept.restore(engine_dir, plan.job, key) if engine_dir else None
+        for plan, key in zip(plans, keys, strict=True)
+    ]
+    todo_plans = [(plan, key) for plan, key, meta in zip(plans, keys, restored, strict=True) if meta is None]
     batches: list[dict[str, Any]] = []
-    for plan in plans:
-        parts = prepare_work(plan.job.work, fingerprint(hidden_states, plan, engine))
+    for plan, key in todo_plans:
+        parts = prepare_work(plan.job.work, key)
         todo = missing_batches(parts, plan)
         log.info(
             "%s: %d batches to run, %d already saved",
@@ -90,29 +101,38 @@ def _extract_shards(
             }
             for b in todo
         ]
-    layer_ids = engine_layer_ids(plans[0].layers, plans[0].info.num_layers)
-    norm = final_norm.find_final_norm(first.target)
     if batches:
-        records = [str(plan.job.work / "engine.json") for plan in plans]
+        records = [str(plan.job.work / "engine.json") for plan, _ in todo_plans]
         run_on_engine(hidden_states, first, snapshot, {"batches": batches, "records": records})
-    metas: list[dict[str, Any]] = []
-    for plan in plans:
-        record_path = plan.job.work / "engine.json"
-        record = json.loads(record_path.read_text()) if record_path.exists() else None
-        requested = {k: v for k, v in engine.items() if k != "sources"}
-        backend = {
-            "compute_dtype": (record or requested)["dtype"],
-            "engine": record or {**requested, "layer_ids": layer_ids, "ran": False},
-            "final_state_source": f"vLLM id {plan.info.num_layers} (before the final norm), then the "
-            f"target's final RMSNorm ({norm.key}, eps {norm.eps}) applied in float32",
-        }
-        metas.append(finish_shard(hidden_states, plan, backend))
-    for plan, meta in zip(plans, metas, strict=True):  # every split packed: all committed at once
+    metas = [_pack(hidden_states, plan, engine) for plan, _ in todo_plans]
+    for (plan, key), meta in zip(todo_plans, metas, strict=True):  # every split packed: all committed at once
         commit_shard(plan.job, meta, keep_work)
+        if engine_dir is not None:
+            kept.keep(engine_dir, plan.job, key)
+    if engine_dir is not None:
+        kept.finished(engine_dir)
     if not keep_work:
         for job in jobs:
             shutil.rmtree(job.work, ignore_errors=True)
-    return metas
+    packed = iter(metas)
+    return [meta if meta is not None else next(packed) for meta in restored]
+
+
+def _pack(hidden_states: HiddenStatesSettings, plan: ShardPlan, engine: dict[str, Any]) -> dict[str, Any]:
+    """Pack one split's saved parts (packing.finish_shard) with the vllm backend's metadata: the engine
+    that ran (its record), or the settings requested when every batch was saved before."""
+    layer_ids = engine_layer_ids(plan.layers, plan.info.num_layers)
+    norm = final_norm.find_final_norm(plan.job.target)
+    record_path = plan.job.work / "engine.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    requested = {k: v for k, v in engine.items() if k != "sources"}
+    backend = {
+        "compute_dtype": (record or requested)["dtype"],
+        "engine": record or {**requested, "layer_ids": layer_ids, "ran": False},
+        "final_state_source": f"vLLM id {plan.info.num_layers} (before the final norm), then the "
+        f"target's final RMSNorm ({norm.key}, eps {norm.eps}) applied in float32",
+    }
+    return finish_shard(hidden_states, plan, backend)
 
 
 def engine_spec_for(
@@ -189,6 +209,7 @@ def run_on_engine(
         if job.engine_log:
             spec["log"] = str(job.engine_log)
         info = engine_service.join(directory, spec)
+        kept.joined(directory, info["start_id"])  # until its shards are committed (kept.release)
         if os.environ.get(CLIENT_SLOT_ENV) == "job":  # held since planning (extract_shards)
             return _submit(directory, info, request)
         # a slot while this request is queued or runs: at most max_clients requests in the engine's

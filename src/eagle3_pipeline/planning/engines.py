@@ -1,14 +1,14 @@
 """The vllm backend's extraction engines: one folder per engine scope (the main shards, or under a
 disk cap one epoch's plan window; the baseline's shards have their own), and the paths derived from a
-folder: its log, its service() output, its stats' results folder, a shard's files that decide whether
-it needs its scope's engine (hidden_states/engine.needs_engine).
+folder: its log, its service() output (`planned_service`: what every extraction job of the scope
+consumes), its stats' results folder, a shard's files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.planning.variants import BASELINE
 
 SERVICE = "service.json"  # the engine job's service() output, in its folder
@@ -63,23 +63,25 @@ class EngineScopes:
     def service(self, where: str) -> str:
         return f"{where}/{SERVICE}"
 
+    def planned_service(self, where: str) -> str:
+        """The service() output of engine folder `where`, made to exist (empty) when Snakemake plans.
+
+        Every extraction job of the scope consumes it as an ancient input, so that Snakemake pairs each
+        extraction job it runs, for whatever reason (an output missing, a changed param or script,
+        --forcerun), with the scope's engine job: a service output always counts as missing to a
+        job that runs, which pulls the engine job in. The engine job running reruns no done shard:
+        an ancient input that exists never does. Snakemake deletes the file once the group is done
+        (jobs.py, GroupJob.postprocess), so it is made again here: without it every done shard of the
+        scope would rerun with the engine (Snakemake 9.27.1, dag.update_needrun).
+        """
+        path = Path(self.service(where))
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        return str(path)
+
     def stats_dir(self, where: str) -> str:
         """The results folder of the stats of engine folder `where`: its path under results/RUN/ with
         engine_stats for engine (hidden_states/engine_stats[/epoch-E-window-W])."""
         stats = self.scope(where).replace("hidden_states/engine", "hidden_states/engine_stats", 1)
         return f"{self.results}/{stats}"
-
-    def shard_files(self, states: str, shard: str) -> tuple[list[str], list[str]]:
-        """A main extraction job's traces and outputs (its states in folder `states`): an output
-        missing or older than its traces needs the scope's engine."""
-        traces = [f"{self.results}/traces/shards/{split}/shard-{shard}.parquet" for split in SPLITS]
-        outputs = [
-            f"{states}/{split}/shard-{shard}.{ext}" for split in SPLITS for ext in ("safetensors", "json")
-        ]
-        return traces, outputs
-
-    def baseline_shard_files(self, shard: str) -> tuple[list[str], list[str]]:
-        """shard_files for a baseline extraction job (the train split only)."""
-        states = f"{self.results}/{BASELINE}hidden_states/train/shard-{shard}"
-        traces = [f"{self.results}/{BASELINE}traces/shards/train/shard-{shard}.parquet"]
-        return traces, [f"{states}.safetensors", f"{states}.json"]
