@@ -544,3 +544,22 @@ def test_a_whole_remote_check_that_fails_leaves_production_as_it_was(systemd_hos
     assert str(base) in " ".join(draft["argv"])  # the draft from its private folder
     assert list(base.iterdir()) == []
     _production_is_back(real_box, starts=2)
+
+
+def test_a_literal_dollar_reaches_the_draft_as_written(host, real_box):
+    """Production's `:` prefix (no expansion): `$LITERAL` reaches the draft as written, though systemd
+    expands `$VAR` in a transient unit's command; without the prefix `$VLLM_LOGGING_LEVEL` is expanded
+    for both, as systemd does for production."""
+    command = real_box.unit_text().split("ExecStart=", 1)[1].split("\n", 1)[0]
+    real_box.install(f"ExecStart=\nExecStart=:{command} --tag $LITERAL\n")
+    _start(real_box)
+    with _check(host, real_box, expand_environment=False):
+        pass
+    (draft,) = real_box.starts(draft=True)
+    assert "$LITERAL" in draft["argv"]
+    assert "$LITERAL" in real_box.starts()[0]["argv"]
+    real_box.install(f"ExecStart=\nExecStart={command} --tag $VLLM_LOGGING_LEVEL\n")
+    with _check(host, real_box, expand_environment=True):
+        pass
+    assert "INFO" in real_box.starts(draft=True)[-1]["argv"]
+    _production_is_back(real_box, starts=3)
