@@ -28,11 +28,15 @@ from snakemake.utils import min_version
 from eagle3_pipeline.fixes import print_failures
 from eagle3_pipeline.snakemake_ancient_fix import install as mask_like_the_rerun_walk
 from eagle3_pipeline.snakemake_groups_fix import install as check_each_group_once
+from eagle3_pipeline.snakemake_ready_fix import install as ready_once_per_group
 
 min_version("9.0")
 # Snakemake 9 checks a job group once per member (n^2 walks): most of a large plan's time with the
 # extraction engine's groups (src/eagle3_pipeline/snakemake_groups_fix.py)
 check_each_group_once()
+# ...and asks whether a group is ready member by member, again for each member (n^2 walks of a
+# 1,000-job engine group): src/eagle3_pipeline/snakemake_ready_fix.py
+ready_once_per_group()
 # Snakemake 9 never checks a job behind an ancient input downstream of one that reruns: the baseline's
 # training missed a changed key until the next run (src/eagle3_pipeline/snakemake_ancient_fix.py)
 mask_like_the_rerun_walk()

@@ -17,8 +17,14 @@ parse-time work from Snakemake's DAG building. With --finished, the same dry run
 scratch folder where every output exists (empty files, written in dependency order: the shape of a
 finished run, without Snakemake's provenance records), which must say "Nothing to be done".
 
+With --ratio, each demo or kimi case is timed against the floor at the same number of jobs (the bare
+Snakefile at jobs / 4 shards, in the same run): floor_same_jobs_cpu_s and ratio_to_floor, the figure
+issue 50 bounds (within 2x). With --before DIR too, the same dry run of another checkout's Snakefile
+and package (say `git worktree add /tmp/before <commit>`), in the same run: before_cpu_s and its
+before_ratio_to_floor.
+
     .venv/bin/python benchmarks/planning.py [--shards 10 100 1000 10000] [--configs demo kimi floor]
-                                            [--finished]
+                                            [--finished] [--ratio [--before DIR]]
 
 Prints one JSON line per case: config, shards, jobs planned, parse and dry-run seconds (wall, and
 CPU: the figure to compare on a shared machine), ms_per_job, and finished_dry_run_s/_cpu_s.
@@ -134,8 +140,7 @@ def _finished(config: str, folder: Path, timeout: float) -> dict[str, object]:
     subprocess.run(
         [sys.executable, __file__, "--touch-outputs", config], cwd=workdir, check=True, timeout=timeout
     )
-    args = ["-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", config]
-    seconds, cpu, result = _timed(args, timeout, cwd=workdir)
+    seconds, cpu, result = _timed(["-n", "--configfile", config], timeout, cwd=workdir)
     done = result is not None and "Nothing to be done" in result.stdout + result.stderr
     return {
         "finished_dry_run_s": round(seconds, 2),
@@ -144,15 +149,27 @@ def _finished(config: str, folder: Path, timeout: float) -> dict[str, object]:
     }
 
 
+def _workdir(folder: Path, tree: Path = REPO) -> Path:
+    """A scratch working directory under `folder`, `tree`'s config/ linked in."""
+    workdir = Path(tempfile.mkdtemp(dir=folder))
+    (workdir / "config").symlink_to(tree / "config")
+    return workdir
+
+
 def _timed(
-    args: list[str], timeout: float, cwd: Path = REPO
+    args: list[str], timeout: float, cwd: Path = REPO, tree: Path = REPO
 ) -> tuple[float, float, subprocess.CompletedProcess[str] | None]:
-    """Wall seconds, CPU seconds (robust on a shared machine) and the result (None on timeout)."""
+    """Wall seconds, CPU seconds (robust on a shared machine) and the result (None on timeout); `tree`:
+    the checkout whose workflow and package run."""
     start, cpu = time.perf_counter(), _children_cpu_s()
+    if not (cwd / "Snakefile").exists():  # the repository's workflow, from a scratch folder
+        args = ["--snakefile", str(tree / "Snakefile"), "--directory", str(cwd), *args]
+    env = os.environ | {"PYTHONPATH": str(tree / "src")}
     try:
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", *args],
             cwd=cwd,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -168,13 +185,47 @@ def _total_jobs(stdout: str) -> int | None:
     return int(totals[-1]) if totals else None
 
 
-def measure(name: str, shards: int, folder: Path, timeout: float, finished: bool) -> dict[str, object]:
+def _ratio(
+    config: str, jobs: int, dry_cpu: float, folder: Path, timeout: float, before: Path | None
+) -> dict[str, object]:
+    """The dry run's CPU seconds against the floor's at the same number of jobs, and the same dry run
+    of the checkout `before` against it: one run, the same machine and load."""
+    floor = _floor(folder, -(-jobs // 4), timeout)
+    floor_cpu = float(floor["dry_run_cpu_s"])  # type: ignore[arg-type]
+    record: dict[str, object] = {
+        "floor_same_jobs": floor["jobs"],
+        "floor_same_jobs_cpu_s": floor["dry_run_cpu_s"],
+        "ratio_to_floor": round(dry_cpu / floor_cpu, 2),
+    }
+    if before is None:
+        return record
+    args = ["-n", "--quiet", "rules", "--configfile", config]
+    _, before_cpu, result = _timed(args, timeout, cwd=_workdir(folder, before), tree=before)
+    if result is None or result.returncode != 0:
+        record["before_error"] = "timed out" if result is None else result.stderr[-2000:]
+        return record
+    record["before_jobs"] = _total_jobs(result.stdout)
+    record["before_cpu_s"] = round(before_cpu, 2)
+    record["before_ratio_to_floor"] = round(before_cpu / floor_cpu, 2)
+    return record
+
+
+def measure(
+    name: str,
+    shards: int,
+    folder: Path,
+    timeout: float,
+    finished: bool,
+    ratio: bool = False,
+    before: Path | None = None,
+) -> dict[str, object]:
     """Parse time and dry-run time of one config at one shard count."""
     if name == "floor":
         return _floor(folder, shards, timeout)
     config = str(_config(folder, name, shards))
-    parse_s, parse_cpu, _ = _timed(["--list-rules", "--configfile", config], timeout)
-    dry_s, dry_cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout)
+    workdir = _workdir(folder)  # never the checkout: its results/ and .snakemake/ are left alone
+    parse_s, parse_cpu, _ = _timed(["--list-rules", "--configfile", config], timeout, cwd=workdir)
+    dry_s, dry_cpu, result = _timed(["-n", "--quiet", "rules", "--configfile", config], timeout, cwd=workdir)
     record: dict[str, object] = {
         "config": name,
         "shards": shards,
@@ -193,6 +244,8 @@ def measure(name: str, shards: int, folder: Path, timeout: float, finished: bool
         record["ms_per_job"] = round(1000 * dry_cpu / jobs, 2) if jobs else None
         if finished:
             record |= _finished(config, folder, timeout)
+        if ratio and jobs:
+            record |= _ratio(config, jobs, dry_cpu, folder, timeout, before)
     return record
 
 
@@ -204,6 +257,10 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per snakemake call")
     parser.add_argument("--finished", action="store_true", help="also time the dry run of a finished run")
+    parser.add_argument(
+        "--ratio", action="store_true", help="also the floor at as many jobs (and --before's dry run)"
+    )
+    parser.add_argument("--before", type=Path, help="a checkout to compare with (with --ratio)")
     parser.add_argument("--touch-outputs", type=Path, help=argparse.SUPPRESS)  # the --finished helper
     args = parser.parse_args()
     if args.touch_outputs:
@@ -212,7 +269,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for shards in args.shards:
             for name in args.configs:
-                record = measure(name, shards, Path(folder), args.timeout, args.finished)
+                record = measure(
+                    name, shards, Path(folder), args.timeout, args.finished, args.ratio, args.before
+                )
                 sys.stdout.write(json.dumps(record) + "\n")
                 sys.stdout.flush()
 

@@ -3,8 +3,12 @@ from a scratch working directory), its job table, and a scratch directory seeded
 target so that no workflow test fits its own.
 
 Used by tests/workflow/, tests/integration/ and benchmarks/planning.py. A dry run needs the dataset file
-and the repository, no server, no SSH and no model weights. The demo end to end runs once per session
-(`demo_e2e_workdir`): the tests that read it share it, a test that changes it works on a copy
+and the repository, no server, no SSH and no model weights. Nothing plans in the checkout itself: a dry
+run (`snakemake`, `dry_run`, `planned_jobs`) given no directory of its own plans from a fresh scratch
+working directory (`planning_workdir`), so that what `make demo` left in the checkout's results/,
+resources/ and .snakemake/ changes no plan, and a plan writes nothing there (rule
+serve_extraction_engine's service file is made when Snakemake plans). The demo end to end runs once per
+session (`demo_e2e_workdir`): the tests that read it share it, a test that changes it works on a copy
 (`copy_workdir`), which Snakemake sees as up to date.
 """
 
@@ -15,7 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +65,13 @@ def write_config(path: Path, base: Path = DEMO_CONFIG, **sections: Any) -> Path:
 
 
 def snakemake(
-    *args: str, cwd: Path = REPO, timeout: float = 900, env: dict[str, str] | None = None
+    *args: str, cwd: Path | None = None, timeout: float = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real snakemake CLI (this interpreter's) in the repository (or `cwd`)."""
+    """Run the real snakemake CLI (this interpreter's): in `cwd` (a checkout of its own, whose Snakefile
+    it reads) or, by default, the repository's workflow from a fresh scratch working directory."""
+    if cwd is None:
+        with planning_workdir() as workdir:
+            return workdir_run(workdir, *args, timeout=timeout, env=env)
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=cwd,
@@ -78,6 +89,15 @@ def workdir_run(
     """The repository's workflow run from a scratch `workdir` (`--directory`): its results/ land there."""
     command = ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
     return snakemake(*command, cwd=workdir, timeout=timeout, env=env)
+
+
+@contextmanager
+def planning_workdir() -> Iterator[Path]:
+    """A fresh scratch working directory to plan from (config/ linked in, nothing else), removed after:
+    the checkout's results/, resources/ and .snakemake/ are neither read nor written."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-plan-") as folder:
+        (Path(folder) / "config").symlink_to(REPO / "config")
+        yield Path(folder)
 
 
 def failure(result: subprocess.CompletedProcess[str], logs: Path) -> str:
@@ -147,9 +167,16 @@ def _config_with_template(config: Path, template: str) -> None:
     (config / "demo" / "vllm-demo.service.in").write_text(template)
 
 
-def dry_run(configfile: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    """`snakemake -n` with only the job table printed; fails the test with snakemake's stderr."""
-    result = snakemake("-n", "--quiet", "rules", "--configfile", str(configfile), *args, cwd=cwd)
+def dry_run(
+    configfile: Path, *args: str, cwd: Path | None = None, workdir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`snakemake -n` with only the job table printed; fails the test with snakemake's stderr.
+
+    Planned in `cwd` (a checkout of its own), from `workdir` (the repository's Snakefile) or, by
+    default, from a fresh scratch working directory: never from the checkout itself.
+    """
+    args = ("-n", "--quiet", "rules", "--configfile", str(configfile), *args)
+    result = workdir_run(workdir, *args, timeout=900) if workdir else snakemake(*args, cwd=cwd)
     if result.returncode != 0:
         pytest.fail(
             f"snakemake -n failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
@@ -236,15 +263,14 @@ def kimi_target(tmp_path: Path) -> Path:
     return target
 
 
-def planned_jobs(args: list[str], executor: str, repo: Path = REPO) -> tuple[list[Any], Any]:
-    """The jobs of a real dry-run DAG, built through snakemake.api exactly as the CLI would.
+def planned_jobs(args: list[str], executor: str) -> tuple[list[Any], Any]:
+    """The jobs of a real dry-run DAG, built through snakemake.api exactly as the CLI would, from a fresh
+    scratch working directory (planning_workdir): never the checkout's results/ or .snakemake/.
 
     `args` are parsed by Snakemake's own CLI parser, so the workflow profile they name (default-
-    resources, set-resources, set-threads, executor settings) is applied by Snakemake itself.
-    Returns (jobs, executor settings).
+    resources, set-resources, set-threads, executor settings) is applied by Snakemake itself; paths in
+    them must be absolute. Returns (jobs, executor settings).
     """
-    import os
-
     from snakemake.api import SnakemakeApi
     from snakemake.cli import parse_args
     from snakemake.settings.enums import Quietness
@@ -252,28 +278,31 @@ def planned_jobs(args: list[str], executor: str, repo: Path = REPO) -> tuple[lis
     from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
     cwd = Path.cwd()
-    os.chdir(repo)
-    try:
-        _, args_ = parse_args(["-n", *args])
-        settings = ExecutorPluginRegistry().get_plugin(executor).get_settings(args_)
-        with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
-            workflow_api = api.workflow(
-                resource_settings=ResourceSettings(
-                    nodes=args_.jobs,
-                    cores=args_.cores,  # None for a cluster: threads are not capped locally
-                    resources=args_.resources,
-                    overwrite_threads=args_.set_threads,
-                    overwrite_resources=args_.set_resources,
-                    default_resources=args_.default_resources,
-                ),
-                config_settings=ConfigSettings(configfiles=args_.configfile),
-                snakefile=repo / "Snakefile",
-            )
-            dag_api = workflow_api.dag(DAGSettings())
-            dag_api.execute_workflow(executor=executor, pseudo_executor="dryrun")
-            jobs = list(workflow_api._workflow.dag.jobs)
-    finally:
-        os.chdir(cwd)
+    with planning_workdir() as workdir:
+        os.chdir(workdir)
+        try:
+            # the Snakefile named: profiles/default is found beside it, as the CLI finds it
+            _, args_ = parse_args(["-n", "--snakefile", str(REPO / "Snakefile"), *args])
+            settings = ExecutorPluginRegistry().get_plugin(executor).get_settings(args_)
+            with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+                workflow_api = api.workflow(
+                    resource_settings=ResourceSettings(
+                        nodes=args_.jobs,
+                        cores=args_.cores,  # None for a cluster: threads are not capped locally
+                        resources=args_.resources,
+                        overwrite_threads=args_.set_threads,
+                        overwrite_resources=args_.set_resources,
+                        default_resources=args_.default_resources,
+                    ),
+                    config_settings=ConfigSettings(configfiles=args_.configfile),
+                    snakefile=REPO / "Snakefile",
+                    workdir=workdir,
+                )
+                dag_api = workflow_api.dag(DAGSettings())
+                dag_api.execute_workflow(executor=executor, pseudo_executor="dryrun")
+                jobs = list(workflow_api._workflow.dag.jobs)
+        finally:
+            os.chdir(cwd)
     return jobs, settings
 
 

@@ -7,6 +7,7 @@ exist here, so a dry run that tried SSH, HTTP or the hub at parse time would fai
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import yaml
@@ -14,6 +15,7 @@ from support.traces import checked_traces
 from support.workflow import (
     DEMO_CONFIG,
     KIMI_CONFIG,
+    REPO,
     dry_run,
     job_counts,
     planned_jobs,
@@ -138,15 +140,51 @@ def test_the_checked_traces_size_the_plan(tmp_path):
         train={"epochs": 3},
         validate={"baseline": False, "learning_curve": []},
     )
-    before = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    before = job_counts(dry_run(config, workdir=workdir).stdout)
     assert before["extract_hidden_states"] == 4 * 3 and before["serve_extraction_engine"] == 2 * 3
     _checked_traces(workdir, run, 4, 20_000_000)
-    after = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    after = job_counts(dry_run(config, workdir=workdir).stdout)
     assert after["extract_hidden_states"] == 4 and after["serve_extraction_engine"] == 1
     assert after["train_draft"] == 1 and "train_draft_window" not in after
     _checked_traces(workdir, run, 4, 60_000_000)  # longer replies (68.5 MB with a part): windows of 2
-    again = job_counts(dry_run(config, "--directory", str(workdir)).stdout)
+    again = job_counts(dry_run(config, workdir=workdir).stdout)
     assert again["extract_hidden_states"] == 4 * 3 and again["train_draft_window"] == 2 * 3
+
+
+def _checkout_state() -> dict[str, int]:
+    """Every file under the checkout's results/ and .snakemake/, with its modification time."""
+    folders = (REPO / "results", REPO / ".snakemake")
+    return {str(p): p.lstat().st_mtime_ns for folder in folders if folder.exists() for p in folder.rglob("*")}
+
+
+def test_a_plan_neither_reads_nor_writes_the_checkout(tmp_path):
+    # `make test` after `make demo` in the same checkout: what a run left under the checkout's results/
+    # changes no test's plan, and no test's plan writes there (the engine's service file is made when
+    # Snakemake plans). Planted in the checkout: checked traces small enough for one extraction pass
+    # (test_the_checked_traces_size_the_plan), under a run name no one else uses, removed after
+    run = f"test-{tmp_path.name}"
+    config = write_config(
+        tmp_path / "capped.yaml",
+        run=run,
+        hidden_states={"max_disk_gb": 0.2},
+        train={"epochs": 3},
+        validate={"baseline": False, "learning_curve": []},
+    )
+    planted = REPO / "results" / run
+    results_existed = (REPO / "results").exists()
+    try:
+        _checked_traces(REPO, run, 4, 20_000_000)
+        before = _checkout_state()
+        counts = job_counts(dry_run(config).stdout)
+        jobs, _ = planned_jobs(["--cores", "2", "--configfile", str(config)], "local")
+        assert _checkout_state() == before  # nothing written: no service file, no .snakemake/
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+        if not results_existed:
+            shutil.rmtree(REPO / "results", ignore_errors=True)
+    # the plan of a run with no checked traces: windows of 2 shards, every shard extracted every epoch
+    assert counts["extract_hidden_states"] == 4 * 3 and counts["serve_extraction_engine"] == 2 * 3
+    assert sum(job.rule.name == "extract_hidden_states" for job in jobs) == 4 * 3
 
 
 def test_a_disk_cap_below_one_shard_is_refused_when_parsed(tmp_path):

@@ -149,6 +149,20 @@ def test_each_engine_job_is_one_group_with_its_window_s_extraction_jobs(slurm_pl
         )
 
 
+def test_an_engine_group_is_one_sbatch_on_one_node_with_its_clients_memory_added(slurm_plan):
+    # the submission Snakemake makes for an engine's group (the GroupJob of the plan), rendered by the
+    # plugin: docs/cluster.md quotes this line for the example's first window (34 extraction jobs)
+    engine = slurm_plan["jobs"]["serve_extraction_engine"][0]
+    group = engine.dag._group[engine]
+    clients = [job for job in group if job.rule.name == "extract_hidden_states"]
+    line = render_sbatch(group, slurm_plan["settings"])
+    assert len(clients) == 34 and len(group) == 35
+    assert re.findall(r"--gpus=\S+", line) == ["--gpus=8"] and " --nodes=1 " in line  # the engine's
+    assert f" --mem {1_000_000 + 34 * 4000} " in line  # summed: the engine's and each client's
+    assert " -t 720 " in line and " -p gpu " in line and "--cpus-per-gpu=8" in line
+    assert "_extract_hidden_states_serve_extraction_engine/%j.log" in line
+
+
 def test_the_gpu_rules_plan_every_shard(slurm_plan):
     config = yaml.safe_load(KIMI_CONFIG.read_text())
     shards = -(-config["dataset"]["num_samples"] // config["dataset"]["shard_size"])
