@@ -1,6 +1,6 @@
 """The serve check's outage bound when the pipeline dies: on a real systemd (the distribution's own,
-booted in namespaces of its own as the test tier does), production (the test tier's vLLM stand-in: it
-stops in 1 s, its worker 1.5 s later, and answers /health 0.5 s after its start) is checked by a
+booted in namespaces of its own as the test tier does), production (the test tier's vLLM stand-in:
+tests/support/standin_vllm.py's STOP_S, WORKER_LINGER_S and LOAD_S) is checked by a
 pipeline in a child process, which is SIGKILLed a random time into the check; the figure is the time
 from the kill until production answers /health again, with no later run of the pipeline.
 

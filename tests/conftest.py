@@ -55,10 +55,12 @@ SHARED_MODULES = {
 FIRST = [
     "demo-e2e",
     "tests/unit/",
+    "tests/integration/test_slurm_extraction.py",  # three engine starts and much waiting on squeue
     "served-draft",
     "tests/integration/test_serve_check_real_systemd.py",
     "demo-server",
     "tests/workflow/",
+    "tests/integration/test_serve_check_real_systemd_254.py",
     "tests/integration/test_serve_check_host_record_ssh.py",
 ]
 

@@ -127,10 +127,11 @@ def patch(module) -> bool:
 
 
 class _PatchingLoader:
-    """The real loader, with `patch` run right after the module's code."""
+    """The real loader, with `patch` run right after the module's code; the finder leaves then (a
+    bare `importlib.util.find_spec` of TARGET, which loads nothing, must not use it up)."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, finder):
+        self._loader, self._finder = loader, finder
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -138,6 +139,7 @@ class _PatchingLoader:
     def exec_module(self, module):
         self._loader.exec_module(module)
         patch(module)
+        self._finder.remove()
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -151,15 +153,15 @@ class Finder:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TARGET:
             return None
-        self.remove()
         if not enabled():
+            self.remove()
             return None
         for finder in sys.meta_path:
             find_spec = getattr(finder, "find_spec", None)
-            spec = find_spec(fullname, path, target) if find_spec else None
+            spec = find_spec(fullname, path, target) if finder is not self and find_spec else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, self)
                 return spec
         return None
 

@@ -185,19 +185,19 @@ def _pipeline_in_a_child(systemd_host: SystemdHost, box: RealBox, argv: list[str
 
 
 def test_the_pipeline_sigkilled_mid_check_production_back_within_the_lease(systemd_host, host, real_box):
-    """No later run: the lease timer (10 s here, server.check_lease_s) stops the check unit, whose
+    """No later run: the lease timer (6 s here, server.check_lease_s) stops the check unit, whose
     ExecStopPost starts production, though production has Environment= and is not enabled (the
     restore 252 never ran before: the env file was gone before the start could spawn)."""
     _start(real_box)
-    proc = _pipeline_in_a_child(systemd_host, real_box, _argv(host), lease_s=10)
-    time.sleep(6)  # renewed at least once: the lease counts from the last renewal
+    proc = _pipeline_in_a_child(systemd_host, real_box, _argv(host), lease_s=6)
+    time.sleep(3)  # renewed at least once (every 1.5 s): the lease counts from the last renewal
     proc.kill()
     proc.wait()
     killed = time.monotonic()
     wait(real_box.serving, 60, "production back with no pipeline")
     outage = time.monotonic() - killed
-    # the lease, the check unit's stop (1 s, its worker 1.5 s more), production's start (0.5 s)
-    assert outage < 10 + 10, outage
+    # the lease, the check unit's stop (0.5 s, its worker 0.8 s more), production's start (0.3 s)
+    assert outage < 6 + 8, outage
     found = recover_leftover(host, UNIT, record_dir=str(real_box.records), sudo=False,
                              verify=real_box.production_check())  # fmt: skip
     assert len(found) == 1 and found[0]["was_active"]

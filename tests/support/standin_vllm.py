@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-LOAD_S, STOP_S, WORKER_LINGER_S = 0.5, 1.0, 1.5
+LOAD_S, STOP_S, WORKER_LINGER_S = 0.3, 0.5, 0.8
 ARGS = sys.argv[1:]
 EVENTS = os.environ["EAGLE3_TEST_EVENTS"]
 DRAFT = "--speculative-config" in ARGS

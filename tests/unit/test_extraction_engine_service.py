@@ -66,14 +66,24 @@ def test_a_client_plans_before_it_takes_a_slot_and_packs_after_it_left_it(
     monkeypatch.setattr(engine, "join", lambda directory, spec: {"start_id": "s", "pid": 1})
     monkeypatch.setattr(vllm_extraction, "_submit", lambda *a: events.append("run") or {"tokens": 0})
     monkeypatch.setattr(vllm_extraction, "finish_shard", lambda *a: events.append("pack") or {})
-    monkeypatch.setattr(vllm_extraction, "commit_shard", lambda *a: None)
+    monkeypatch.setattr(vllm_extraction, "commit_shard", lambda *a: events.append("commit"))
+    monkeypatch.setattr(vllm_extraction.kept, "keep", lambda *a: events.append("keep"))
     monkeypatch.delenv(vllm_extraction.CLIENT_SLOT_ENV, raising=False)
     vllm_extraction.extract_shards(settings, jobs)
-    assert events == ["plan", "plan", "slot", "run", "free", "pack", "pack"]
+    assert events[:7] == ["plan", "plan", "slot", "run", "free", "pack", "pack"]
+    assert events[7:] == ["commit", "keep", "commit", "keep"]  # kept only once committed
     events.clear()
     monkeypatch.setenv(vllm_extraction.CLIENT_SLOT_ENV, "job")
     vllm_extraction.extract_shards(settings, jobs)
-    assert events == ["slot", "plan", "plan", "run", "pack", "pack", "free"]
+    assert [e for e in events if e not in ("commit", "keep")] == [
+        "slot",
+        "plan",
+        "plan",
+        "run",
+        "pack",
+        "pack",
+        "free",
+    ]
 
 
 def test_the_runs_record_of_an_engine_start_keeps_its_stats_and_how_it_ran(tmp_path):
