@@ -81,6 +81,21 @@ def readme_commands() -> list[str]:
     ]
 
 
+# the draft served by vLLM as README shows it: run as written (vLLM 0.32 CPU, the target in an offline hub
+# cache) by tests/integration/test_readme_serve_commands.py, which needs a trained draft and vLLM
+SERVE_COMMANDS = "tests/integration/test_readme_serve_commands.py"
+ELSEWHERE |= {
+    command: (SERVE_COMMANDS, "starts vLLM on an exported draft")
+    for command in (
+        "vllm serve results/RUN/draft/speculators",
+        'vllm serve TARGET --speculative-config \'{"method": "eagle3", "model": '
+        '"results/RUN/draft/speculators", "num_speculative_tokens": 3}\'',
+        'vllm serve TARGET --speculative-config \'{"method": "eagle3", "model": '
+        '"results/RUN/draft/checkpoint", "num_speculative_tokens": 3}\'',
+    )
+}
+
+
 def as_run(command: str) -> str:
     """The command as this test runs it: a dry run where it would start real work."""
     if re.fullmatch(r"make (demo|test)( DEMO=\w+)?", command):  # DEMO=kimi: the Kimi-family demo
