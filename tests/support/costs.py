@@ -21,6 +21,8 @@ KINDS = {
     "demo-target fit": ("build_demo_target",),  # the rule's script (Snakemake names it after the rule)
 }
 
+STAND_IN = "/standin-vllm-"  # support.systemd_box: the folder of the stand-in production server
+
 
 def _processes() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, start time, command line) of every process readable in /proc."""
@@ -52,6 +54,8 @@ class CostCounter(threading.Thread):
     def poll(self) -> None:
         table = _processes()
         for pid, (_, start, cmdline) in table.items():
+            if STAND_IN in cmdline:  # the real-systemd tier's `vllm serve` is a stand-in, no vLLM
+                continue
             kind = next((k for k, marks in KINDS.items() if any(m in cmdline for m in marks)), None)
             if kind and (pid, start) not in self.seen and self._descends(pid, table):
                 parent = table.get(table[pid][0], (0, 0, ""))[2]
