@@ -25,7 +25,7 @@ rule validate_offline:
         # the slices, and the serve check's run replayed along the traces (validate/slices.py)
         context_buckets=SETTINGS.validate.context_buckets,
         num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
-        served_max_tokens=served_max_tokens(SETTINGS),
+        served_max_tokens=served_max_tokens(SETTINGS.generation, SETTINGS.validate),
     script:
         "../scripts/validate_offline.py"
 
@@ -52,7 +52,7 @@ if SETTINGS.draft.init_from:
             ttt_steps=SETTINGS.draft.ttt_steps,
             context_buckets=SETTINGS.validate.context_buckets,
             num_speculative_tokens=SETTINGS.validate.num_speculative_tokens,
-            served_max_tokens=served_max_tokens(SETTINGS),
+            served_max_tokens=served_max_tokens(SETTINGS.generation, SETTINGS.validate),
             work=f"{WORK}/init_draft",  # the starting draft as an EAGLE-format folder
         script:
             "../scripts/validate_offline_init.py"

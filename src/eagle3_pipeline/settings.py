@@ -518,8 +518,8 @@ def field_default(cls: type, name: str) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
-def served_max_tokens(settings: Settings) -> int:
+def served_max_tokens(generation: GenerationSettings, validate: ValidateSettings) -> int:
     """max_tokens of the serve check's requests, and of its run replayed offline: generation.max_tokens,
-    capped by validate.max_tokens."""
-    cap = settings.generation.max_tokens
-    return min(cap, settings.validate.max_tokens or cap)
+    capped by validate.max_tokens (the one rule both sides take it from)."""
+    cap = generation.max_tokens
+    return min(cap, validate.max_tokens or cap)

@@ -1,10 +1,15 @@
 """The draft-serving command line, the production drop-in, and the serve check's request settings."""
 
+import dataclasses
 import json
 import socket
+from pathlib import Path
 
 import pytest
+import yaml
 
+from eagle3_pipeline.config import check_config
+from eagle3_pipeline.generate.payload import Sampling, chat_body, request_seed
 from eagle3_pipeline.ports import PortError, free_port, reserved_port
 from eagle3_pipeline.server.dropin import (
     ServeCheckError,
@@ -15,8 +20,9 @@ from eagle3_pipeline.server.dropin import (
 )
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
 from eagle3_pipeline.server.vllm_args import eagle3_draft, serving_argv
-from eagle3_pipeline.settings import GenerationSettings, ValidateSettings
-from eagle3_pipeline.validate.serve_check import serve_sampling
+from eagle3_pipeline.settings import GenerationSettings, ValidateSettings, build_settings
+from eagle3_pipeline.validate.serve_check import _sampling_dict, matched_sampling, serve_sampling
+from eagle3_pipeline.validate.spec_decode import ask
 
 ARGV = [
     "/venv/bin/python",
@@ -143,6 +149,66 @@ def test_serve_sampling_caps_max_tokens_and_sets_temperature():
     assert (greedy.max_tokens, greedy.temperature, greedy.top_p) == (128, 0.0, 0.95)
     same = serve_sampling(generation, ValidateSettings(max_tokens=None, temperature=None), "m")
     assert (same.max_tokens, same.temperature) == (8192, 0.6)
+
+
+# a generation section setting every sampling value a request can carry (stop through extra_body)
+EVERY_VALUE = {
+    "max_tokens": 4096,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "seed": 11,
+    "top_k": 20,
+    "min_p": 0.05,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.25,
+    "repetition_penalty": 1.1,
+    "chat_template_kwargs": {"enable_thinking": True},
+    "extra_body": {"stop": ["<|im_end|>"], "min_tokens": 4, "skip_special_tokens": False},
+}
+
+
+def every_value_settings(monkeypatch):
+    """The demo config with EVERY_VALUE as its generation section, validated as a run's config is."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # dataset.path is relative to the workflow directory
+    raw = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    raw["generation"] |= EVERY_VALUE
+    raw["validate"] |= {"max_tokens": 256, "temperature": 0.0}
+    return build_settings(check_config(raw, root / "config" / "schema.yaml"))
+
+
+def test_every_field_of_the_sampling_is_set_by_the_test_config():
+    """A field added to Sampling without a value here would go unchecked by the next test."""
+    assert {f.name for f in dataclasses.fields(Sampling)} - {"model"} == set(EVERY_VALUE)
+
+
+def test_the_serve_checks_requests_carry_the_generations_sampling_whole(monkeypatch, scripted_endpoint):
+    """Both runs' bodies, as a real HTTP endpoint receives them, are the generation's request for the
+    same question but for what the check sets itself: max_tokens (capped) and the first run's
+    temperature (validate.temperature)."""
+    settings = every_value_settings(monkeypatch)
+    generation, validate, model = settings.generation, settings.validate, scripted_endpoint.model
+    question = {"id": "v0", "system": "sys", "question": "what is 2+2?"}
+    generated = json.loads(chat_body(question, Sampling.from_settings(generation, model)))
+    overrides = {
+        "greedy": ({"max_tokens": 256, "temperature": 0.0}, serve_sampling(generation, validate, model)),
+        "sampled": ({"max_tokens": 256}, matched_sampling(generation, validate, model)),
+    }
+    for name, (changed, sampling) in overrides.items():
+        scripted_endpoint.bodies.clear()
+        outcome = ask(scripted_endpoint.base_url, [question], sampling, None, 1, 30, 0)
+        assert outcome[0]["status"] == "ok", name
+        (sent,) = scripted_endpoint.bodies
+        assert sent == generated | changed, name
+        for key in ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_p"):
+            assert sent[key] == EVERY_VALUE[key], (name, key)
+        assert sent["seed"] == request_seed(EVERY_VALUE["seed"], "v0")
+        assert sent["chat_template_kwargs"] == {"enable_thinking": True}
+        assert {k: sent[k] for k in EVERY_VALUE["extra_body"]} == EVERY_VALUE["extra_body"]
+    assert generated["temperature"] == 0.7 and generated["max_tokens"] == 4096
+    # and serve_check.json records each run's sampling whole
+    recorded = _sampling_dict(overrides["greedy"][1])
+    assert recorded == EVERY_VALUE | {"model": model, "max_tokens": 256, "temperature": 0.0}
 
 
 HEALTH_SERVER = """

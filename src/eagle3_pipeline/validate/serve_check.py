@@ -25,36 +25,36 @@ from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.dropin import ServeCheckError
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.server.server_json import ServerSnapshot
-from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
+from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings, served_max_tokens
 from eagle3_pipeline.validate.draft_serving import ServeCheckRun, draft_serving
 from eagle3_pipeline.validate.spec_decode import load_questions
 
 log = logging.getLogger(__name__)
 
 
-def serve_sampling(generation: GenerationSettings, validate: ValidateSettings, model: str) -> Sampling:
-    """Generation's sampling, with validate.max_tokens as a cap and validate.temperature when set."""
-    sampling = Sampling.from_settings(generation, model)
-    max_tokens = min(sampling.max_tokens, validate.max_tokens or sampling.max_tokens)
-    temperature = validate.temperature
-    return Sampling(
-        model=model,
-        max_tokens=max_tokens,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        temperature=sampling.temperature if temperature is None else temperature,
-        chat_template_kwargs=sampling.chat_template_kwargs,
-    )
-
-
+# The serve check's requests carry the generation's Sampling whole (Sampling.from_settings: every value a
+# generation request sends, the optional sampling keys, seed, chat_template_kwargs and extra_body), so a
+# draft is checked at the settings production serves. Overridden, here only:
+# - max_tokens, in both runs: settings.served_max_tokens (validate.max_tokens caps it so that the check
+#   stays affordable on long replies; the offline replay walks the traces to the same length);
+# - temperature, in the first run only: validate.temperature when set (greedy by default, the diagnostic
+#   run whose replay is the target's argmax); the second run keeps the generation's own. The greedy run
+#   keeps the penalties too (vLLM's rejection sampler applies them to the target's logits, greedy too,
+#   which the replay's plain argmax then only approximates: a diagnostic).
 def matched_sampling(generation: GenerationSettings, validate: ValidateSettings, model: str) -> Sampling:
     """The generation's own sampling (what the validation traces were drawn with) at the check's
-    max_tokens (settings.served_max_tokens): the served run the offline replay matches
-    (validate/matched.py)."""
-    cap = generation.max_tokens
+    max_tokens: the served run the offline replay matches (validate/matched.py)."""
     return dataclasses.replace(
-        Sampling.from_settings(generation, model), max_tokens=min(cap, validate.max_tokens or cap)
+        Sampling.from_settings(generation, model), max_tokens=served_max_tokens(generation, validate)
     )
+
+
+def serve_sampling(generation: GenerationSettings, validate: ValidateSettings, model: str) -> Sampling:
+    """The first run's: matched_sampling at validate.temperature when set."""
+    sampling = matched_sampling(generation, validate, model)
+    if validate.temperature is None:
+        return sampling
+    return dataclasses.replace(sampling, temperature=validate.temperature)
 
 
 def matched_questions(
