@@ -13,13 +13,23 @@ def run(value: float, ci: list[float]) -> dict:
     return {"acceptance_length": value, "ci95": ci, "questions": 27}
 
 
+# as serve_check.json records a run's sampling (validate/serve_check.py _sampling_dict)
+SAMPLING = {
+    "max_tokens": 256, "temperature": 0.6, "top_p": 0.95, "seed": 0, "chat_template_kwargs": {},
+    "top_k": 20, "min_p": None, "presence_penalty": 1.5, "frequency_penalty": None,
+    "repetition_penalty": None, "extra_body": {"min_tokens": 4}, "model": "demo",
+}  # fmt: skip
+
+
 def write(root: Path, agree: bool) -> dict[str, Path]:
     check = run(2.6, [2.5, 2.7]) | {
         "num_speculative_tokens": 3,
         "sampled": run(1.9, [1.8, 2.0]),
         "sampled_comparison": {"agree": agree, "enforced": True, "reference": "sampled"},
         "offline_comparison": {"agree": False, "enforced": False, "reference": "greedy"},
+        "sampling": SAMPLING | {"temperature": 0.0},
     }
+    check["sampled"]["sampling"] = SAMPLING
     offline = {
         "acceptance_length": [1.8, 2.2, 2.5],
         "ci95": [[1.7, 1.9], [2.1, 2.3], [2.4, 2.6]],
@@ -53,8 +63,19 @@ def test_the_first_page_opens_on_the_verdict_and_what_decided_it(tmp_path: Path)
     assert "Greedy (a diagnostic, not enforced): served **2.60** [2.50, 2.70]" in page and "DISAGREES" in page
     assert "Epoch shipped: **9 of 10** (counted from 1), +0.040 over the last epoch" in page
     assert "Baseline: not trained" in page
+    sent = 'top_p 0.95, seed 0, top_k 20, presence_penalty 1.5, extra_body {"min_tokens": 4}``'
+    assert f"Sampling sent, the generation's: ``max_tokens 256, temperature 0.6, {sent}." in page
+    assert f"Greedy run: ``max_tokens 256, temperature 0.0, {sent}." in page
     assert "* `acceptance.png`_ (Acceptance)" in page and "training.png" not in page  # only what is there
     assert len({name for name, _, _ in FIGURES}) == len(FIGURES)
+
+
+def test_a_result_without_its_sampling_recorded_says_none(tmp_path: Path):
+    paths = write(tmp_path, agree=True)
+    check = json.loads(paths["serve_check"].read_text())
+    del check["sampling"], check["sampled"]["sampling"]
+    paths["serve_check"].write_text(json.dumps(check))
+    assert "Sampling sent" not in front_page(paths, "demo", set())
 
 
 def test_a_sampled_pair_that_disagrees_fails_the_page(tmp_path: Path):

@@ -52,6 +52,8 @@ def served_figures(serve_check: dict[str, Any] | None) -> dict[str, Any]:
             "reference": comparison.get("reference"),
         },
         "greedy_check": {"agree": greedy_check.get("agree"), "enforced": greedy_check.get("enforced")},
+        # what each run sent (serve_check.json's own record; a result from before it: None)
+        "sampling": {"sampled": sampled.get("sampling"), "greedy": serve_check.get("sampling")},
         "by_k": {
             k: {mode: _figure(run.get("acceptance_length"), run.get("ci95")) for mode, run in runs.items()}
             for k, runs in (serve_check.get("by_k") or {}).items()

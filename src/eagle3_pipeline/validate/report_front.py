@@ -3,12 +3,14 @@
 `snakemake --report` opens on the workflow description (the `report:` directive in rules/validate.smk),
 which is this run's `results/{run}/report/front.rst` once plot_validation has written it: the served
 check's verdict and what decided it (the sampled comparison is enforced, greedy is a diagnostic), the
-headline figures with their 95% question-level intervals, the baseline comparison, the epoch shipped and
-why, and one line per figure. Every number comes from validate/headline.py, as README's do.
+sampling each run sent, the headline figures with their 95% question-level intervals, the baseline
+comparison, the epoch shipped and why, and one line per figure. Every number comes from
+validate/headline.py, as README's do.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,33 @@ def verdict_lines(figures: dict[str, Any]) -> list[str]:
         f"{_fig(replayed.get('sampled'))}, position by position under a paired question bootstrap.",
         f"Greedy (a diagnostic, not enforced): served {_fig(served['greedy'])} against its replay "
         f"{_fig(replayed.get('greedy'))}: the pair {'agrees' if greedy.get('agree') else 'DISAGREES'}.",
+        *sampling_lines(served.get("sampling") or {}),
     ]
+
+
+def sampling_lines(sampling: dict[str, Any]) -> list[str]:
+    """What each served run sent: the generation's sampling whole, the check setting max_tokens (and the
+    greedy run's temperature); nothing for a result that did not record it."""
+    if not sampling.get("sampled"):
+        return []
+    lines = [f"Sampling sent, the generation's: {_sent(sampling['sampled'])}."]
+    if sampling.get("greedy") and sampling["greedy"] != sampling["sampled"]:
+        lines.append(f"Greedy run: {_sent(sampling['greedy'])}.")
+    return lines
+
+
+def _sent(sampling: dict[str, Any]) -> str:
+    """`key value` for each value sent (null and empty ones are not; the model is the server's), as an
+    inline literal (reStructuredText would read `name_` as a link)."""
+    return (
+        "``"
+        + ", ".join(
+            f"{key} {json.dumps(value) if isinstance(value, dict) else value}"
+            for key, value in sampling.items()
+            if key != "model" and value is not None and value != {}
+        )
+        + "``"
+    )
 
 
 def baseline_lines(figures: dict[str, Any]) -> list[str]:
