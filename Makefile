@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CORES ?= all
 PYTEST_ARGS ?=
 
-.PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint vllm-compat clean-demo
+.PHONY: install install-pipeline install-vllm install-speculators conda-envs demo plan cost test test-fast lint vllm-compat readme-table clean-demo
 
 # .venv first (the other two see its torch), then the other two side by side; each is a no-op once
 # installed from the same pins (envs/install.sh's stamp)
@@ -81,6 +81,11 @@ mutants:
 	.venv/bin/python -m pip show mutmut 2>/dev/null | grep -qx "Version: $(MUTMUT_VERSION)" \
 		|| .venv/bin/python -m pip install --quiet "mutmut==$(MUTMUT_VERSION)"
 	.venv/bin/python tests/mutation/run.py $(MUTANT_MODULES) --jobs $(MUTANT_JOBS) --minutes $(MUTANT_MINUTES)
+
+# README's headline table, written between its markers from the demo's recorded figures (docs/demo.md:
+# record them after a fresh demo; tests/unit/test_headline_table.py fails while README's table is stale)
+readme-table:
+	source .venv/bin/activate && python -m eagle3_pipeline.validate.headline_table docs/demo-figures.json README.md
 
 clean-demo:
 	rm -rf results/demo resources/demo results/demo-kimi resources/demo-kimi .snakemake

@@ -207,7 +207,7 @@ def test_no_server_left_running(demo_workdir: Path):
 
 # Sized on this suite's own run (e2e.yaml: 96 prompts, max_tokens 256, 2 epochs, 8 questions, k = 3), on
 # 2026-12-05: main served 1.178 [1.119, 1.232] greedy, 1.196 sampled; the baseline 1.104 [1.071, 1.135].
-# Two epochs make a weak draft (README's demo trains 10); the floor sits below the main draft's interval.
+# Two epochs make a weak draft (the demo trains 8); the floor sits below the main draft's interval.
 SERVED_FLOOR = 1.10
 
 

@@ -3,13 +3,15 @@ enforces; greedy: a diagnostic) with their intervals, the offline replay the sam
 the baseline, the epoch shipped and why, the learning curve and the served speedup.
 
 One source of these numbers for the report's front page (validate/report_front.py) and for the demo's
-recorded figures (`python -m eagle3_pipeline.validate.headline results/demo docs/demo-figures.json`,
-checked against README.md by tests/workflow/test_readme_figures.py). Epochs are 1-based here, as people
+recorded figures (`python -m eagle3_pipeline.validate.headline results/demo docs/demo-figures.json
+--measured "..."`: README's table is written from them by validate/headline_table.py, docs/demo.md's
+prose is checked against them by tests/unit/test_demo_figures.py). Epochs are 1-based here, as people
 count them (selection.json's `chosen.epoch` is 0-based).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -162,20 +164,30 @@ def headline_from(paths: dict[str, str | Path | None]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m eagle3_pipeline.validate.headline RESULTS OUTPUT`: record a run's headline figures."""
-    if len(argv) != 2:
+    """Record a run's headline figures, with what they were measured on (the README table states it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m eagle3_pipeline.validate.headline", description=main.__doc__
+    )
+    parser.add_argument("results", type=Path, help="the run's folder, e.g. results/demo")
+    parser.add_argument("output", type=Path, help="the figures' file, e.g. docs/demo-figures.json")
+    parser.add_argument(
+        "--measured",
+        required=True,
+        help="when, at which commit, on which machine and load (e.g. '2026-12-05, fresh clone at 0006bc5, "
+        "2 idle CPU cores')",
+    )
+    args = parser.parse_args(argv)
+    if not (args.results / "validation" / "serve_check.json").exists():
         sys.stderr.write(
-            "usage: python -m eagle3_pipeline.validate.headline results/demo docs/demo-figures.json\n"
-        )
-        return 2
-    results, output = Path(argv[0]), Path(argv[1])
-    if not (results / "validation" / "serve_check.json").exists():
-        sys.stderr.write(
-            f"ERROR: {results}/validation/serve_check.json does not exist (fix: run the demo first)\n"
+            f"ERROR: {args.results}/validation/serve_check.json does not exist (fix: run the demo first)\n"
         )
         return 1
-    figures = {"results": str(results).rstrip("/"), **headline(results)}
-    output.write_text(json.dumps(figures, indent=1) + "\n")
+    figures = {
+        "results": str(args.results),
+        "measured": args.measured,
+        **headline(args.results),
+    }
+    args.output.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 
