@@ -43,12 +43,14 @@ CONFIG ?= config/config.yaml
 cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
 	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG) $(if $(PROFILE),--profile $(PROFILE))
 
-# every tier (tests/unit, tests/integration, tests/workflow) on TEST_WORKERS pytest-xdist workers (the
-# units of work and their order: tests/conftest.py), the 15 slowest tests listed at the end
+# every tier (tests/unit, tests/integration, tests/workflow) on TEST_WORKERS pytest-xdist workers and
+# WAITING_WORKERS more that take only the modules waiting on sshd, systemd or SLURM (the units of work
+# and their order: tests/conftest.py), the 15 slowest tests listed at the end
 TEST_WORKERS ?= 2
+WAITING_WORKERS ?= 2
 test: install
-	source .venv/bin/activate && python -m pytest -n $(TEST_WORKERS) --dist loadscope \
-		--durations=15 $(PYTEST_ARGS)
+	source .venv/bin/activate && python -m pytest -n $$(( $(TEST_WORKERS) + $(WAITING_WORKERS) )) \
+		--waiting-workers $(WAITING_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 # the edit loop: tests/unit only (no vLLM, no fit, no snakemake run), its tests spread over the workers;
 # installs .venv only when it is missing (or predates pytest-xdist)

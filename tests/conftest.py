@@ -48,21 +48,39 @@ SHARED_MODULES = {
     "tests/integration/test_demo_target.py": "demo-server",
 }
 # handed out first, the costliest first; tests/unit second (the other worker's first minute and a half);
-# then the workflow tier (its modules take a minute or two). The modules
-# that mostly wait (SSH round trips, a stand-in unit's restarts: under half a core) go between the
-# CPU-bound ones, so that the other worker's work fills the cores meanwhile; last, they left the
-# cores half idle for the run's last 3 minutes.
+# then the workflow tier (its modules take a minute or two)
 FIRST = [
     "demo-e2e",
     "tests/unit/",
-    "tests/integration/test_slurm_extraction.py",  # three engine starts and much waiting on squeue
     "served-draft",
-    "tests/integration/test_serve_check_real_systemd.py",
     "demo-server",
     "tests/workflow/",
-    "tests/integration/test_serve_check_real_systemd_254.py",
-    "tests/integration/test_serve_check_host_record_ssh.py",
 ]
+# The modules that mostly wait (SSH round trips, a real systemd's stops and starts, squeue): a tenth of
+# a core or less. On workers of their own (`--waiting-workers 2`, as `make test` runs) they wait beside
+# the CPU-bound units instead of holding one of the two CPU workers for 13 minutes. Longest first; a
+# module with a test marked ssh, systemd or slurm must be listed (checked at collection).
+WAITING = [
+    "tests/integration/test_serve_check_real_systemd.py",  # 25 tests, ~6 min: stand-in stops, leases
+    "tests/integration/test_slurm_extraction.py",  # three engine scopes, ~5 min: sbatch, squeue
+    "tests/integration/test_serve_check_real_systemd_254.py",
+    "tests/integration/test_server_ssh.py",
+    "tests/integration/test_serve_check_host_record_ssh.py",
+    "tests/integration/test_server_lifecycle_ssh.py",
+    "tests/integration/test_serve_check_remote_ssh.py",
+    "tests/integration/test_server_units_ssh.py",
+    "tests/integration/test_server_secrets_ssh.py",
+]
+WAITING_MARKERS = ("ssh", "systemd", "slurm")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--waiting-workers",
+        type=int,
+        default=0,
+        help="of the -n xdist workers, how many take the WAITING modules alone (0: any worker takes any)",
+    )
 
 
 def unit_of_work(nodeid: str) -> str:
@@ -73,18 +91,41 @@ def unit_of_work(nodeid: str) -> str:
 
 def _rank(nodeid: str) -> int:
     unit = unit_of_work(nodeid)
+    if unit in WAITING:
+        return WAITING.index(unit) - len(WAITING)  # ahead of the rest: their workers start at once
     return next((i for i, first in enumerate(FIRST) if unit.startswith(first)), len(FIRST))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """--dist loadscope with SHARED_MODULES merged into one scope each, in collection order."""
+    """--dist loadscope with SHARED_MODULES merged into one scope each, in collection order, and the
+    last --waiting-workers workers given the WAITING modules alone."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    waiting_workers = config.getoption("waiting_workers")
+
     class SharedSetupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return unit_of_work(nodeid)
+
+        def _waits(self, node) -> bool:
+            return int(node.gateway.id.removeprefix("gw")) >= self.numnodes - waiting_workers
+
+        def _assign_work_unit(self, node) -> None:
+            if not 0 < waiting_workers < self.numnodes:
+                return super()._assign_work_unit(node)
+            waits = self._waits(node)
+            # a waiting worker takes waiting units alone; the others take theirs first, then help
+            scope = next((s for s in self.workqueue if (s in WAITING) == waits), None)
+            if scope is None and not waits:
+                scope = next(iter(self.workqueue))
+            if scope is None:  # none of its kind left: an idle worker never shut down holds the session
+                if not self._pending_of(self.assigned_work.get(node, {})):
+                    node.shutdown()
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # keep the order below, costliest first
     return SharedSetupScheduling(config, log)
@@ -92,8 +133,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        module = item.nodeid.split("::", 1)[0]
         for fixture, group in SHARED_SETUP.items():
-            module = item.nodeid.split("::", 1)[0]
             if fixture in item.fixturenames and SHARED_MODULES.get(module) != group:
                 raise pytest.UsageError(
                     f"{module} uses the session fixture {fixture}: add it to SHARED_MODULES in "
@@ -105,6 +146,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{item.nodeid} takes {fixture}, which starts a service: mark it "
                     f"@pytest.mark.{need} (support.requirements.FIXTURE_NEEDS)"
                 )
+        if any(item.get_closest_marker(m) for m in WAITING_MARKERS) and module not in WAITING:
+            raise pytest.UsageError(
+                f"{module} waits on an ssh, systemd or slurm service: list it in WAITING (tests/conftest.py)"
+            )
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: the files' order within a rank
 
 
