@@ -1,9 +1,10 @@
 """The validated config as typed, frozen sections: one dataclass per section of config/schema.yaml.
 
 Built once, by `build_settings`, from the config `check_config` validated (its defaults filled in from
-the schema). A default is written twice, in the schema (what a config is validated and filled from) and
-in its field here (what a section built in code takes); tests/unit/test_settings.py fails when a key, a
-field or a default of the two drifts apart.
+the schema). A default is written once, in the schema: `schema_defaults` gives each field here the
+schema's default when the module is imported (a section built in code takes the same values as a
+config), and refuses a default written in this file; tests/unit/test_settings.py fails when a key or a
+field of the two is missing from the other.
 
 Each field also declares, beside its default, which jobs it reruns (`setting`): `reruns` names the jobs
 that record it as a param (a rerun trigger), `later` marks a key recorded only while set (added after
@@ -19,24 +20,22 @@ and hands those to one package call, whose functions take `*Settings`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
 
-def setting(
-    default: Any = MISSING,
-    *,
-    factory: Any = MISSING,
-    reruns: str | tuple[str, ...] = (),
-    later: bool = False,
-) -> Any:
-    """A field with its default and its rerun role.
+def setting(*, reruns: str | tuple[str, ...] = (), later: bool = False) -> Any:
+    """A field's rerun role (its default is the schema's: `schema_defaults`).
 
     reruns: the jobs (rule names; "preflight" for both preflight rules) that record the key as a param:
         changing it reruns them. Any other job receiving the section gets the key at run time only.
@@ -45,68 +44,119 @@ def setting(
     A key no job records is run-time only, or read when the workflow is planned (which jobs exist).
     """
     roles = {"reruns": (reruns,) if isinstance(reruns, str) else tuple(reruns), "later": later}
-    return field(default=default, default_factory=factory, metadata=roles)
+    return field(metadata=roles)
 
 
-def _empty() -> Mapping[str, Any]:
-    return {}
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _schema_node(path: str) -> dict[str, Any]:
+    """The schema of section `path` ("" the whole config, "server.ssh", "server.replicas[]" an item)."""
+    node = _schema()
+    for part in filter(None, path.split(".")):
+        node = node["properties"][part.removesuffix("[]")]
+        node = node["items"] if part.endswith("[]") else node
+    return node
+
+
+def schema_defaults(path: str) -> Any:
+    """Class decorator, under @dataclass: each field of the class's own annotations takes the default
+    of key `path`.NAME in config/schema.yaml (a list as a tuple, a mapping or a section built afresh per
+    instance); a key without one is required. A default written in the class is refused: it would be a
+    second copy of the schema's."""
+
+    def fill(cls: type[T]) -> type[T]:
+        hints = typing.get_type_hints(cls)
+        properties = _schema_node(path)["properties"]
+        for name in cls.__dict__.get("__annotations__", {}):
+            declared = cls.__dict__.get(name, field())
+            if not isinstance(declared, dataclasses.Field) or declared.default is not MISSING:
+                raise TypeError(f"{cls.__name__}.{name}: its default belongs in config/schema.yaml only")
+            if name not in properties:
+                raise TypeError(f"{cls.__name__}.{name}: no key {path}.{name} in config/schema.yaml")
+            if "default" in properties[name]:
+                _give_default(declared, hints[name], properties[name]["default"])
+            setattr(cls, name, declared)
+        return cls
+
+    return fill
+
+
+def _give_default(declared: dataclasses.Field, hint: Any, default: Any) -> None:
+    if dataclasses.is_dataclass(hint):
+        declared.default_factory = lambda: section(hint, default)  # type: ignore[misc]
+    elif isinstance(default, dict):
+        declared.default_factory = functools.partial(copy.deepcopy, default)  # type: ignore[misc]
+    elif isinstance(default, list):
+        declared.default = tuple(default)
+    else:
+        declared.default = default
 
 
 @dataclass(frozen=True)
+@schema_defaults("demo")
 class DemoSettings:
-    enabled: bool = False
+    enabled: bool
     # llama: the tiny Llama target; kimi: the Kimi-K2.5 family in miniature (the Llama demo's target
     # was built before kimi existed: recorded only when not llama)
-    family: str = setting("llama", reruns="build_demo_target", later=True)
-    port: int = setting(18431, reruns="build_demo_target")
-    fit_seconds: float = setting(240, reruns="build_demo_target")
-    seed: int = setting(0, reruns="build_demo_target")
+    family: str = setting(reruns="build_demo_target", later=True)
+    port: int = setting(reruns="build_demo_target")
+    fit_seconds: float = setting(reruns="build_demo_target")
+    seed: int = setting(reruns="build_demo_target")
 
 
 @dataclass(frozen=True)
+@schema_defaults("server.ssh")
 class SshSettings:
-    known_hosts: str = "strict"
-    known_hosts_file: str = "~/.ssh/known_hosts"
-    connect_timeout_s: float = 10
-    command_timeout_s: float = 60
-    keepalive_s: int = 15
-    sudo: bool = True
+    known_hosts: str
+    known_hosts_file: str
+    connect_timeout_s: float
+    command_timeout_s: float
+    keepalive_s: int
+    sudo: bool
 
 
 @dataclass(frozen=True)
+@schema_defaults("server.replicas[]")
 class ReplicaSettings:
     """One of server.replicas: where it is; a null key takes the primary's value."""
 
-    name: str  # required: no default
-    host: str | None = None
-    unit: str | None = None
-    unit_file: str | None = None
-    base_url: str | None = None
-    tunnel: bool | None = None
-    max_shard_jobs: int | None = None
+    name: str  # required
+    host: str | None
+    unit: str | None
+    unit_file: str | None
+    base_url: str | None
+    tunnel: bool | None
+    max_shard_jobs: int | None
 
 
 @dataclass(frozen=True)
+@schema_defaults("server")
 class ServerSettings:
-    host: str = setting("local", reruns="snapshot_server")
-    unit: str = setting("vllm.service", reruns="snapshot_server")
-    unit_file: str | None = setting(None, reruns="snapshot_server")
-    manage: bool = setting(True, reruns="stop_server")
-    stop_after_generation: bool = setting(True, reruns="stop_server")
-    stop_foreign: bool = setting(False, reruns="stop_server")
-    stop_timeout_s: float = 600
-    host_state_dir: str = "/run/eagle3-pipeline"
-    check_lease_s: float = 120
-    base_url: str | None = setting(None, reruns="snapshot_server")
-    api_key_env: str = "VLLM_API_KEY"
-    api_key_file: str | None = None
-    start_timeout_s: float = 1800
-    ca_bundle: str | None = None
-    tunnel: bool = False
-    name: str = "main"
-    max_shard_jobs: int | None = None
-    replicas: tuple[ReplicaSettings, ...] = ()
-    ssh: SshSettings = field(default_factory=SshSettings)
+    host: str = setting(reruns="snapshot_server")
+    unit: str = setting(reruns="snapshot_server")
+    unit_file: str | None = setting(reruns="snapshot_server")
+    manage: bool = setting(reruns="stop_server")
+    stop_after_generation: bool = setting(reruns="stop_server")
+    stop_foreign: bool = setting(reruns="stop_server")
+    stop_timeout_s: float
+    host_state_dir: str
+    check_lease_s: float
+    base_url: str | None = setting(reruns="snapshot_server")
+    api_key_env: str
+    api_key_file: str | None
+    start_timeout_s: float
+    ca_bundle: str | None
+    tunnel: bool
+    name: str
+    max_shard_jobs: int | None
+    replicas: tuple[ReplicaSettings, ...]
+    ssh: SshSettings
 
     @property
     def local_unit_file(self) -> str | None:
@@ -116,12 +166,13 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+@schema_defaults("dataset")
 class DatasetSettings:
     path: str = setting(reruns="prepare_prompts")  # required: no default
-    num_samples: int = 256
-    shard_size: int = 64
-    seed: int = setting(0, reruns="prepare_prompts")
-    turns: str = setting("first", reruns="prepare_prompts")
+    num_samples: int
+    shard_size: int
+    seed: int = setting(reruns="prepare_prompts")
+    turns: str = setting(reruns="prepare_prompts")
 
 
 # the jobs whose requests generation.*'s sampling shapes
@@ -129,105 +180,112 @@ SAMPLING = ("preflight", "generate_shard", "serve_check")
 
 
 @dataclass(frozen=True)
+@schema_defaults("generation")
 class GenerationSettings:
     # the recorded keys in config/config.yaml's order (seed after top_p): Snakemake compares a param by
     # its repr, and the first runs recorded the section as that file wrote it
-    max_tokens: int = setting(8192, reruns=SAMPLING)
-    temperature: float | None = setting(0.6, reruns=SAMPLING)
-    top_p: float | None = setting(0.95, reruns=SAMPLING)
-    seed: int | None = setting(0, reruns=SAMPLING)
-    top_k: int | None = setting(None, reruns=SAMPLING, later=True)
-    min_p: float | None = setting(None, reruns=SAMPLING, later=True)
-    presence_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
-    frequency_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
-    repetition_penalty: float | None = setting(None, reruns=SAMPLING, later=True)
-    extra_body: Mapping[str, Any] = setting(factory=_empty, reruns=SAMPLING, later=True)
+    max_tokens: int = setting(reruns=SAMPLING)
+    temperature: float | None = setting(reruns=SAMPLING)
+    top_p: float | None = setting(reruns=SAMPLING)
+    seed: int | None = setting(reruns=SAMPLING)
+    top_k: int | None = setting(reruns=SAMPLING, later=True)
+    min_p: float | None = setting(reruns=SAMPLING, later=True)
+    presence_penalty: float | None = setting(reruns=SAMPLING, later=True)
+    frequency_penalty: float | None = setting(reruns=SAMPLING, later=True)
+    repetition_penalty: float | None = setting(reruns=SAMPLING, later=True)
+    extra_body: Mapping[str, Any] = setting(reruns=SAMPLING, later=True)
     # pacing: run-time only, but the serve check's tokens/s depend on its concurrency
-    concurrency: int = setting(64, reruns="serve_check")
-    global_concurrency: int = 64
-    chat_template_kwargs: Mapping[str, Any] = setting(factory=_empty, reruns=SAMPLING)
-    retries: int = 5
-    request_timeout_s: float = 1800
-    history: str = setting("none", reruns=("prepare_prompts", "generate_shard"), later=True)
+    concurrency: int = setting(reruns="serve_check")
+    global_concurrency: int
+    chat_template_kwargs: Mapping[str, Any] = setting(reruns=SAMPLING)
+    retries: int
+    request_timeout_s: float
+    history: str = setting(reruns=("prepare_prompts", "generate_shard"), later=True)
 
 
 @dataclass(frozen=True)
+@schema_defaults("traces")
 class TraceFilters:
     """traces.*: which rows are kept and on which side of the split they land; what filter_traces
     records and receives (a narrow section: the rest of traces.* is the merge's)."""
 
-    drop_truncated: bool = setting(False, reruns=("filter_traces", "merge_traces"))
-    drop_empty: bool = setting(True, reruns=("filter_traces", "merge_traces"))
-    drop_duplicates: bool = setting(True, reruns=("filter_traces", "merge_traces"))
-    validation_fraction: float = setting(0.05, reruns=("filter_traces", "merge_traces"))
+    drop_truncated: bool = setting(reruns=("filter_traces", "merge_traces"))
+    drop_empty: bool = setting(reruns=("filter_traces", "merge_traces"))
+    drop_duplicates: bool = setting(reruns=("filter_traces", "merge_traces"))
+    validation_fraction: float = setting(reruns=("filter_traces", "merge_traces"))
 
 
 @dataclass(frozen=True)
+@schema_defaults("traces")
 class TracesSettings(TraceFilters):
     # a threshold the merge checks, not a property of its outputs: raising it after a refused merge
     # reruns no shard's filter (and so no extraction downstream)
-    max_failed_fraction: float = 0.01
+    max_failed_fraction: float
 
 
 @dataclass(frozen=True)
+@schema_defaults("target")
 class TargetSettings:
     model: str  # required: no default
-    hidden_size: int | None = None
-    hub_id: str | None = setting(None, reruns="export_draft", later=True)
+    hidden_size: int | None
+    hub_id: str | None = setting(reruns="export_draft", later=True)
 
 
 @dataclass(frozen=True)
+@schema_defaults("hidden_states.vllm")
 class VllmEngineSettings:
-    python: str | None = None
-    tensor_parallel_size: int | None = setting(None, reruns="extract_hidden_states")
-    dtype: str | None = setting(None, reruns="extract_hidden_states")
-    quantization: str | None = setting(None, reruns="extract_hidden_states")
-    max_model_len: int | None = None
-    trust_remote_code: bool | None = setting(None, reruns="extract_hidden_states")
-    enforce_eager: bool | None = None
-    gpu_memory_utilization: float | None = None
-    enable_expert_parallel: bool | None = setting(None, reruns="extract_hidden_states")
-    max_num_batched_tokens: int | None = None
-    cuda_graphs: bool = False
-    connector: str = "auto"
-    staging_dir: str | None = None
-    max_in_flight_tokens: int | None = None
-    max_clients: int = 2
-    idle_timeout_s: float = 900
-    allow_untested_version: bool = False
+    python: str | None
+    tensor_parallel_size: int | None = setting(reruns="extract_hidden_states")
+    dtype: str | None = setting(reruns="extract_hidden_states")
+    quantization: str | None = setting(reruns="extract_hidden_states")
+    max_model_len: int | None
+    trust_remote_code: bool | None = setting(reruns="extract_hidden_states")
+    enforce_eager: bool | None
+    gpu_memory_utilization: float | None
+    enable_expert_parallel: bool | None = setting(reruns="extract_hidden_states")
+    max_num_batched_tokens: int | None
+    cuda_graphs: bool
+    connector: str
+    staging_dir: str | None
+    max_in_flight_tokens: int | None
+    max_clients: int
+    idle_timeout_s: float
+    allow_untested_version: bool
 
 
 @dataclass(frozen=True)
+@schema_defaults("hidden_states")
 class HiddenStatesSettings:
-    backend: str = setting("vllm", reruns="extract_hidden_states")
-    vllm: VllmEngineSettings = field(default_factory=VllmEngineSettings)
-    layers: str | tuple[int, ...] = setting("auto", reruns="extract_hidden_states")
-    max_seq_len: int = setting(16384, reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
-    overlong: str = setting("truncate", reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
-    dtype: str = setting("bfloat16", reruns="extract_hidden_states")
-    batch_tokens: int = setting(16384, reruns="extract_hidden_states")
-    compute_dtype: str = setting("auto", reruns="extract_hidden_states")
-    device_map: bool = False
-    trust_remote_code: bool = setting(False, reruns="extract_hidden_states")
-    max_disk_gb: float | None = None
-    pack_slots: int = 4  # shards packing at once (hidden_states/packing.pack_slot)
+    backend: str = setting(reruns="extract_hidden_states")
+    vllm: VllmEngineSettings
+    layers: str | tuple[int, ...] = setting(reruns="extract_hidden_states")
+    max_seq_len: int = setting(reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
+    overlong: str = setting(reruns=("extract_hidden_states", "vocab_map", "plan_windows"))
+    dtype: str = setting(reruns="extract_hidden_states")
+    batch_tokens: int = setting(reruns="extract_hidden_states")
+    compute_dtype: str = setting(reruns="extract_hidden_states")
+    device_map: bool
+    trust_remote_code: bool = setting(reruns="extract_hidden_states")
+    max_disk_gb: float | None
+    pack_slots: int  # shards packing at once (hidden_states/packing.pack_slot)
 
 
 @dataclass(frozen=True)
+@schema_defaults("draft")
 class DraftSettings:
-    draft_vocab_size: int = setting(32000, reruns=("train_draft", "vocab_map"))
-    ttt_steps: int = setting(7, reruns="train_draft")
-    step_weight_decay: float = setting(0.8, reruns="train_draft")
-    head_dim: int | None = setting(None, reruns="train_draft")
-    num_attention_heads: int | None = setting(None, reruns="train_draft")
-    num_key_value_heads: int | None = setting(None, reruns="train_draft")
-    norm_before_fc: bool = setting(False, reruns="train_draft", later=True)
-    fc_norm: bool = setting(False, reruns="train_draft", later=True)
-    norm_output: bool = setting(False, reruns="train_draft", later=True)
+    draft_vocab_size: int = setting(reruns=("train_draft", "vocab_map"))
+    ttt_steps: int = setting(reruns="train_draft")
+    step_weight_decay: float = setting(reruns="train_draft")
+    head_dim: int | None = setting(reruns="train_draft")
+    num_attention_heads: int | None = setting(reruns="train_draft")
+    num_key_value_heads: int | None = setting(reruns="train_draft")
+    norm_before_fc: bool = setting(reruns="train_draft", later=True)
+    fc_norm: bool = setting(reruns="train_draft", later=True)
+    norm_output: bool = setting(reruns="train_draft", later=True)
     # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
-    architecture: str = setting("auto", reruns="train_draft")
+    architecture: str = setting(reruns="train_draft")
     # a draft folder to start training from (draft/init_from.py)
-    init_from: str | None = setting(None, reruns="train_draft", later=True)
+    init_from: str | None = setting(reruns="train_draft", later=True)
 
 
 # draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),
@@ -238,55 +296,58 @@ DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass(frozen=True)
+@schema_defaults("train")
 class TrainSettings:
-    epochs: int = setting(10, reruns=("train_draft", "plan_windows"))
-    lr: float = setting(1.0e-4, reruns="train_draft")
-    warmup_ratio: float = setting(0.02, reruns="train_draft")
-    weight_decay: float = setting(0.0, reruns="train_draft")
-    grad_clip: float = setting(0.5, reruns="train_draft")
-    batch_tokens: int = setting(16384, reruns=("train_draft", "plan_windows"))
-    seed: int = setting(0, reruns=("train_draft", "plan_windows"))
+    epochs: int = setting(reruns=("train_draft", "plan_windows"))
+    lr: float = setting(reruns="train_draft")
+    warmup_ratio: float = setting(reruns="train_draft")
+    weight_decay: float = setting(reruns="train_draft")
+    grad_clip: float = setting(reruns="train_draft")
+    batch_tokens: int = setting(reruns=("train_draft", "plan_windows"))
+    seed: int = setting(reruns=("train_draft", "plan_windows"))
     # not properties of the weights (how often a resume point is saved, recompute instead of keep,
     # shard instead of replicate: the same numbers): run-time only, changing them reruns nothing
-    save_every_steps: int = 500
-    activation_checkpointing: bool = False
-    fsdp: bool = False
+    save_every_steps: int
+    activation_checkpointing: bool
+    fsdp: bool
 
 
 @dataclass(frozen=True)
+@schema_defaults("validate")
 class ValidateSettings:
-    serve_check: bool = True
-    num_speculative_tokens: int = setting(3, reruns="serve_check")
-    baseline: bool = True
-    max_questions: int = setting(64, reruns="serve_check")
-    max_tokens: int | None = setting(None, reruns="serve_check")
-    temperature: float | None = setting(0.0, reruns="serve_check")
-    enforce_eager: bool = setting(True, reruns="serve_check")
-    remote_dir: str | None = None  # where a remote check runs: run-time only
-    served_offline_tolerance: float | None = setting(0.02, reruns="serve_check")
-    by_k_max: int = setting(0, reruns="serve_check", later=True)
-    speedup: bool = setting(True, reruns="serve_check")
-    speedup_repeats: int = 3
-    select_every_epochs: int = 1
-    learning_curve: tuple[float, ...] = ()
-    context_buckets: tuple[int, ...] = (512, 2048, 8192)
+    serve_check: bool
+    num_speculative_tokens: int = setting(reruns="serve_check")
+    baseline: bool
+    max_questions: int = setting(reruns="serve_check")
+    max_tokens: int | None = setting(reruns="serve_check")
+    temperature: float | None = setting(reruns="serve_check")
+    enforce_eager: bool = setting(reruns="serve_check")
+    remote_dir: str | None  # where a remote check runs: run-time only
+    served_offline_tolerance: float | None = setting(reruns="serve_check")
+    by_k_max: int = setting(reruns="serve_check", later=True)
+    speedup: bool = setting(reruns="serve_check")
+    speedup_repeats: int
+    select_every_epochs: int
+    learning_curve: tuple[float, ...]
+    context_buckets: tuple[int, ...]
 
 
 @dataclass(frozen=True)
+@schema_defaults("")
 class Settings:
     """The whole config, one typed section per schema section."""
 
     dataset: DatasetSettings
     target: TargetSettings
-    run: str = "demo"
-    demo: DemoSettings = field(default_factory=DemoSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
-    generation: GenerationSettings = field(default_factory=GenerationSettings)
-    traces: TracesSettings = field(default_factory=TracesSettings)
-    hidden_states: HiddenStatesSettings = field(default_factory=HiddenStatesSettings)
-    draft: DraftSettings = field(default_factory=DraftSettings)
-    train: TrainSettings = field(default_factory=TrainSettings)
-    validate: ValidateSettings = field(default_factory=ValidateSettings)
+    run: str
+    demo: DemoSettings
+    server: ServerSettings
+    generation: GenerationSettings
+    traces: TracesSettings
+    hidden_states: HiddenStatesSettings
+    draft: DraftSettings
+    train: TrainSettings
+    validate: ValidateSettings
 
 
 def section(cls: type[T], values: Mapping[str, Any] | None) -> T:

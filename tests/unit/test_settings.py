@@ -1,4 +1,4 @@
-"""The typed settings against config/schema.yaml: every key, every default, in one place."""
+"""The typed settings against config/schema.yaml: every key in both, every default written once (the schema)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from eagle3_pipeline.settings import (
     as_params,
     build_settings,
     runtime_only,
+    schema_defaults,
     section,
 )
 
@@ -58,6 +59,28 @@ def _walk(schema: dict[str, Any], cls: type, where: str) -> list[str]:
 def test_every_schema_key_is_a_field_with_the_schema_default():
     schema = yaml.safe_load(SCHEMA.read_text())
     assert _walk(schema, Settings, "config") == []
+
+
+def test_a_default_written_in_a_section_is_refused_as_a_second_copy():
+    @dataclasses.dataclass(frozen=True)
+    @schema_defaults("server.ssh")
+    class Ssh:
+        sudo: bool
+
+    assert Ssh().sudo is True  # the schema's default
+
+    class Written:
+        __annotations__ = {"sudo": bool}
+        sudo = False
+
+    with pytest.raises(TypeError, match=r"Written.sudo: its default belongs in config/schema.yaml"):
+        schema_defaults("server.ssh")(Written)
+
+    class Unknown:
+        __annotations__ = {"sudoers": bool}
+
+    with pytest.raises(TypeError, match=r"no key server.ssh.sudoers in config/schema.yaml"):
+        schema_defaults("server.ssh")(Unknown)
 
 
 @pytest.mark.parametrize("path", ["config/config.yaml", "config/examples/kimi-k2.5-8gpu.yaml"])
