@@ -1,4 +1,4 @@
-"""The typed settings against config/schema.yaml: every key in both, every default written once (the schema)."""
+"""The typed settings against config/schema.yaml: every key in both, every default written once."""
 
 from __future__ import annotations
 
