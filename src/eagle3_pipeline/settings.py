@@ -195,6 +195,9 @@ class VllmEngineSettings:
     max_clients: int = 2
     idle_timeout_s: float = 900
     allow_untested_version: bool = False
+    # what an engine scope's time limit on a cluster is planned at (hidden_states/allocation.py)
+    expected_tokens_per_s: float = 10000
+    expected_start_s: float = 600
 
 
 @dataclass(frozen=True)
