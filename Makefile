@@ -37,8 +37,9 @@ plan: install-pipeline
 	source .venv/bin/activate && snakemake -n --configfile $(CONFIG)
 
 # extraction's cost before a run, one JSON object: make cost CONFIG=config/examples/kimi-k2.5-8gpu.yaml
-# (PROFILE=profiles/slurm: the cluster's executor, the same plan): the plan from the run's checked traces
-# under results/ once there are any, else at the expected length (plan_source), beside the bound
+# (PROFILE=profiles/slurm: each engine scope's sbatch resources, GPU hours and a retry's cost): the
+# engine jobs the DAG holds now, the plan once the traces are checked (from results/, else at the
+# expected length: plan_source), and the bound
 CONFIG ?= config/config.yaml
 cost:  # read-only and fast: no install step (make install-pipeline first on a fresh machine)
 	source .venv/bin/activate && python -m eagle3_pipeline.hidden_states.cost $(CONFIG) $(if $(PROFILE),--profile $(PROFILE))

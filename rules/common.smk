@@ -7,6 +7,10 @@
 # envs/conda_envs.py); Snakemake builds and uses it only under --use-conda (a cluster without the
 # project's virtualenvs), and ignores it otherwise.
 from eagle3_pipeline.config import check_config, shard_ids
+from eagle3_pipeline.hidden_states.allocation import gpu_form, plain_resources
+from eagle3_pipeline.hidden_states.allocation import (
+    gpu_request as allocation_gpu_request,
+)
 from eagle3_pipeline.settings import build_settings
 
 check_config(config, workflow.source_path("../config/schema.yaml"))
@@ -42,6 +46,27 @@ def resource_limit(name):
     one set by these rules); None when unlimited."""
     limit = workflow.global_resources.get(name)
     return getattr(limit, "value", limit)
+
+
+def profile_resources(name=None):
+    """The workflow profile's (or the command line's) resources as plain values: set-resources of the
+    rule named `name`, or with None default-resources. Every job's own process gets the same.
+    """
+    resources = workflow.resource_settings
+    if name is None:
+        return plain_resources(resources.default_resources)
+    return plain_resources(resources.overwrite_resources.get(name))
+
+
+# How the profile names GPUs (its default-resources' gpus_as: gpus -> --gpus=N, gres -> --gres=gpu:N):
+# each GPU rule's own request is in that form (gpu_request), so that a rule the profile sizes in that
+# form carries nothing else (SLURM refuses --gres=gpu:8 beside a default's --gpus=1)
+GPU_FORM = gpu_form(profile_resources())
+
+
+def gpu_request(count):
+    """A GPU rule's own resources for `count` GPUs, in the profile's form (`resources: **gpu_request(1)`)."""
+    return allocation_gpu_request(GPU_FORM, count)
 
 
 # The shared helpers, one idea per file (each needs the names above; windows needs the variants'):

@@ -44,8 +44,10 @@ rule extract_hidden_states:
     threads: 0 if VLLM_ENGINE else 1
     resources:
         # transformers: the job runs the target (a 1T MoE needs all 8: set-resources in the profile).
-        # vllm: the job is a client of its engine job, which holds the GPUs
-        gpu=0 if VLLM_ENGINE else 1,
+        # vllm: the job is a client of its engine job, which holds the GPUs; its memory is the
+        # profile's mem_mb (its floor: summed over the group) and its time its engine's
+        **({} if VLLM_ENGINE else gpu_request(1)),
+        **({"runtime": get_client_time_limit} if VLLM_ENGINE else {}),
     params:
         **EXTRACTION_PARAMS,
         # only a rerun trigger (the target's placement under transformers), its value as it always
@@ -108,8 +110,9 @@ if VLLM_ENGINE:
             "../envs/pipeline.yaml"
         threads: 1
         resources:
-            gpu=get_engine_gpus,
-            extraction_engines=1,
+            # the GPUs in the profile's form; with the profile's engine_mem_mb and engine_cpus, its
+            # own plus its clients' packing, and the scope's time limit from the plan (common/engine.smk)
+            **engine_resources("serve_extraction_engine"),
         params:
             job=get_engine_job,  # its settings and paths (engine_job.py): no rerun trigger (a service)
             server_json=rules.snapshot_server.output.server,
@@ -128,6 +131,8 @@ if VLLM_ENGINE:
             service(f"{BASELINE_ENGINE_DIR}/{ENGINE_SERVICE}"),
         log:
             f"{LOGS}/serve_extraction_engine/{BASELINE}hidden_states/engine.log",
+        resources:
+            **engine_resources("baseline_serve_extraction_engine"),
         params:
             job=get_baseline_engine_job,
             server_json=rules.snapshot_server.output.server,

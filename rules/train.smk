@@ -119,7 +119,7 @@ if WINDOW:
             "../envs/pipeline.yaml"
         threads: 1  # as train_draft
         resources:
-            gpu=1,  # as train_draft
+            **gpu_request(1),  # as train_draft
         params:
             **KEPT,
             draft=DRAFT_PARAMS,
@@ -182,7 +182,9 @@ else:
             "../envs/pipeline.yaml"
         threads: 1  # torch threads on CPU: OpenMP ops slow many-fold when threads outnumber free cores
         resources:
-            gpu=1,  # DDP over resources.gpu processes; raise it in the workflow profile (set-resources)
+            # DDP over that many processes; raise it in the workflow profile (set-resources: gpu, or
+            # gres under gpus_as: gres)
+            **gpu_request(1),
         params:
             **KEPT,
             draft=DRAFT_PARAMS,

@@ -19,7 +19,8 @@ rule validate_offline:
     conda:
         "../envs/pipeline.yaml"
     resources:
-        gpu=1,  # the draft and the target's lm_head over every validation token; CPU when none
+        # the draft and the target's lm_head over every validation token; CPU when none
+        **gpu_request(1),
     params:
         ttt_steps=SETTINGS.draft.ttt_steps,
         # the slices, and the serve check's run replayed along the traces (validate/slices.py)
@@ -46,7 +47,7 @@ if SETTINGS.draft.init_from:
         conda:
             "../envs/pipeline.yaml"
         resources:
-            gpu=1,  # as validate_offline
+            **gpu_request(1),  # as validate_offline
         params:
             draft=DRAFT_PARAMS,  # the run's draft shape, which the starting draft must have
             ttt_steps=SETTINGS.draft.ttt_steps,
@@ -77,7 +78,7 @@ if KEPT_EPOCHS:
             "../envs/pipeline.yaml"
         threads: 1  # torch threads on CPU, as train_draft (it runs beside the serve checks)
         resources:
-            gpu=1,  # as validate_offline, once per kept epoch
+            **gpu_request(1),  # as validate_offline, once per kept epoch
         params:
             epochs=KEPT_EPOCHS,
             every=SETTINGS.validate.select_every_epochs,

@@ -6,7 +6,7 @@ import os
 from dataclasses import fields
 
 from eagle3_pipeline.hidden_states.job import launch_mode, rule_jobs, write_jobs
-from eagle3_pipeline.launch import exec_job
+from eagle3_pipeline.launch import exec_job, job_gpus
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import HiddenStatesSettings
 
@@ -37,7 +37,7 @@ if snakemake.threads == 0:  # a vllm client (no core of its own): Snakemake's OM
 exec_job(
     "eagle3_pipeline.hidden_states",
     job_file,
-    snakemake.resources.gpu,
+    job_gpus(snakemake.resources),
     params.work,
     snakemake.log[0],
     mode=launch_mode(hidden_states),

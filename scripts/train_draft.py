@@ -3,7 +3,7 @@ with one process per GPU the job sees (eagle3_pipeline.launch; one CPU process w
 
 from eagle3_pipeline.draft.job import rule_job, write_job
 from eagle3_pipeline.hidden_states.engine import wait_gone
-from eagle3_pipeline.launch import exec_job
+from eagle3_pipeline.launch import exec_job, job_gpus
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import DraftSettings, TrainSettings, whole
 
@@ -27,4 +27,6 @@ job = rule_job(
 job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft.json")
 # Snakemake starts this job once the engine's group is done, not once the engine has exited
 wait_gone(snakemake.params.runtime.section("engines").get("roots", []))
-exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])
+exec_job(
+    "eagle3_pipeline.draft", job_file, job_gpus(snakemake.resources), snakemake.params.work, snakemake.log[0]
+)

@@ -3,7 +3,7 @@ window's state, as a job file run by `accelerate launch` (see scripts/train_draf
 
 from eagle3_pipeline.draft.job import WindowJob, rule_job, single_path, write_job
 from eagle3_pipeline.hidden_states.engine import wait_gone
-from eagle3_pipeline.launch import exec_job
+from eagle3_pipeline.launch import exec_job, job_gpus
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import DraftSettings, TrainSettings, whole
 
@@ -35,4 +35,6 @@ job = rule_job(
 job_file = write_job(job, f"{snakemake.params.work}/jobs/train_draft_window-{epoch}-{index}.json")
 # Snakemake starts this job once the engine's group is done, not once the engine has exited
 wait_gone(snakemake.params.runtime.section("engines").get("roots", []))
-exec_job("eagle3_pipeline.draft", job_file, snakemake.resources.gpu, snakemake.params.work, snakemake.log[0])
+exec_job(
+    "eagle3_pipeline.draft", job_file, job_gpus(snakemake.resources), snakemake.params.work, snakemake.log[0]
+)

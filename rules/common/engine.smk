@@ -1,7 +1,17 @@
 # The vllm backend's extraction engine: its folder per scope (eagle3_pipeline.planning.engines), its
 # run-time keys, and which extraction jobs consume its Snakemake job.
+import functools
 from pathlib import Path
 
+from eagle3_pipeline.budget import parse_time_hidden_size
+from eagle3_pipeline.hidden_states.allocation import (
+    CLIENT_RULES,
+    ENGINE_RULES,
+    engine_cpus,
+    engine_mem_mb,
+    shard_tokens,
+    time_limit,
+)
 from eagle3_pipeline.hidden_states.engine import stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
 from eagle3_pipeline.planning.engines import SERVICE, EngineScopes
@@ -126,10 +136,107 @@ def get_baseline_engine_job(wildcards):
 
 def get_engine_gpus(wildcards):
     """The engine job's GPUs: locally every one of the run (--resources gpu=N: vLLM spreads the target
-    over the visible GPUs); on a cluster the profile's set-resources (profiles/slurm: 8).
+    over the visible GPUs); on a cluster the profile's set-resources (profiles/slurm: 8), else its
+    tensor parallel size.
     """
     limit = resource_limit("gpu")
-    return limit if isinstance(limit, int) else 1
+    return (
+        limit
+        if isinstance(limit, int)
+        else SETTINGS.hidden_states.vllm.tensor_parallel_size or 1
+    )
+
+
+def get_engine_gres(wildcards):
+    return f"gpu:{get_engine_gpus(wildcards)}"
+
+
+def engine_gpu_request():
+    """The engine job's GPUs in the profile's form (GPU_FORM: gpu, or a gres of GPUs)."""
+    return {"gpu": get_engine_gpus} if GPU_FORM == "gpus" else {"gres": get_engine_gres}
+
+
+# The allocation of an engine scope on a cluster (hidden_states/allocation.py): the engine job asks for
+# its own memory and CPUs plus what its clients' packing takes (the profile's engine_mem_mb and
+# engine_cpus), each client for its floor (the profile's mem_mb: Snakemake sums the group), and both
+# for the scope's time limit from the plan (its tokens at hidden_states.vllm.expected_tokens_per_s and
+# one engine start, with headroom) unless the profile gives the engine a runtime.
+ENGINE_OF = {client: engine for client, engine in zip(CLIENT_RULES, ENGINE_RULES)}
+
+
+@functools.cache
+def allocation_hidden_size():
+    """The target's hidden size for the allocation (budget.parse_time_hidden_size); None where none is
+    known on this machine (no config.json, no target.hidden_size): the time limits then plan every
+    shard at its bound, and a profile's engine_mem_mb is refused (allocation.engine_mem_mb says why).
+    """
+    hidden = SETTINGS.target.hidden_size
+    where = Path(SETTINGS.target.model) / "config.json"
+    if not (hidden or SETTINGS.demo.enabled or where.exists()):
+        return None
+    return parse_time_hidden_size(SETTINGS, "the extraction engine's allocation")
+
+
+@functools.cache
+def planned_shard_tokens():
+    """Each shard's tokens as the plan counts them: its checked traces', else its bound."""
+    return shard_tokens(SETTINGS, SHARDS, allocation_hidden_size(), RESULTS)
+
+
+def scope_tokens(name, epoch=None, window=None):
+    """The tokens of the scope of the engine named `name` (its rule's name): the main shards', one plan
+    window's, or the baseline's (every shard at its bound: its traces have no budget records).
+    """
+    if name == ENGINE_RULES[1]:
+        return sum(shard_tokens(SETTINGS, SHARDS).values())
+    tokens = planned_shard_tokens()
+    shards = EPOCH_WINDOWS[int(epoch)][int(window)] if WINDOW else SHARDS
+    return sum(tokens[shard] for shard in shards)
+
+
+def get_engine_time_limit(wildcards, rulename):
+    """An engine job's time limit in minutes (allocation.time_limit)."""
+    tokens = scope_tokens(rulename, wildcards.get("epoch"), wildcards.get("window"))
+    return time_limit(SETTINGS, tokens, profile_resources(rulename), rulename)
+
+
+def get_client_time_limit(wildcards, rulename):
+    """An extraction client's time limit: its engine's (a group takes the longest of its jobs)."""
+    engine = ENGINE_OF[rulename]
+    epoch = wildcards.get("epoch")
+    window = TRAINING.window_of(epoch, wildcards.shard) if WINDOW else None
+    tokens = scope_tokens(engine, epoch, window)
+    return time_limit(SETTINGS, tokens, profile_resources(engine), engine)
+
+
+def get_engine_mem_mb(wildcards, rulename):
+    """The engine job's memory: None unless the profile sizes it (allocation.engine_mem_mb)."""
+    return engine_mem_mb(
+        profile_resources(rulename), SETTINGS, allocation_hidden_size(), rulename
+    )
+
+
+def get_engine_cpus(wildcards, rulename):
+    """The engine job's CPUs: None unless the profile sizes them (allocation.engine_cpus)."""
+    return engine_cpus(profile_resources(rulename), SETTINGS, rulename)
+
+
+def engine_resources(name):
+    """The resources of the engine named `name` (its rule's name): its GPUs in the profile's form, the
+    count of engines at once, its time limit, and its memory and CPUs where the profile gives its own
+    (engine_mem_mb, engine_cpus; a sized resource must be a number, so none without them locally).
+    """
+    profile = profile_resources(name)
+    resources = {
+        **engine_gpu_request(),
+        "extraction_engines": 1,
+        "runtime": get_engine_time_limit,
+    }
+    if "engine_mem_mb" in profile:
+        resources["mem_mb"] = get_engine_mem_mb
+    if "engine_cpus" in profile:
+        resources["cpus_per_task"] = get_engine_cpus
+    return resources
 
 
 def get_baseline_extraction_gate(wildcards):

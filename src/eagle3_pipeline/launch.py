@@ -1,10 +1,11 @@
 """Launching GPU steps with `accelerate launch`, sized to the GPUs a job really has.
 
 Snakemake gives a job `resources.gpu` (capped locally by `--resources gpu=N`, mapped to `--gpus=N` by
-the SLURM plugin), but assigns no device ids and cannot see what a node really exposes. So the flags
-are decided in the job, at launch time: the process count is clamped to the devices visible in the
-job (`CUDA_VISIBLE_DEVICES`, else torch), the decision is logged, and `accelerate launch` is exec'd
-with this interpreter (`sys.executable`). A rule that asks for more GPUs than the node exposes still
+the SLURM plugin; `resources.gres` gpu:N under a profile that names GPUs as gres: job_gpus), but
+assigns no device ids and cannot see what a node really exposes. So the flags are decided in the job,
+at launch time: the process count is clamped to the devices visible in the job
+(`CUDA_VISIBLE_DEVICES`, else torch), the decision is logged, and `accelerate launch` is exec'd with
+this interpreter (`sys.executable`). A rule that asks for more GPUs than the node exposes still
 runs correctly, and nothing machine-specific (interpreter, checkout path) is in any rule's params.
 
 The GPU rules (train_draft, train_draft_window, extract_hidden_states) use the thin-script pattern: the
@@ -32,6 +33,7 @@ import enum
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import zlib
@@ -52,6 +54,19 @@ class LaunchMode(enum.Enum):
 
 
 MODES = (LaunchMode.DDP.value, LaunchMode.DEVICE_MAP.value)  # what `accelerate launch` can start
+
+
+# a generic resource of GPUs, as a profile under gpus_as: gres names them (gpu:N or gpu:TYPE:N)
+GRES_GPUS = re.compile(r"^gpu(?::[\w.]+)?:(\d+)$")
+
+
+def job_gpus(resources: Mapping[str, Any]) -> int:
+    """The GPUs Snakemake gave a job: its `gpu` resource, else the count of its `gres` of GPUs (a
+    profile that names GPUs as gres: rules/common.smk's gpu_request), else 0."""
+    if count := resources.get("gpu"):
+        return int(count)
+    match = GRES_GPUS.match(str(resources.get("gres") or ""))
+    return int(match.group(1)) if match else 0
 
 
 def main_process_port(job_key: str, base: int = 29500, span: int = 2000) -> int:

@@ -251,6 +251,9 @@ class VllmEngineSettings:
     max_clients: int
     idle_timeout_s: float
     allow_untested_version: bool
+    # what an engine scope's time limit on a cluster is planned at (hidden_states/allocation.py)
+    expected_tokens_per_s: float
+    expected_start_s: float
 
 
 @dataclass(frozen=True)

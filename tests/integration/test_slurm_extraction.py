@@ -1,7 +1,8 @@
 """The SLURM tier: the extraction of 4 shards (vLLM CPU engine) submitted by snakemake-executor-plugin-slurm
 with profiles/slurm to a real one-node SLURM 22.05 (support.slurm), as a user runs it from a login node.
 
-One engine scope is one allocation on one node with the engine's 8 GPUs; a client killed mid-scope
+One engine scope is one allocation on one node with the engine's 8 GPUs, its CPUs and the memory of it
+and of the clients that run (hidden_states/allocation.py); a client killed mid-scope
 fails its group, which leaves no process on the node, and its rerun takes the finished shards back (the
 same files) and extracts only the killed one, on one engine start; a single shard forced again runs
 inside an engine scope, with the GPUs. The tests run in order on one working directory.
@@ -23,8 +24,14 @@ import yaml
 from support.hidden_states import trace_rows, write_traces
 from support.slurm import Cluster
 from support.vllm_server import cpu_vllm_env
+from support.workflow import merge
+
+from eagle3_pipeline.config import check_config
+from eagle3_pipeline.hidden_states.allocation import packing_bytes
+from eagle3_pipeline.settings import build_settings
 
 REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "config" / "schema.yaml"
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SPLITS = ("train", "validation")
 SHARDS = ("00000", "00001", "00002", "00003")
@@ -113,9 +120,23 @@ def _allocations(cluster: Cluster, known: set[str]) -> list[dict[str, str]]:
     return out
 
 
-def _one_node_eight_gpus(allocation: dict[str, str]) -> bool:
-    """The engine scope's allocation: one node, the engine's 8 GPUs (--gpus=8, as scontrol lists it)."""
-    return allocation["NumNodes"] == "1" and "gpu:8" in allocation.get("TresPerJob", "")
+def _one_node_eight_gpus(allocation: dict[str, str], clients: int, config: Path) -> bool:
+    """The engine scope's allocation: one node, the engine's 8 GPUs (--gpus=8, as scontrol lists it),
+    the engine's 64 CPUs and one for each of the 4 clients that may pack at once, its memory with its
+    packing clients' and 512 MiB for each client of the group (profiles/slurm, allocation.py)."""
+    raw = merge(
+        yaml.safe_load((REPO / "config" / "config.yaml").read_text()), yaml.safe_load(config.read_text())
+    )
+    settings = build_settings(check_config(raw, SCHEMA))  # as the workflow reads it: its defaults, then -c
+    hidden = json.loads((Path(settings.target.model) / "config.json").read_text())["hidden_size"]
+    packing = -(-packing_bytes(settings, hidden) // 2**20)
+    memory = 1_000_000 + settings.hidden_states.pack_slots * packing + clients * 512
+    return (
+        allocation["NumNodes"] == "1"
+        and "gpu:8" in allocation.get("TresPerJob", "")
+        and allocation["NumCPUs"] == "68"
+        and f"mem={memory}M" in allocation["TRES"]
+    )
 
 
 def _files(results: Path) -> dict[str, tuple[int, int]]:
@@ -194,7 +215,7 @@ def test_a_killed_client_fails_its_group_and_leaves_no_process_on_the_node(scope
             process.kill()
     assert process.returncode != 0, output[-4000:]
     (allocation,) = _allocations(cluster, scope["seen"])  # the whole scope: one sbatch
-    assert _one_node_eight_gpus(allocation), allocation
+    assert _one_node_eight_gpus(allocation, len(SHARDS), workdir / "c.yaml"), allocation
     # Snakemake removed every output of the failed group; the finished shards wait in the engine's folder
     kept = results / "work" / "hidden_states" / "engine" / "kept"
     assert len(list(kept.glob("*.safetensors"))) == len(finished), list(kept.iterdir())
@@ -211,7 +232,7 @@ def test_the_rerun_extracts_only_the_killed_shard_on_one_engine_start(scope):
     done = _run(workdir, cluster)
     assert done.returncode == 0, _failure(done, workdir, cluster)
     (allocation,) = _allocations(cluster, scope["seen"])
-    assert _one_node_eight_gpus(allocation), allocation
+    assert _one_node_eight_gpus(allocation, len(SHARDS), workdir / "c.yaml"), allocation
     assert _engine_starts(results) == starts + 1
     files = _files(results)
     # the same files, their bytes never rewritten (Snakemake touches an output older than its job's start)
@@ -235,7 +256,7 @@ def test_a_single_shard_forced_again_runs_inside_an_engine_scope_with_the_gpus(s
     done = _run(workdir, cluster, "--forcerun", forced)
     assert done.returncode == 0, _failure(done, workdir, cluster)
     (allocation,) = _allocations(cluster, scope["seen"])
-    assert _one_node_eight_gpus(allocation), allocation
+    assert _one_node_eight_gpus(allocation, 1, workdir / "c.yaml"), allocation  # the forced shard's client
     assert _engine_starts(results) == starts + 1
     log = (results / "logs" / "extract_hidden_states" / "00001.log").read_text()
     assert "joined the extraction engine " in log and " started (pid " not in log, log[-3000:]

@@ -1,11 +1,12 @@
 """A real one-node SLURM cluster on 127.0.0.1 for the SLURM tier (tests/slurm/): Debian's slurmctld,
 slurmd and munge (22.05; `.ci/run` installs them), started from a scratch folder and stopped again.
 
-The node is declared at the size profiles/slurm asks for (64 CPUs, 1.2 TB, 8 GPUs: the Kimi example's
-engine allocation) on a 2-core machine: `SlurmdParameters=config_overrides` has slurmd take the
-declared size. The 8 GPUs are count-only gres (22.05 needs a `File=` per GPU: links to /dev/null);
-no cgroups (`proctrack/linuxproc`, `task/none`); no accounting (the plugin tracks jobs with squeue,
-`MinJobAge` keeps finished jobs listed long enough for it). Partitions `cpu` and `gpu`, the profile's.
+The node is declared at the size of an 8-GPU H100/H200 node (112 CPUs, 1.2 TB, 8 GPUs: room for the
+Kimi example's engine allocation, 68 CPUs and 1,026,260 MiB) on a 2-core machine:
+`SlurmdParameters=config_overrides` has slurmd take the declared size. The 8 GPUs are count-only gres
+(22.05 needs a `File=` per GPU: links to /dev/null); no cgroups (`proctrack/linuxproc`, `task/none`);
+no accounting (the plugin tracks jobs with squeue, `MinJobAge` keeps finished jobs listed long enough
+for it). Partitions `cpu` and `gpu`, the profile's.
 Client commands find the cluster through `SLURM_CONF` (`env`).
 """
 
@@ -26,7 +27,7 @@ import pytest
 from support.requirements import require, unavailable
 
 NODE = "node1"
-NODE_SIZE = "CPUs=64 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1200000"
+NODE_SIZE = "CPUs=112 Boards=1 SocketsPerBoard=2 CoresPerSocket=56 ThreadsPerCore=1 RealMemory=1200000"
 START_TIMEOUT_S = 60.0
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 

@@ -94,7 +94,59 @@ def test_the_slurm_profile_plans_the_same_engine_starts(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["executor"] == "slurm" and out["engine_starts"] == 1 and out["engine_starts_bound"] == 30
     assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out)["executor"] == "local"
+    local = json.loads(capsys.readouterr().out)
+    assert local["executor"] == "local" and local["allocations_now"] is None and local["allocations"] is None
+
+
+def test_the_plan_now_is_the_dag_s_and_the_profile_s_allocations_are_printed(capsys, tmp_path):
+    # no trace checked: the DAG holds the bound's 30 engine jobs (10 epochs x windows of 34, 34, 32
+    # shards); once checked at the expected length, one engine job over the 100 shards
+    slurm = str(REPO / "profiles" / "slurm")
+    assert cost.main([str(KIMI), "--profile", slurm, "--results", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine_starts_now"] == 30 and out["plan_now_source"] == "config"
+    assert out["plan_now"] == out["plan_bound"]
+    now = out["allocations_now"]
+    assert now["gpus_as"] == "gpus" and now["allocations"] == 30
+    # each scope's group: the engine's 1,000,000 MiB, 4 packing clients' 2,213 MiB and 512 MiB per
+    # client; 64 + 4 CPUs; (600 s + shards x 200 x 10,240 tokens / 10,000 tokens/s) x 1.5
+    assert [(a["allocations"], a["shards"], a["sbatch"]) for a in now["per_allocation"]] == [
+        (20, 34, "-p gpu -t 190 --mem 1026260 --nodes=1 --cpus-per-task=68 --gpus=8"),
+        (10, 32, "-p gpu -t 179 --mem 1025236 --nodes=1 --cpus-per-task=68 --gpus=8"),
+    ]
+    assert now["gpu_hours_reserved"] == round(8 * (20 * 190 + 10 * 179) / 60, 1) == 745.3
+    after = out["allocations"]  # completions of 3,000 tokens: one pass, 100 clients in one group
+    assert after["per_allocation"] == [
+        {
+            "sbatch": "-p gpu -t 191 --mem 1060052 --nodes=1 --cpus-per-task=68 --gpus=8",
+            "allocations": 1,
+            "shards": 100,
+            "gpus": 8,
+            "time_limit_min": 191,
+            "planned_h": 2.12,
+        }
+    ]
+    # a failed client's group again: one engine start and its missing shards (the rest kept), not
+    # the 100 shards' 70.24 M tokens again
+    assert out["retry"] == {
+        "retries": 1,
+        "scope_shards": 100,
+        "engine_start_gpu_hours": round(8 * 600 / 3600, 2),
+        "kept_gpu_hours": round(8 * (600 + 200 * 3512 / 10000) / 3600, 2),
+        "whole_scope_gpu_hours": round(8 * (600 + 100 * 200 * 3512 / 10000) / 3600, 2),
+    }
+
+
+def test_a_gres_site_gets_the_same_allocation_as_gres(tmp_path):
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["gpus_as"] = "gres"
+    for resources in profile["set-resources"].values():
+        if "gpu" in resources:
+            resources["gres"] = f"gpu:{resources.pop('gpu')}"
+    out = cost.estimate(_settings(KIMI), 7168, results=tmp_path, profile=profile)
+    first = out["allocations_now"]["per_allocation"][0]
+    assert first["sbatch"] == "-p gpu -t 190 --mem 1026260 --nodes=1 --cpus-per-task=68 --gres=gpu:8"
+    assert first["gpus"] == 8 and out["allocations_now"]["gpus_as"] == "gres"
 
 
 def _checked_traces(results: Path, shards: int, tokens: int) -> None:
@@ -117,6 +169,20 @@ def test_once_the_traces_are_checked_the_plan_is_theirs(capsys, tmp_path):
     assert out["plan_source"] == "traces" and out["extraction_passes"] == 10
     # (4,066 GB - 4 parts of 1.88 GB) / 68.82 GB a shard: windows of 58
     assert out["engine_starts"] == 10 * 2 and out["plan"]["window_shards"] == 58
+    assert out["engine_starts_now"] == 20 and out["plan_now_source"] == "traces"  # the DAG's now
+
+
+def test_while_some_traces_are_checked_the_dag_plans_the_rest_at_the_bound(capsys, tmp_path):
+    # 40 shards checked at 2,800-token replies: the DAG now plans the other 60 at their bound (windows);
+    # once they are checked too, at the expected length, every shard fits at once
+    _checked_traces(tmp_path / "kimi-k2.5", 40, 200 * 3312)
+    assert cost.main([str(KIMI), "--results", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan_now_source"] == "traces and config" and out["engine_starts_now"] == 10 * 3
+    assert (
+        out["plan_source"] == "traces and expected" and "the rest at the expected length" in out["plan_basis"]
+    )
+    assert out["engine_starts"] == 1 and out["tokens"] == 40 * 200 * 3312 + 60 * 200 * 3512
 
 
 def test_uncapped_one_engine_serves_the_run_and_one_the_baseline():

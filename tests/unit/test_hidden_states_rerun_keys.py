@@ -33,6 +33,8 @@ CHANGED = {
     "max_clients": 5,
     "idle_timeout_s": 10.0,
     "allow_untested_version": True,
+    "expected_tokens_per_s": 20000.0,
+    "expected_start_s": 60.0,
     "dtype": "float16",
     "quantization": "fp8",
     "tensor_parallel_size": 8,

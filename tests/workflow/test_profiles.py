@@ -22,6 +22,10 @@ from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 from support.workflow import KIMI_CONFIG, KIMI_TARGET_CONFIG, REPO, planned_jobs, write_config
 
+from eagle3_pipeline.config import check_config
+from eagle3_pipeline.hidden_states import cost
+from eagle3_pipeline.settings import build_settings
+
 # The Kimi example caps the states on disk (hidden_states.max_disk_gb): training runs window by window;
 # its extraction engine (vllm backend) is a job of its own, grouped with its extraction jobs
 GPU_RULES = ("serve_extraction_engine", "train_draft_window")
@@ -85,24 +89,34 @@ def test_without_the_weights_one_job_stands_in_for_them(slurm_plan):
     assert any(str(f).endswith("work/target/config.json.absent") for f in engine.input)
 
 
+# the engine's CPUs: its own 64 and one for each of the 4 clients that may pack at once, as
+# --cpus-per-task (right beside --gres too); training's 8 per GPU
+GPU_RULE_CPUS = {"serve_extraction_engine": "--cpus-per-task=68", "train_draft_window": "--cpus-per-gpu=8"}
+
+
 @pytest.mark.parametrize("rule", GPU_RULES)
 def test_gpu_rules_ask_slurm_for_8_gpus_by_the_gpu_resource(slurm_plan, rule):
     for job in slurm_plan["jobs"][rule][:3]:
         line = render_sbatch(job, slurm_plan["settings"])
         assert re.findall(r"--gpus=\S+", line) == ["--gpus=8"], line
         assert "--gres" not in line
-        assert " -p gpu " in line and "--cpus-per-gpu=8" in line
+        assert " -p gpu " in line and f" {GPU_RULE_CPUS[rule]} " in line
         assert re.search(r" -t \d+ ", line) and re.search(r" --mem \d+ ", line)
 
 
 def test_extraction_and_training_sizes_come_from_the_profile(slurm_plan):
     settings = slurm_plan["settings"]
-    engine = render_sbatch(slurm_plan["jobs"]["serve_extraction_engine"][0], settings)
+    first = slurm_plan["jobs"]["serve_extraction_engine"][0]
+    engine = render_sbatch(first, settings)
     train = render_sbatch(slurm_plan["jobs"]["train_draft_window"][0], settings)
-    assert " -t 720 " in engine and " --mem 1000000 " in engine
-    # an extraction job (a client of the engine): no GPU, a little memory, on the engine's partition
-    extract = render_sbatch(slurm_plan["jobs"]["extract_hidden_states"][0], settings)
-    assert "--gpus" not in extract and " --mem 4000 " in extract and " -p gpu " in extract
+    # the engine's own 1,000,000 MiB and 4 packing clients' 2,213 MiB (allocation.py); the time limit of
+    # a window of 34 shards at the bound: (600 s + 69.6 M tokens / 10,000 tokens/s) x 1.5 = 190 min
+    assert " -t 190 " in engine and " --mem 1008852 " in engine
+    # an extraction job (a client of the engine): no GPU, its floor, its engine's time and partition
+    client = next(job for job in first.dag._group[first] if job.rule.name == "extract_hidden_states")
+    extract = render_sbatch(client, settings)
+    assert "--gpus" not in extract and " --mem 512 " in extract and " -p gpu " in extract
+    assert " -t 190 " in extract
     assert " -t 240 " in train and " --mem 256000 " in train  # one window of one epoch
 
 
@@ -149,7 +163,7 @@ def test_each_engine_job_is_one_group_with_its_window_s_extraction_jobs(slurm_pl
         )
 
 
-def test_an_engine_group_is_one_sbatch_on_one_node_with_its_clients_memory_added(slurm_plan):
+def test_an_engine_group_is_one_sbatch_on_one_node_with_its_clients_memory_added(slurm_plan, tmp_path):
     # the submission Snakemake makes for an engine's group (the GroupJob of the plan), rendered by the
     # plugin: docs/cluster.md quotes this line for the example's first window (34 extraction jobs)
     engine = slurm_plan["jobs"]["serve_extraction_engine"][0]
@@ -158,9 +172,60 @@ def test_an_engine_group_is_one_sbatch_on_one_node_with_its_clients_memory_added
     line = render_sbatch(group, slurm_plan["settings"])
     assert len(clients) == 34 and len(group) == 35
     assert re.findall(r"--gpus=\S+", line) == ["--gpus=8"] and " --nodes=1 " in line  # the engine's
-    assert f" --mem {1_000_000 + 34 * 4000} " in line  # summed: the engine's and each client's
-    assert " -t 720 " in line and " -p gpu " in line and "--cpus-per-gpu=8" in line
+    # summed by Snakemake: the engine's 1,008,852 MiB (its own and 4 packing clients') and each client's
+    # 512, not 4,000 per client (1,136,000 before); 64 + 4 CPUs; its scope's time limit
+    assert f" --mem {1_008_852 + 34 * 512} " in line
+    assert " -t 190 " in line and " -p gpu " in line and " --cpus-per-task=68 " in line
+    assert "--cpus-per-gpu" not in line
     assert "_extract_hidden_states_serve_extraction_engine/%j.log" in line
+    # make cost prints the same flags for each of the DAG's 30 engine groups (20 of this size)
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    settings = build_settings(
+        check_config(yaml.safe_load(KIMI_CONFIG.read_text()), REPO / "config" / "schema.yaml")
+    )
+    out = cost.estimate(settings, 7168, results=tmp_path, profile=profile)
+    groups = {job.group for job in slurm_plan["jobs"]["serve_extraction_engine"]}
+    assert out["engine_starts_now"] == len(groups) == 30
+    first = out["allocations_now"]["per_allocation"][0]
+    assert first["shards"] == 34 and " ".join(line.replace(f" -D {REPO}", "").split()).endswith(
+        first["sbatch"]
+    )
+
+
+def _gres_profile(tmp_path: Path, **engine: object) -> Path:
+    """profiles/slurm for a site that names GPUs as gres: gpus_as: gres, each `gpu: N` as `gres: gpu:N`."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["gpus_as"] = "gres"
+    for resources in profile["set-resources"].values():
+        if "gpu" in resources:
+            resources["gres"] = f"gpu:{resources.pop('gpu')}"
+    profile["set-resources"]["serve_extraction_engine"].update(engine)
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    return tmp_path / "profile"
+
+
+def test_a_gres_site_gets_gres_and_the_engine_s_cpus(tmp_path):
+    # gpus_as: gres: every GPU rule asks --gres=gpu:N and none --gpus (SLURM refuses --gres=gpu:8 beside
+    # --gpus=1, and gives --gres=gpu:8 alone one CPU): the engine's CPUs as --cpus-per-task
+    plan = _plan(tmp_path, _gres_profile(tmp_path), **SMALL)
+    engine = plan["jobs"]["serve_extraction_engine"][0]
+    line = render_sbatch(engine.dag._group[engine], plan["settings"])
+    assert " --gres=gpu:8" in line and "--gpus" not in line and " --cpus-per-task=68 " in line
+    # 2 shards a window: 1,008,852 + 2 x 512 MiB; (600 s + 4.1 M tokens / 10,000 tokens/s) x 1.5
+    assert " --mem 1009876 " in line and " -t 26 " in line
+    train = render_sbatch(plan["jobs"]["train_draft_window"][0], plan["settings"])
+    assert train.endswith(" --gres=gpu:8") and "--gpus" not in train and " --cpus-per-gpu=8 " in train
+    validate = render_sbatch(plan["jobs"]["validate_offline"][0], plan["settings"])
+    assert validate.endswith(" --gres=gpu:1") and "--gpus" not in validate  # its own request, in that form
+
+
+def test_the_profile_s_runtime_for_the_engine_is_the_group_s(tmp_path):
+    plan = _plan(tmp_path, _gres_profile(tmp_path, runtime=720, mem_mb=900000), **SMALL)
+    engine = plan["jobs"]["serve_extraction_engine"][0]
+    line = render_sbatch(engine.dag._group[engine], plan["settings"])
+    # its clients ask for their engine's time, not the plan's; its memory replaces its own sum
+    assert " -t 720 " in line and " --mem 901024 " in line
 
 
 def test_the_gpu_rules_plan_every_shard(slurm_plan):

@@ -1,14 +1,16 @@
-"""What extraction will cost, before it runs: `make cost CONFIG=path`.
+"""What extraction will cost, before it runs: `make cost CONFIG=path [PROFILE=profiles/slurm]`.
 
 Prints one JSON object: the plan's counts (engine starts, extraction passes, tokens, the disk's
-high-water mark) and GPU hours between two stated throughput assumptions, for two plans side by side:
+high-water mark) and GPU hours between two stated throughput assumptions, for three plans:
 
-- the plan (`engine_starts`, `extraction_passes`, `tokens`, `disk_peak_bytes`, `plan`): once the
-  shards' traces are checked (their check_disk_budget records under `--results`), the one the workflow
-  makes from them (`plan_source` "traces", or "traces and config" while some shards have none, those at
-  their bound: budget.window_plan, as rules/common/windows.smk); before, an estimate at the expected
-  length (`plan_source` "expected": every completion `--completion-tokens` long, every prompt
-  `--prompt-tokens`, capped at `hidden_states.max_seq_len`);
+- the plan now (`engine_starts_now`, `plan_now`, `plan_now_source`): the one the workflow makes now,
+  the engine jobs a dry run's DAG holds (budget.window_plan, as rules/common/windows.smk): each shard
+  from its checked traces where they are (its check_disk_budget record under `--results`), the rest at
+  their bound ("config", "traces and config", "traces");
+- the plan once the traces are checked (`engine_starts`, `extraction_passes`, `tokens`,
+  `disk_peak_bytes`, `plan`): the checked shards from their traces (`plan_source` "traces"), the rest at
+  the expected length ("traces and expected"; with none checked "expected": every completion
+  `--completion-tokens` long, every prompt `--prompt-tokens`, capped at `hidden_states.max_seq_len`);
 - the bound (`..._bound`, `plan_bound`): every completion as long as `generation.max_tokens` and every
   shard at its upper bound, what the workflow plans from the config alone (no traces checked).
 
@@ -33,6 +35,15 @@ counts the training runs (the main draft and each `validate.learning_curve` poin
 draft's optimizer steps: training's cost scales with it) and `plan.training_jobs` their jobs. A point
 extracts nothing of its own, even under a cap (it trains in the main draft's windows); its training
 state files are in `disk_peak_bytes` (2 per draft trained, budget.state_files_at_once).
+
+Under a SLURM profile (vllm backend), `allocations_now` and `allocations` give each engine scope's
+sbatch resources as the rules ask for them (hidden_states/allocation.py) and the plugin renders them
+(scopes of the same flags together): GPUs, CPUs, the group's memory, the time limit; and the GPU
+hours reserved (GPUs x time limit) and planned (at hidden_states.vllm.expected_tokens_per_s and
+expected_start_s, the time limit's own plan). `retry` is what resubmitting a failed client's group
+costs under the plan: one engine start and the shards not finished (those finished are kept in the
+engine's folder and taken back: hidden_states/kept.py), at best the failed shard alone, against the
+whole scope again.
 """
 
 from __future__ import annotations
@@ -41,12 +52,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import budget
 from eagle3_pipeline.budget import WindowPlan
-from eagle3_pipeline.hidden_states import vllm_backend
+from eagle3_pipeline.hidden_states import allocation, vllm_backend
 from eagle3_pipeline.planning.variants import Variants
 from eagle3_pipeline.planning.windows import drafts_in_windows
 from eagle3_pipeline.settings import Settings
@@ -106,14 +118,133 @@ def _training_jobs(settings: Settings, plan: WindowPlan, shards: int) -> int:
     return sum(d.count(e) for d in drafts.values() for e in range(len(windows)))
 
 
-def profile_executor(profile: str | Path | None) -> str:
-    """The executor a workflow profile names (its config.yaml's `executor`; `local` without one)."""
+def read_profile(profile: str | Path | None) -> dict[str, Any]:
+    """A workflow profile's config.yaml (empty without one)."""
     if profile is None:
-        return "local"
+        return {}
     import yaml
 
-    data = yaml.safe_load((Path(profile) / "config.yaml").read_text()) or {}
-    return str(data.get("executor") or "local")
+    return yaml.safe_load((Path(profile) / "config.yaml").read_text()) or {}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One engine job's scope: its rule, its shards and their tokens (the largest shard's apart)."""
+
+    rule: str
+    shards: int
+    tokens: int
+    largest_shard_tokens: int
+
+
+def engine_scopes(
+    settings: Settings, plan: WindowPlan | None, shards: Sequence[str], tokens: dict[str, int]
+) -> list[Scope]:
+    """Each engine job's scope under `plan`, as the rules make them: every shard (uncapped, or one
+    pass), else each epoch's windows; and the baseline's (uncapped only), every shard at its bound."""
+    windows = (
+        [list(shards)] if plan is None or plan.one_pass else [w for ws in plan.windows or [] for w in ws]
+    )
+    scopes = [
+        Scope(allocation.ENGINE_RULES[0], len(w), sum(tokens[k] for k in w), max(tokens[k] for k in w))
+        for w in windows
+    ]
+    if settings.validate.baseline and plan is None:  # refused under a cap
+        bound = allocation.shard_tokens(settings, shards)
+        scopes.append(
+            Scope(allocation.ENGINE_RULES[1], len(shards), sum(bound.values()), max(bound.values()))
+        )
+    return scopes
+
+
+def sbatch_flags(resources: dict[str, Any]) -> str:
+    """The resource flags snakemake-executor-plugin-slurm renders for a job of these resources (its own
+    get_submit_command and set_gres_string, as for the group job Snakemake submits), without the job's
+    name, log, comment and folder."""
+    from types import SimpleNamespace
+
+    from snakemake.iocontainers import ResourceList
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    job = SimpleNamespace(resources=ResourceList(fromdict=resources), threads=1)
+    partition = f"-p {resources['slurm_partition']}" if resources.get("slurm_partition") else ""
+    params = {"run_uuid": "R", "slurm_logfile": "L", "comment_str": "C", "account": "", "workdir": ""}
+    params["partition"] = partition
+    line = get_submit_command(job, params) + set_gres_string(job)
+    return " ".join(line.split(" --comment C", 1)[1].split())
+
+
+def group_resources(
+    settings: Settings, hidden_size: int, profile: dict[str, Any], scope: Scope
+) -> tuple[dict[str, Any], allocation.EngineAllocation]:
+    """The resources Snakemake sums for one scope's group under `profile` (the rules' own, allocation.py):
+    the profile's defaults and its engine's, the engine's GPUs in the profile's form, the engine's
+    memory with each client's floor, its CPUs and the scope's time limit."""
+    defaults = dict(profile.get("default-resources") or {})
+    set_resources = profile.get("set-resources") or {}
+    engine = dict(set_resources.get(scope.rule) or {})
+    client = set_resources.get(allocation.CLIENT_RULES[allocation.ENGINE_RULES.index(scope.rule)]) or {}
+    alloc = allocation.allocation(settings, scope.tokens, hidden_size, engine, client, scope.rule)
+    own = allocation.gpu_request(
+        allocation.gpu_form(defaults), int(settings.hidden_states.vllm.tensor_parallel_size or 1)
+    )
+    resources = {**defaults, **(own if not {"gpu", "gres"} & set(engine) else {}), **engine}
+    computed = {
+        "runtime": alloc.runtime,
+        "mem_mb": alloc.group_mem_mb(scope.shards),
+        "cpus_per_task": alloc.cpus,
+    }
+    resources |= {k: v for k, v in computed.items() if v is not None}
+    return resources, alloc
+
+
+def scope_allocations(
+    settings: Settings, hidden_size: int, profile: dict[str, Any], scopes: list[Scope]
+) -> dict[str, Any] | None:
+    """What each engine scope's group asks SLURM for under `profile`, its sbatch flags (scopes of the
+    same flags together), and GPU hours: reserved (GPUs x time limit) and planned (GPUs x the time the
+    limit is planned from: hidden_states.vllm.expected_*). None unless the profile runs on SLURM."""
+    if profile.get("executor") != "slurm":
+        return None
+    lines: dict[str, dict[str, Any]] = {}
+    reserved = planned = 0.0
+    for scope in scopes:
+        resources, alloc = group_resources(settings, hidden_size, profile, scope)
+        gpus = allocation.gpu_count(resources) or 0
+        flags = sbatch_flags(resources)
+        seconds = allocation.planned_seconds(settings, scope.tokens)
+        entry = lines.setdefault(flags, {"sbatch": flags, "allocations": 0, "shards": scope.shards})
+        entry |= {"gpus": gpus, "time_limit_min": alloc.runtime, "planned_h": round(seconds / 3600, 2)}
+        entry["allocations"] += 1
+        reserved += gpus * alloc.runtime / 60
+        planned += gpus * seconds / 3600
+    return {
+        "gpus_as": allocation.gpu_form(dict(profile.get("default-resources") or {})),
+        "allocations": len(scopes),
+        "per_allocation": list(lines.values()),
+        "gpu_hours_reserved": round(reserved, 1),
+        "gpu_hours_planned": round(planned, 1),
+    }
+
+
+def retry_cost(settings: Settings, scopes: list[Scope], gpus: int, retries: int) -> dict[str, Any]:
+    """What resubmitting the largest scope's group after one client failed costs (`retries` times at
+    most, the profile's): one engine start and the shards not finished, those finished taken back from
+    the engine's folder (hidden_states/kept.py): at best the failed client's shard alone (`kept`); the
+    whole scope again had they not been kept (`whole_scope`). GPU hours at hidden_states.vllm.expected_*."""
+    largest = max(scopes, key=lambda scope: scope.tokens)
+
+    def hours(tokens: int) -> float:
+        return round(gpus * allocation.planned_seconds(settings, tokens) / 3600, 2)
+
+    return {
+        "retries": retries,
+        "scope_shards": largest.shards,
+        "engine_start_gpu_hours": hours(0),
+        "kept_gpu_hours": hours(largest.largest_shard_tokens),
+        "whole_scope_gpu_hours": hours(largest.tokens),
+    }
 
 
 def _expected_states(settings: Settings, hidden_size: int, per_sample: int) -> dict[str, int]:
@@ -134,11 +265,14 @@ def estimate(
     hidden_size: int,
     gpus: int | None = None,
     results: str | Path | None = None,
+    profile: dict[str, Any] | None = None,
     **assumptions: float,
 ) -> dict[str, Any]:
     """The cost JSON (see the module docstring); `results`: the results folder whose run's checked
-    traces size the plan (None: the expected-length estimate). The plan is the same on every executor:
-    the engine is a job of its own, grouped with its extraction jobs, locally and on a cluster alike."""
+    traces size the plan (None: the expected-length estimate); `profile`: a workflow profile's
+    config.yaml (read_profile), whose SLURM allocations are printed. The plan is the same on every
+    executor: the engine is a job of its own, grouped with its extraction jobs, locally and on a
+    cluster alike."""
     from eagle3_pipeline.config import shard_ids
 
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
@@ -148,16 +282,16 @@ def estimate(
     per_sample = int(min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len))
     expected_states = _expected_states(settings, hidden_size, per_sample)
     sizing = budget.window_sizing(settings, hidden_size)
-    traced = budget.traced_states(Path(results) / settings.run, shards, sizing or _sizing_for_records(
-        settings, hidden_size)) if results is not None else {}  # fmt: skip
-    if traced:  # what the workflow plans now: the checked shards from their traces, the rest at the bound
-        bound = budget.shard_bound_bytes(settings, hidden_size)
-        states = {k: traced.get(k, bound) for k in shards}
-        source = "traces" if len(traced) == len(shards) else "traces and config"
+    run = Path(results) / settings.run if results is not None else None
+    records = allocation.records_sizing(settings, hidden_size)
+    traced = budget.traced_states(run, shards, records) if run is not None else {}
+    if traced:  # once every shard is checked: the checked shards from their traces, the rest expected
+        states = {k: traced.get(k, expected_states[k]) for k in shards}
+        source = "traces" if len(traced) == len(shards) else "traces and expected"
         basis = (
             f"the traces' real token counts of {len(traced):,} of {len(shards):,} shards (their "
-            f"check_disk_budget records under {Path(results) / settings.run / 'budget'})"
-            + ("" if source == "traces" else ", the rest at their bound")
+            f"check_disk_budget records under {run / 'budget'})"
+            + ("" if source == "traces" else ", the rest at the expected length")
         )
     else:
         states, source = expected_states, "expected"
@@ -168,7 +302,10 @@ def estimate(
         )
     plan = sizing.plan(shards, states, source) if sizing else None
     plan_bound = sizing.plan(shards) if sizing else None
+    # what the workflow plans now (rules/common/windows.smk): the checked shards, the rest at the bound
+    plan_now = sizing.plan(shards, traced or None) if sizing else None
     counts, counts_bound = plan_counts(settings, plan), plan_counts(settings, plan_bound)
+    counts_now = plan_counts(settings, plan_now)
     upper = budget.estimate_from_settings(settings, hidden_size, int(stated["prompt_tokens"]))
     tokens_once = sum(states.values()) // per_token  # one pass over every sample at the plan's lengths
     # the baseline extracts its train split once, beside the main pass
@@ -193,11 +330,24 @@ def estimate(
     def hours(starts: int, tokens: int, per_s: float, start_s: float) -> float:
         return round(gpus * (starts * start_s + tokens / per_s) / 3600, 1)
 
+    # each engine job's scope and, under a SLURM profile, its allocation (vllm backend: the rules'
+    # own sizing, allocation.py): the plan now, and once the traces are checked
+    now_tokens = allocation.shard_tokens(settings, shards, hidden_size, run)
+    scopes_now = engine_scopes(settings, plan_now, shards, now_tokens) if vllm else []
+    scopes = (
+        engine_scopes(settings, plan, shards, {k: v // per_token for k, v in states.items()}) if vllm else []
+    )
+    profile = profile or {}
     return {
+        "engine_starts_now": counts_now["engine_starts"],
+        "plan_now_source": plan_now.source if plan_now is not None else ("traces" if traced else "config"),
+        "allocations_now": scope_allocations(settings, hidden_size, profile, scopes_now) if vllm else None,
         "engine_starts": counts["engine_starts"],
         "extraction_passes": counts["extraction_passes"],
         "plan_source": source,
         "plan_basis": basis,
+        "allocations": scope_allocations(settings, hidden_size, profile, scopes) if vllm else None,
+        "retry": retry_cost(settings, scopes, gpus, int(profile.get("retries") or 0)) if vllm else None,
         "engine_starts_bound": counts_bound["engine_starts"],
         "extraction_passes_bound": counts_bound["extraction_passes"],
         "tokens": tokens,
@@ -213,6 +363,7 @@ def estimate(
         "gpus": gpus,
         "backend": hs.backend,
         "plan": counts,
+        "plan_now": counts_now,
         "plan_bound": counts_bound,
         "staging_bytes": staging,
         # the learning-curve points' training state files under the cap (in disk_peak_bytes): what the
@@ -225,13 +376,6 @@ def estimate(
         "hidden_size": hidden_size,
         "assumptions": stated,
     }
-
-
-def _sizing_for_records(settings: Settings, hidden_size: int) -> budget.WindowSizing:
-    """Uncapped, what a shard's check_disk_budget record must have been made for (traced_states)."""
-    hs = settings.hidden_states
-    return budget.WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
-                               hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -249,7 +393,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     for name, value in DEFAULT_ASSUMPTIONS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"default {value:g}")
     parser.add_argument(
-        "--profile", help="the workflow profile the run uses (e.g. profiles/slurm): its executor is printed"
+        "--profile",
+        help="the workflow profile the run uses (e.g. profiles/slurm): its executor, and on SLURM each "
+        "engine scope's allocation",
     )
     parser.add_argument(
         "--results", default="results", help="the results folder: its run's checked traces size the plan"
@@ -268,8 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = build_settings(check_config(yaml.safe_load(Path(args.config).read_text()), args.schema))
     hidden_size = budget.cli_hidden_size(settings, args.hidden_size, "the extraction cost")
     assumptions = {name: getattr(args, name) for name in DEFAULT_ASSUMPTIONS}
-    result = estimate(settings, hidden_size, args.gpus, args.results, **assumptions)
-    result["executor"] = profile_executor(args.profile)  # the same plan: one engine job per scope
+    profile = read_profile(args.profile)
+    result = estimate(settings, hidden_size, args.gpus, args.results, profile, **assumptions)
+    result["executor"] = str(profile.get("executor") or "local")  # the same plan: one engine job per scope
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
