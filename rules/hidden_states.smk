@@ -4,7 +4,6 @@
 # reads shard k's traces only: adding shards extracts the new ones and reruns no done one.
 # hidden_states.backend: vllm (the serving engine, its settings from the snapshot) or transformers.
 
-import sys
 
 from eagle3_pipeline.config import SPLITS
 from eagle3_pipeline.settings import RuntimeWord, rerun_params
@@ -116,8 +115,7 @@ if VLLM_ENGINE:
         params:
             job=get_engine_job,  # its settings and paths (engine_job.py): no rerun trigger (a service)
             server_json=rules.snapshot_server.output.server,
-            # the interpreter that reads this Snakefile (it imports eagle3_pipeline), as script: uses
-            python=RuntimeWord(sys.executable),
+            python=JOB_PYTHON,  # its environment's (common/engine.smk), as a script: job's
         # shell and exec, not script: Snakemake ends a service job by signalling the process of a
         # shell command (a script's is never signalled); the output first: every extraction job of
         # the group waits --latency-wait seconds for it
@@ -136,7 +134,7 @@ if VLLM_ENGINE:
         params:
             job=get_baseline_engine_job,
             server_json=rules.snapshot_server.output.server,
-            python=RuntimeWord(sys.executable),
+            python=JOB_PYTHON,
 
 
 # Where the target's weights are not on this machine (TARGET_ABSENT, rules/common/inputs.smk), the jobs

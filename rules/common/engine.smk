@@ -1,6 +1,7 @@
 # The vllm backend's extraction engine: its folder per scope (eagle3_pipeline.planning.engines), its
 # run-time keys, and which extraction jobs consume its Snakemake job.
 import functools
+import sys
 from pathlib import Path
 
 from eagle3_pipeline.budget import parse_time_hidden_size
@@ -16,6 +17,16 @@ from eagle3_pipeline.hidden_states.engine import stop_all
 from eagle3_pipeline.hidden_states.engine_job import job_text
 from eagle3_pipeline.planning.engines import SERVICE, EngineScopes
 from eagle3_pipeline.settings import RuntimeWord, runtime_only, runtime_params
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+# The interpreter of the engine job's own environment, as Snakemake picks one for a script: (snakemake
+# 9's PythonScript.execute_script): under --use-conda, the `python` of the rule's conda environment,
+# which is on the job's PATH; else the interpreter that reads this Snakefile.
+JOB_PYTHON = RuntimeWord(
+    "python"
+    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+    else sys.executable
+)
 
 # The vllm backend's extraction engine (hidden_states/engine.py) is a job of its own: rule
 # serve_extraction_engine, whose service() output its extraction jobs consume. Snakemake runs the

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from support.traces import checked_traces
@@ -19,6 +21,7 @@ from support.workflow import (
     dry_run,
     job_counts,
     planned_jobs,
+    planning_workdir,
     scratch_workdir,
     snakemake,
     write_config,
@@ -241,3 +244,31 @@ def test_the_baseline_is_the_draft_rules_variant_and_its_serve_check_stands_alon
         "baseline_extract_hidden_states",
         "baseline_serve_extraction_engine",
     }
+
+
+def _engine_interpreters(methods: set[Any]) -> set[str]:
+    """The interpreter the engine rules' shell commands exec, the workflow parsed under `methods`."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DeploymentSettings, OutputSettings, ResourceSettings
+
+    with planning_workdir() as workdir, SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[DEMO_CONFIG]),
+            deployment_settings=DeploymentSettings(deployment_method=methods),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )._workflow
+        return {
+            str(workflow.get_rule(name).params.python)
+            for name in ("serve_extraction_engine", "baseline_serve_extraction_engine")
+        }
+
+
+def test_the_engine_job_runs_the_interpreter_of_its_own_environment():
+    from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+    # --use-conda: the conda environment's python on the job's PATH, as Snakemake runs a script:
+    assert _engine_interpreters({DeploymentMethod.CONDA}) == {"python"}
+    assert _engine_interpreters(set()) == {sys.executable}  # else the one that reads the Snakefile
