@@ -5,8 +5,8 @@ drafts of the same shape are refused.
 Flow (minutes of CPU, shared with test_speculators_serve.py through support.served_drafts' session
 fixtures): greedy replies of the target to training questions (its own outputs, with token ids);
 hidden-state extraction, vocab map, a few hundred training steps and export with the pipeline's own
-code; then the rule's entry (`run_local_serve_check`) serves the target with the trained draft on
-validation questions, and the counters are read.
+code; then what the rule's local check runs (`run_local_checks`) serves the target with the trained
+draft on validation questions, and the counters are read.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def run_remote_serve_check(
     """The serve check through systemd (an SSH host, or this machine when it runs systemd): the draft
     (validate.num_speculative_tokens, validate.enforce_eager; copied under validate.remote_dir on an SSH
     host) in the unit, the questions measured, the unit restored. `matched`: a second run's questions
-    and sampling, its figures under "sampled" (as run_local_serve_check)."""
+    and sampling, its figures under "sampled" (as local_vllm.run_local_checks)."""
     from eagle3_pipeline.server import api_key, auth_headers, tls_verify
     from eagle3_pipeline.server.health import wait_healthy
     from eagle3_pipeline.server.lifecycle import server_url
