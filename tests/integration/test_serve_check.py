@@ -49,7 +49,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, train
     tmp_path/figures.json (docs/validation.md)."""
     import torch
 
-    from eagle3_pipeline.server.dropin import ServeCheckError
+    from eagle3_pipeline.server.draft_command import ServeCheckError
     from eagle3_pipeline.settings import GenerationSettings, ValidateSettings
     from eagle3_pipeline.validate.offline import evaluate
     from eagle3_pipeline.validate.serve_check import serve_check

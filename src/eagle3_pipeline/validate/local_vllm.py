@@ -18,7 +18,7 @@ from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.ports import reserved_port
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.health import wait_healthy
 from eagle3_pipeline.server.local_process import launch_local, local_command
 from eagle3_pipeline.server.process_identity import group_listens_on
