@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.job import WindowJob
 from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, finish, main
-from eagle3_pipeline.draft.windows import order_key
+from eagle3_pipeline.draft.window_batches import order_key
 from eagle3_pipeline.settings import DraftSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
