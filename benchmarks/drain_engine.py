@@ -20,6 +20,13 @@ from eagle3_pipeline import io
 from eagle3_pipeline.hidden_states import vllm_worker
 from eagle3_pipeline.hidden_states.engine_loop import IDLE_POLL_S, Finisher, Request, Server
 
+# the vLLM names this loop uses beyond the package's (vllm_compat.py checks them in each release's wheel)
+VLLM_NAMES = (
+    ("name", "vllm", "SamplingParams"),
+    ("name", "vllm", "TokensPrompt"),
+    ("member", "vllm.entrypoints.llm", "LLM.generate"),
+)
+
 
 class DrainServer(Server):
     """The former loop: each request's batches run to the end, one `LLM.generate` each, then read and

@@ -56,7 +56,6 @@ VLLM_NAMES = (
     ("name", "vllm", "TokensPrompt"),
     ("key", "vllm/inputs/", "prompt_token_ids"),
     ("member", "vllm.entrypoints.llm", "LLM.llm_engine"),
-    ("member", "vllm.entrypoints.llm", "LLM.generate"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.add_request"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.abort_request"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.step"),
