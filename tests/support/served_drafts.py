@@ -109,23 +109,25 @@ def greedy_traces(target: Path, asked: list[dict], max_new_tokens: int, batch: i
 
 def extract(target: Path, traces: Path, shard: Path, layers: list | None = None) -> Path:
     """One hidden-state shard of the traces (the pipeline's extraction; `layers` as hidden_states.layers)."""
-    from eagle3_pipeline.hidden_states.extract import extract_shard
+    from eagle3_pipeline.hidden_states.extract import extract_shards
     from eagle3_pipeline.hidden_states.job import ShardJob
     from eagle3_pipeline.settings import HiddenStatesSettings
 
     shard.parent.mkdir(parents=True, exist_ok=True)
-    extract_shard(
+    extract_shards(
         HiddenStatesSettings(
             backend="transformers", max_seq_len=1024, layers=tuple(layers) if layers else "auto"
         ),
-        ShardJob(
-            traces=traces,
-            shard=0,
-            target=target,
-            output=shard,
-            metadata=shard.with_suffix(".json"),
-            work=shard.parent / "extract-work",
-        ),
+        [
+            ShardJob(
+                traces=traces,
+                shard=0,
+                target=target,
+                output=shard,
+                metadata=shard.with_suffix(".json"),
+                work=shard.parent / "extract-work",
+            )
+        ],
     )
     return shard
 

@@ -113,7 +113,7 @@ def test_a_multimodal_wrapper_is_read_through_its_text_config(tmp_path):
 def test_the_kimi_shape_is_the_targets_own_mla():
     config = draft_config_from_target(KIMI_K25_TEXT, 32000)
     assert (config.q_lora_rank, config.kv_lora_rank, config.num_attention_heads) == (1536, 512, 64)
-    assert (config.qk_head_dim, config.value_head_dim, config.head_dim) == (192, 128, 64)
+    assert (config.qk_head_dim, config.v_head_dim, config.head_dim) == (192, 128, 64)
     assert config.rope_scaling == {"rope_type": "yarn"} | {k: v for k, v in YARN.items() if k != "type"}
     # the latent and the rope key: what vLLM caches per token, against 64 x 128 keys and values for Llama
     assert 2 * (config.kv_lora_rank + config.qk_rope_head_dim) == 1152
