@@ -112,7 +112,7 @@ def make_states(
 ) -> dict[str, list[Path]]:
     """Hidden-state shards of the target's own replies (the pipeline's extraction, transformers backend)."""
     from eagle3_pipeline.demo.target import load_rows
-    from eagle3_pipeline.hidden_states.extract import extract_shard
+    from eagle3_pipeline.hidden_states.extract import extract_shards
     from eagle3_pipeline.hidden_states.job import ShardJob
     from eagle3_pipeline.settings import HiddenStatesSettings
 
@@ -131,7 +131,7 @@ def make_states(
             metadata=shard.with_suffix(".json"),
             work=work / f"extract-{split}",
         )
-        extract_shard(HiddenStatesSettings(backend="transformers", max_seq_len=1024), job)
+        extract_shards(HiddenStatesSettings(backend="transformers", max_seq_len=1024), [job])
         shards[split] = [shard]
     return shards
 

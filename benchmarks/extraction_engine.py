@@ -16,8 +16,6 @@ benchmark. Each case is one snakemake call in a fresh folder on the same traces:
             it, so the next shard's request is queued while the previous one's batches run
   checkout  the workflow and package of --checkout (another commit's tree: `git archive REV | tar -x
             -C DIR`), e.g. the commit before issue 37's item 5, side by side in the same run
-  slot-job  the client slot's former scope alone (held from planning to packing), reproduced with
-            EAGLE3_CLIENT_SLOT=job on today's code
 
 and prints, from the engine's own stats (the engine folder's stopped.json, the run's
 results/RUN/hidden_states/engine_stats/ record), the busy fraction over the engine's ready time (time
@@ -34,10 +32,10 @@ Snakemake started every client with the engine (see pool_fits()).
     .venv/bin/python benchmarks/extraction_engine.py --checkout /tmp/before --repeats 2
     .venv/bin/python benchmarks/extraction_engine.py --prequeued           # the issue-22 comparison
 
-`--prequeued`: the former in-process comparison (issue 22): the drained loop against the streaming
-engine with every shard's request queued before the engine is ready (0.75 -> 0.91 on 2026-12-02): an
-upper bound for the engine loop, not what a run gets (that run: --shards 8 --tokens-per-shard 4096
---batch-tokens 512).
+`--prequeued`: the former in-process comparison (issue 22): the drained loop (drain_engine.py, the
+engine process of the "before") against the streaming engine with every shard's request queued before
+the engine is ready (0.75 -> 0.91 on 2026-12-02): an upper bound for the engine loop, not what a run
+gets (that run: --shards 8 --tokens-per-shard 4096 --batch-tokens 512).
 """
 
 from __future__ import annotations
@@ -55,7 +53,15 @@ import polars as pl
 import yaml
 
 from eagle3_pipeline.config import check_config
-from eagle3_pipeline.hidden_states import cost, engine, final_norm, plan, sequences, vllm_backend
+from eagle3_pipeline.hidden_states import (
+    cost,
+    engine,
+    engine_health,
+    final_norm,
+    plan,
+    sequences,
+    vllm_backend,
+)
 from eagle3_pipeline.settings import VllmEngineSettings, build_settings
 from eagle3_pipeline.target_shape import engine_layer_ids
 
@@ -67,9 +73,8 @@ RUN = "bench"
 SPLITS = ("train", "validation")
 # the demo unit's environment for vLLM's CPU build (config/demo/vllm-demo.service.in), as its snapshot
 CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-# each case's EAGLE3_CLIENT_SLOT (vllm_extraction.py); "checkout" runs the workflow and package of
-# --checkout (another commit's tree) instead of this one's
-CASES = {"checkout": "", "slot-job": "job", "after": ""}
+# "checkout" runs the workflow and package of --checkout (another commit's tree) instead of this one's
+CASES = ("checkout", "after")
 
 
 def emit(**record) -> None:
@@ -141,7 +146,7 @@ def run_workflow(case: str, work: Path, target: Path, traces: Path, args: argpar
     targets = write_workdir(work, target, args, traces)
     tree = checkout_of(args, work.name)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")}
-    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "EAGLE3_CLIENT_SLOT": CASES[case]}
+    env |= {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     env |= CPU_VLLM_ENV
     if tree != REPO:  # its package ahead of this checkout's editable install, in every job and the engine
         env["PYTHONPATH"] = str(tree / "src")
@@ -256,6 +261,22 @@ def shard_requests(target: Path, work: Path, shards: int, tokens: int, batch_tok
     return requests
 
 
+def wait_ready(directory: Path, info: dict, timeout_s: float = 3600) -> dict:
+    """The engine's ready record once it is up (timing its start: the pipeline's clients never wait
+    for it, they queue at once); exits with its log's tail when it failed or died first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready_file = directory / "ready.json"
+        ready = json.loads(ready_file.read_text()) if ready_file.exists() else {}
+        if ready.get("start_id") == info["start_id"]:
+            return ready
+        failure = engine_health.read_failure(directory, info["start_id"])
+        if failure or not engine.engine_alive(directory, info):
+            raise SystemExit(f"the engine did not start: {failure}\n{engine.log_tail(directory, info=info)}")
+        time.sleep(engine.POLL_S)
+    raise SystemExit(f"the engine was not ready after {timeout_s:.0f} s")
+
+
 def run_prequeued(
     mode: str, target: Path, work: Path, requests: list[dict], args: argparse.Namespace
 ) -> dict:
@@ -269,20 +290,24 @@ def run_prequeued(
     in_flight = vllm_backend.in_flight_tokens(options, settings)
     spec = vllm_backend.engine_spec(
         target, settings, layer_ids, "bfloat16", final_norm.find_final_norm(target).as_dict(),
-        vllm_backend.staging_dir(options, directory, in_flight, info.hidden_size), in_flight, 600, mode=mode,
+        vllm_backend.staging_dir(options, directory, in_flight, info.hidden_size), in_flight, 600,
     )  # fmt: skip
     directory.mkdir(parents=True)
     env = vllm_backend.worker_env(vllm_backend.package_path(directory), None)
+    worker = engine.WORKER_MODULE
+    if mode == "drain":  # the former loop: this folder's drain_engine.py, beside the package
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "benchmarks"), env["PYTHONPATH"]])
+        worker = "drain_engine"
     start = time.perf_counter()
-    info = engine.start_or_join(directory, str(args.vllm_python), spec, env)
+    info = engine.start_or_join(directory, str(args.vllm_python), spec, env, worker)
     if mode == "drain":  # the per-shard jobs: one after another, each once the engine is ready
-        engine.wait_ready(directory, info)
+        wait_ready(directory, info)
         start_s = time.perf_counter() - start
         for request in requests:
-            engine.submit(directory, info, request)
+            engine.wait_done(directory, info, engine.enqueue(directory, request))
     else:  # every shard's client queues at once, before the engine is ready
         names = [engine.enqueue(directory, request) for request in requests]
-        engine.wait_ready(directory, info)
+        wait_ready(directory, info)
         start_s = time.perf_counter() - start
         for name in names:
             engine.wait_done(directory, info, name)

@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = long_traces(work / "traces.parquet", DEEPSEEK["vocab_size"], args.tokens, args.seq_tokens)
         start = time.perf_counter()
         job = shard_job(deepseek, traces, work / "transformers")
-        meta = extract.extract_shard(settings(args, "transformers", {}), job)
+        meta = extract.extract_shards(settings(args, "transformers", {}), [job])[0]
         emit(case="transformers", tokens=meta["num_tokens"], job_s=round(time.perf_counter() - start, 1))
         reference = job.output
         torch.cuda.empty_cache()

@@ -188,7 +188,7 @@ def bench_extract(target: Path, traces: Path, work: Path, args: argparse.Namespa
         capture.load_target(target, capture.DTYPES[compute_dtype], torch.device("cpu"), device_map=False)
         load_s = time.perf_counter() - start
         start, start_cpu = time.perf_counter(), time.process_time()
-        meta = extract.extract_shard(hidden_states, job)
+        meta = extract.extract_shards(hidden_states, [job])[0]
         seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         emit(
             measure="extract_shard",
@@ -257,7 +257,7 @@ def bench_backends(target: Path, traces: Path, work: Path, args: argparse.Namesp
         )
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         start, start_cpu = time.perf_counter(), time.process_time()
-        meta = extract.extract_shard(hidden_states, job)
+        meta = extract.extract_shards(hidden_states, [job])[0]
         seconds = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = time.process_time() - start_cpu + (after.ru_utime + after.ru_stime)

@@ -29,7 +29,7 @@ from support.systemd_box import UNIT, make_box, start_systemd_host, stop_systemd
 CHILD = """
 import json, sys, time
 from eagle3_pipeline.server import host_record
-from eagle3_pipeline.server.dropin import draft_argv, vllm_exec
+from eagle3_pipeline.server.draft_command import draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import serve_check_unit
 from eagle3_pipeline.server.remote import RemoteHost
 from eagle3_pipeline.settings import SshSettings, section

@@ -80,13 +80,17 @@ from memory_census import (
     gib,
     run_census,
 )
+from ttt_reference import target_distribution, ttt_attention_dense, ttt_loss
 
+from eagle3_pipeline.draft.attention import ttt_attention
 from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.train import DDP_KWARGS
-from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_distribution, target_in_draft, ttt_loss
+from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_in_draft
 
 log = logging.getLogger("benchmarks.training")
+# --attention: the form the draft trains with, or the dense reference (ttt_reference.py)
+ATTENTION = {"linear": ttt_attention, "dense": ttt_attention_dense}
 
 
 def emit(record: dict) -> None:
@@ -391,7 +395,7 @@ def memory_point(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads_memory)
     torch.manual_seed(0)
     c = draft_shape(a)
-    model = Eagle3Draft(c, attention=a.attention, checkpointing=a.checkpointing)
+    model = Eagle3Draft(c, attention=ATTENTION[a.attention], checkpointing=a.checkpointing)
     head = frozen_head(c, torch.float32, torch.device("cpu"))
     data = synthetic_batch(c, 1, a.seq)
     before = maxrss_mb()
@@ -441,7 +445,7 @@ def kimi_step(a: argparse.Namespace) -> None:
     a.vocab, a.draft_vocab, a.seq = 163840, 32000, a.kimi_seq
     c = draft_shape(a)
     torch.manual_seed(0)
-    model = Eagle3Draft(c, attention=a.attention, checkpointing=a.checkpointing).to(device)
+    model = Eagle3Draft(c, attention=ATTENTION[a.attention], checkpointing=a.checkpointing).to(device)
     model.embed_tokens.to(torch.bfloat16)  # frozen tensors in the training dtype, as train.py holds them
     head = frozen_head(c, torch.bfloat16, device)
     data = synthetic_batch(c, 1, a.seq).to(device)
@@ -475,7 +479,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--max-dense-gb", type=float, default=8.0, help="--memory: skip dense points past this")
     p.add_argument("--threads-memory", type=int, default=1, help="--memory: torch threads per point")
     p.add_argument("--point", action="store_true", help=argparse.SUPPRESS)  # one --memory point
-    p.add_argument("--attention", choices=["linear", "dense"], default="linear")
+    p.add_argument("--attention", choices=tuple(ATTENTION), default="linear")
     p.add_argument("--shape", choices=["kimi"], default=None, help="kimi: one step at Kimi-K2.5's shape")
     p.add_argument("--kimi-seq", type=int, default=10240)
     p.add_argument("--checkpointing", action="store_true", help="checkpoint each TTT step (train.* key)")

@@ -1,6 +1,6 @@
 """Rule plan_windows: batches per (epoch, window) under a disk cap, for the learning-rate schedule."""
 
-from eagle3_pipeline.draft.windows import plan_windows, write_plan
+from eagle3_pipeline.draft.window_batches import plan_windows, write_plan
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import Batching, Lengths, whole
 

@@ -1,12 +1,13 @@
 """Rule snapshot_server: read the vLLM unit (systemctl cat, or the unit file) and write
-unit.service, server.json and identity.json, secrets redacted. A serve-check drop-in left by a killed
-run is restored first, so that the draft's command is never recorded as production's. A vLLM outside
+unit.service, server.json and identity.json, secrets redacted. A serve check left unfinished by a
+killed run (its check unit running the draft instead of production) is recovered first, so that the
+draft's command is never recorded as production's. A vLLM outside
 the supported ranges is reported here, before any GPU work (vllm_releases.py): a warning for serving
 and the export, an error for extraction when it will run the unit's vLLM."""
 
 from eagle3_pipeline.hidden_states.vllm_backend import check_served_release
 from eagle3_pipeline.logs import stage
-from eagle3_pipeline.server.host_record import recover_leftover_dropin
+from eagle3_pipeline.server.host_record import recover_leftover_check
 from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.server.snapshot import snapshot_server
 from eagle3_pipeline.settings import HiddenStatesSettings, ServerSettings
@@ -15,7 +16,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)
 
 server = snakemake.params.runtime.whole(ServerSettings, "server", snakemake.params.server)
-recover_leftover_dropin(server)
+recover_leftover_check(server)
 snapshot = snapshot_server(
     server,
     unit_out=snakemake.output.unit,

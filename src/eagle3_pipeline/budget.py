@@ -478,14 +478,6 @@ def on_disk_at_once(settings: Settings, budget: Budget, plan: WindowPlan | None 
     return held + plan.sizing.state_files * plan.state_file_bytes, why
 
 
-def capped_shards_per_window(settings: Settings, hidden_size: int) -> int | None:
-    """`shards_per_window` with the training state files counted: shards per window when every shard is at
-    its config bound (None uncapped). The plan itself is a WindowPlan (window_plan)."""
-    if settings.hidden_states.max_disk_gb is None:
-        return None
-    return shards_per_window(settings, hidden_size, parse_time_state_bytes(settings, hidden_size))
-
-
 def epoch_order(seed: int, epoch: int, shards: Sequence[str]) -> list[str]:
     """The shards in the order of one epoch under a cap, seeded by (seed, epoch): a new order every
     epoch, so a shard meets other shards' samples in its batches from one epoch to the next."""
@@ -493,25 +485,6 @@ def epoch_order(seed: int, epoch: int, shards: Sequence[str]) -> list[str]:
     # a str seed is hashed with SHA-512 (random.seed, version 2): the same order on every machine
     random.Random(f"windows:{seed}:{epoch}").shuffle(order)
     return order
-
-
-def epoch_windows(seed: int, epoch: int, shards: Sequence[str], size: int) -> list[list[str]]:
-    """The training windows of one epoch when every shard weighs the same: epoch_order cut into
-    windows of `size` (the last may be shorter), each window's shards sorted (what sized_windows gives
-    for equal shards, `size` of them to a window).
-
-    A pure function of its arguments, so the rules (which shard is extracted for which window) and the
-    plan (draft/windows/plan.json records the result) agree, and a run is reproducible.
-    """
-    order = epoch_order(seed, epoch, shards)
-    return [sorted(order[i : i + size]) for i in range(0, len(order), size)]
-
-
-def shard_peak(states: int, part: int) -> int:
-    """One shard's most on disk while it is extracted: its states once (parts are moved into the packed
-    file one at a time, each deleted once written: hidden_states/packing.py), plus the part being
-    moved (at most the states themselves)."""
-    return states + min(part, states)
 
 
 def pack_reserve(states: Iterable[int], part: int, slots: int) -> int:

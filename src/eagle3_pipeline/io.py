@@ -82,12 +82,6 @@ def write_text(text: str, path: PathLike) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def write_bytes(data: bytes, path: PathLike) -> None:
-    """Write `data` to `path` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 def write_json(
     data: Any, path: PathLike, *, indent: int | None = 2, sort_keys: bool = False, **dumps: Any
 ) -> None:

@@ -545,11 +545,6 @@ class RuntimeOnly:
             whole[key] = {**whole[key], **value} if nested else value
         return whole
 
-    def typed(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
-        """Section `name` as its typed settings (`cls`): the recorded params with these run-time values
-        added, a key given by neither taking the schema's default (for a partial section in tests)."""
-        return section(cls, self.section(name, recorded))
-
     def whole(self, cls: type[T], name: str, recorded: Mapping[str, Any] | None = None) -> T:
         """Section `name` whole (`cls`): the recorded params with these run-time values added, every key
         given by one of them (see `whole`). What a script hands the package."""

@@ -78,11 +78,6 @@ class TargetShape:
         return self.text.get("model_type")
 
     @property
-    def uses_mla(self) -> bool:
-        """The DeepseekV2/V3 family (Kimi-K2, Kimi-K2.5): multi-head latent attention."""
-        return self.model_type in MLA_MODEL_TYPES
-
-    @property
     def architectures(self) -> list[str]:
         return list(self.config.get("architectures") or [])
 

@@ -102,14 +102,6 @@ def check(use: str, version: str | None, allow_outside: bool = False) -> str | N
     return f"{message}; {f'{supported.override}: true' if supported.override else 'going on'}"
 
 
-def report(version: str | None) -> dict[str, dict[str, object]]:
-    """Each use's range and whether `version` is in it (None: unknown), as server.json records it."""
-    return {
-        use: {"range": r.spec, "supported": r.contains(version) if version else None}
-        for use, r in RANGES.items()
-    }
-
-
 # Run-time-only environment a release refuses at start (vllm/platforms/interface.py, validate_environ):
 # name -> (first release that refuses it, the values it still takes, why). Dropped from the engine's
 # environment with a warning: it picks how vLLM runs, never what it computes.

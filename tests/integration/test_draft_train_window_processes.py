@@ -19,7 +19,7 @@ import torch
 from eagle3_pipeline.draft.data import HiddenStateData
 from eagle3_pipeline.draft.job import WindowJob, write_job
 from eagle3_pipeline.draft.train import TrainJob
-from eagle3_pipeline.draft.windows import order_key
+from eagle3_pipeline.draft.window_batches import order_key
 from eagle3_pipeline.ports import free_port
 
 TORCHRUN = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]

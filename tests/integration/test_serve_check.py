@@ -5,8 +5,8 @@ drafts of the same shape are refused.
 Flow (minutes of CPU, shared with test_speculators_serve.py through support.served_drafts' session
 fixtures): greedy replies of the target to training questions (its own outputs, with token ids);
 hidden-state extraction, vocab map, a few hundred training steps and export with the pipeline's own
-code; then the rule's entry (`run_local_serve_check`) serves the target with the trained draft on
-validation questions, and the counters are read.
+code; then what the rule's local check runs (`run_local_checks`) serves the target with the trained
+draft on validation questions, and the counters are read.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_a_draft_on_non_default_layers_is_served_as_trained(served_target, train
     tmp_path/figures.json (docs/validation.md)."""
     import torch
 
-    from eagle3_pipeline.server.dropin import ServeCheckError
+    from eagle3_pipeline.server.draft_command import ServeCheckError
     from eagle3_pipeline.settings import GenerationSettings, ValidateSettings
     from eagle3_pipeline.validate.offline import evaluate
     from eagle3_pipeline.validate.serve_check import serve_check

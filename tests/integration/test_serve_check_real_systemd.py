@@ -27,7 +27,7 @@ import pytest
 from support.systemd_box import SECRET, UNIT, RealBox, SystemdHost, wait
 
 from eagle3_pipeline.server import check_unit
-from eagle3_pipeline.server.dropin import ServeCheckError, draft_argv, vllm_exec
+from eagle3_pipeline.server.draft_command import ServeCheckError, draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, serve_check_unit
 from eagle3_pipeline.server.interrupts import Interrupted, interrupts_as_exceptions
 

@@ -88,7 +88,7 @@ MODULES = {
     "budget": Target(
         "src/eagle3_pipeline/budget.py",
         ("tests/unit/test_budget.py",),
-        "test_draft_windows.py and test_draft_train.py (they call the window planner)",
+        "test_draft_window_batches.py and test_draft_train.py (they call the window planner)",
     ),
     # the TTT loss (the chunked one's slow cases left out)
     "ttt": Target(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from pathlib import Path
 
 from eagle3_pipeline.server import process_identity
 
@@ -24,11 +25,19 @@ KINDS = {
 STAND_IN = "/standin-vllm-"  # support.systemd_box: the folder of the stand-in production server
 
 
+def _command_line(pid: int) -> str | None:
+    """The process's argv joined with spaces, to match the KINDS in (never logged: it may hold secrets)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 def _processes() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, start time, command line) of every process readable in /proc."""
     table = {}
     for pid in process_identity.pids():
-        fields, cmdline = process_identity.stat_fields(pid), process_identity.command_line(pid)
+        fields, cmdline = process_identity.stat_fields(pid), _command_line(pid)
         if fields is not None and cmdline is not None:
             table[pid] = (int(fields[1]), int(fields[19]), cmdline)
     return table

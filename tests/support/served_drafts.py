@@ -109,23 +109,25 @@ def greedy_traces(target: Path, asked: list[dict], max_new_tokens: int, batch: i
 
 def extract(target: Path, traces: Path, shard: Path, layers: list | None = None) -> Path:
     """One hidden-state shard of the traces (the pipeline's extraction; `layers` as hidden_states.layers)."""
-    from eagle3_pipeline.hidden_states.extract import extract_shard
+    from eagle3_pipeline.hidden_states.extract import extract_shards
     from eagle3_pipeline.hidden_states.job import ShardJob
     from eagle3_pipeline.settings import HiddenStatesSettings
 
     shard.parent.mkdir(parents=True, exist_ok=True)
-    extract_shard(
+    extract_shards(
         HiddenStatesSettings(
             backend="transformers", max_seq_len=1024, layers=tuple(layers) if layers else "auto"
         ),
-        ShardJob(
-            traces=traces,
-            shard=0,
-            target=target,
-            output=shard,
-            metadata=shard.with_suffix(".json"),
-            work=shard.parent / "extract-work",
-        ),
+        [
+            ShardJob(
+                traces=traces,
+                shard=0,
+                target=target,
+                output=shard,
+                metadata=shard.with_suffix(".json"),
+                work=shard.parent / "extract-work",
+            )
+        ],
     )
     return shard
 
@@ -267,7 +269,7 @@ def greedy_sampling(max_tokens: int = 64):
 
 @dataclass(frozen=True)
 class ServedDraft:
-    result: dict  # run_local_serve_check's figures
+    result: dict  # run_local_checks' figures
     log: str  # the server's log (vLLM names the layers it feeds the draft)
 
 
@@ -275,20 +277,26 @@ class ServedDraft:
 def served_trained_draft(
     served_target: Path, trained_draft: TrainedDraft, tmp_path_factory: pytest.TempPathFactory
 ) -> ServedDraft:
-    """`trained_draft` served by the rule's local entry (`run_local_serve_check`: the demo unit's vLLM with
-    `--speculative-config`) on `held_out_questions`, greedy, concurrency 1 (the same batches as any
-    other server measured that way, so drafts compare request by request)."""
+    """`trained_draft` served by what the rule's local check runs (`local_vllm.run_local_checks`: the
+    demo unit's vLLM with `--speculative-config`), the check's server alone (no other k, no timing), on
+    `held_out_questions`, greedy, concurrency 1 (the same batches as any other server measured that
+    way, so drafts compare request by request); its figures as measured, before any comparison."""
     from support.requirements import require
 
     from eagle3_pipeline.settings import ValidateSettings
-    from eagle3_pipeline.validate.local_vllm import run_local_serve_check
+    from eagle3_pipeline.validate.local_vllm import run_local_checks
+    from eagle3_pipeline.validate.spec_decode import ask
 
     require("vllm")
     state = tmp_path_factory.mktemp("served-trained")
     unit = local_unit(served_target, state / "vllm-demo.service")
     validate = ValidateSettings(num_speculative_tokens=3)
-    result = run_local_serve_check(
-        unit, validate, trained_draft.eagle, held_out_questions(), greedy_sampling(), state, concurrency=1
-    )
+    sampling = greedy_sampling()
+    result = run_local_checks(
+        unit, validate, trained_draft.eagle, held_out_questions(), sampling, state,
+        conclude=lambda measured: measured,
+        ask=lambda url, group, level: ask(url, group, sampling, None, level, 600.0, 2),  # timing only: unused
+        concurrency=1,
+    )  # fmt: skip
     (state / "result.json").write_text(json.dumps(result, indent=1))
     return ServedDraft(result=result, log=(state / "serve-check.log").read_text())

@@ -17,7 +17,6 @@ from eagle3_pipeline.budget import (
     DiskBudgetError,
     budget_at_start,
     bytes_per_token,
-    capped_shards_per_window,
     check_disk_budget,
     check_free_space,
     estimate_from_settings,
@@ -260,12 +259,14 @@ def test_the_kimi_example_cap_holds_windows_of_34_shards():
     # 34 shards once plus 4 parts (at most hidden_states.pack_slots pack at once): (4,100 - 7.52) / 117.46
     assert shards_per_window(settings, 7168) == 34
     state = parse_time_state_bytes(settings, 7168)  # no weights at hand: the bound from the hidden size
-    assert capped_shards_per_window(settings, 7168) == 34  # (4,100 GB - 2 x 16.93 GB - 7.52 GB) / 117.46 GB
+    # with the training state files, as window_sizing checks the cap:
+    # (4,100 GB - 2 x 16.93 GB - 7.52 GB) / 117.46 GB
+    assert shards_per_window(settings, 7168, state) == 34
     with_4020 = check_config(
         {**config, "hidden_states": {**config["hidden_states"], "max_disk_gb": 4020}}, SCHEMA
     )
     assert shards_per_window(build_settings(with_4020), 7168) == 34  # (4,020 - 7.52) / 117.46 = 34.2
-    assert capped_shards_per_window(build_settings(with_4020), 7168) == 33  # the state files cost a shard
+    assert shards_per_window(build_settings(with_4020), 7168, state) == 33  # the state files cost a shard
     peak, _ = on_disk_at_once(settings, estimate_from_settings(settings, 7168))
     assert peak == 34 * bound + 4 * part + 2 * state <= 4100 * GB
 
@@ -320,7 +321,8 @@ def test_the_kimi_example_plans_the_same_windows_with_or_without_the_weights(tmp
     with_weights = replace(settings, target=replace(settings.target, model=str(tmp_path)))
     assert parse_time_state_bytes(settings, 7168) == 16_934_797_888
     assert parse_time_state_bytes(with_weights, 7168) == 14_292_386_368
-    assert capped_shards_per_window(settings, 7168) == capped_shards_per_window(with_weights, 7168) == 34
+    assert shards_per_window(settings, 7168, parse_time_state_bytes(settings, 7168)) == 34
+    assert shards_per_window(with_weights, 7168, parse_time_state_bytes(with_weights, 7168)) == 34
 
 
 def test_hidden_size_at_parse_time_comes_from_the_target_or_the_demo(tmp_path):
@@ -361,7 +363,7 @@ def test_the_cap_counts_two_training_state_files():
     with pytest.raises(DiskBudgetError, match="plus 2 training state files"):
         shards_per_window(_capped((shard + state) / GB), 128, state)
     config = _capped((2 * shard + 2 * state + 1) / GB)
-    assert capped_shards_per_window(config, 128) == 2
+    assert shards_per_window(config, 128, parse_time_state_bytes(config, 128)) == 2
     peak, why = on_disk_at_once(config, estimate_from_settings(_capped(None), 128))
     assert peak == 2 * shard + STATE_FILES_AT_ONCE * state <= config.hidden_states.max_disk_gb * GB
     assert "2 training state files" in why
@@ -409,12 +411,13 @@ def test_a_state_file_counts_the_trained_tensors_of_the_drafts_architecture(arch
 
 
 def test_equal_shards_give_the_fixed_size_windows():
-    from eagle3_pipeline.budget import epoch_windows, sized_windows
+    from eagle3_pipeline.budget import epoch_order, sized_windows
 
     shards = [f"{k:05d}" for k in range(10)]
     peaks = dict.fromkeys(shards, 100)
     windows = sized_windows(7, 3, shards, peaks, 399)  # floor(399 / 100) = 3 shards a window
-    assert windows == [epoch_windows(7, e, shards, 3) for e in range(3)]
+    orders = [epoch_order(7, e, shards) for e in range(3)]  # each epoch's order, cut every 3 shards
+    assert windows == [[sorted(order[i : i + 3]) for i in range(0, 10, 3)] for order in orders]
     assert [len(w) for w in windows[0]] == [3, 3, 3, 1]
 
 
@@ -570,7 +573,7 @@ def test_each_draft_walks_its_own_windows_and_the_cap_holds_its_state_files():
     point = DraftWindows.point(windows, ["a", "b", "c", "d"], 2, 4)
     assert [main.count(e) for e in (0, 1)] == [2, 2] and [point.count(e) for e in (0, 1)] == [2, 1]
     assert main.shards(1, 0) == ["c", "d"] and point.shards(1, 0) == ["a", "b", "a", "b"]
-    assert point.plan_window(1, 0) == 1  # its only window of epoch 1 shares the plan's second
+    # its only window of epoch 1 shares the plan's second
     assert point.reading(1, 0) is None and point.reading(1, 1) == 0 and main.reading(1, 0) == 0
     # it starts from its own previous window, across epochs, and ends in its own last one
     assert point.previous(0, 0) is None and point.previous(0, 1) == (0, 0) and point.previous(1, 0) == (0, 1)

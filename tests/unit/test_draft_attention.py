@@ -4,14 +4,20 @@ reference in forward and gradients (fp32, several T, steps, heads, with several 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from eagle3_pipeline.draft import attention
-from eagle3_pipeline.draft.attention import ttt_attention, ttt_attention_dense, ttt_attention_mask
+from eagle3_pipeline.draft.attention import ttt_attention
 from eagle3_pipeline.draft.config import draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
+
+from ttt_reference import ttt_attention_dense, ttt_attention_mask  # noqa: E402
 
 
 def random_cache(batch, heads, seq_len, head_dim, steps, dtype=torch.float32):
@@ -95,7 +101,7 @@ def test_the_draft_trains_alike_with_either_attention():
     config = draft_config_from_target(target | {"intermediate_size": 48, "vocab_size": 50}, 50)
     torch.manual_seed(0)
     linear = Eagle3Draft(config)
-    dense = Eagle3Draft(config, attention="dense")
+    dense = Eagle3Draft(config, attention=ttt_attention_dense)
     dense.load_state_dict(linear.state_dict())
     ids, aux = torch.randint(0, 50, (2, 30)), torch.randn(2, 30, 96)
     losses = []

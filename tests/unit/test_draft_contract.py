@@ -20,7 +20,7 @@ def extracted(traces: Path, target: Path, out: Path) -> Path:
     job = ShardJob(traces=traces, shard=0, target=target, work=out / "work",
                    output=out / "shard-00000.safetensors", metadata=out / "shard-00000.json")  # fmt: skip
     hidden_states = HiddenStatesSettings(backend="transformers", batch_tokens=400, compute_dtype="float32")
-    extract.extract_shard(hidden_states, job)
+    extract.extract_shards(hidden_states, [job])
     return job.output
 
 

@@ -250,9 +250,10 @@ def test_the_starting_draft_is_written_for_the_offline_check_with_its_own_vocabu
 
 
 def test_the_report_shows_the_starting_draft_beside_the_trained_one(tmp_path):
+    from support.figures import read_figure_text
     from support.validate_results import write_finished_results
 
-    from eagle3_pipeline.validate.report import draw_report, read_figure_text
+    from eagle3_pipeline.validate.report import draw_report
 
     inputs = {k: str(v) for k, v in write_finished_results(tmp_path / "results", True).items()}
     trained = json.loads(Path(inputs["offline"]).read_text())

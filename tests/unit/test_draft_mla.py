@@ -6,14 +6,16 @@ an export whose tensors are the ones vLLM 0.32's Eagle3DeepseekV3ForCausalLM map
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from eagle3_pipeline.draft import attention
-from eagle3_pipeline.draft.attention import ttt_attention, ttt_attention_dense, ttt_attention_mask
+from eagle3_pipeline.draft.attention import ttt_attention
 from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import (
     MLA_ARCHITECTURE,
@@ -27,6 +29,10 @@ from eagle3_pipeline.draft.export import (
 from eagle3_pipeline.draft.mla import MLAAttention, mla_scale
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import build_vocab_map
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
+
+from ttt_reference import ttt_attention_dense, ttt_attention_mask  # noqa: E402
 
 YARN = {
     "type": "yarn",
@@ -107,7 +113,7 @@ def test_a_multimodal_wrapper_is_read_through_its_text_config(tmp_path):
 def test_the_kimi_shape_is_the_targets_own_mla():
     config = draft_config_from_target(KIMI_K25_TEXT, 32000)
     assert (config.q_lora_rank, config.kv_lora_rank, config.num_attention_heads) == (1536, 512, 64)
-    assert (config.qk_head_dim, config.value_head_dim, config.head_dim) == (192, 128, 64)
+    assert (config.qk_head_dim, config.v_head_dim, config.head_dim) == (192, 128, 64)
     assert config.rope_scaling == {"rope_type": "yarn"} | {k: v for k, v in YARN.items() if k != "type"}
     # the latent and the rope key: what vLLM caches per token, against 64 x 128 keys and values for Llama
     assert 2 * (config.kv_lora_rank + config.qk_rope_head_dim) == 1152
@@ -223,7 +229,7 @@ def test_step_zero_equals_transformers_deepseek_v3_attention_with_yarn():
 def test_the_mla_draft_trains_alike_with_either_attention():
     config = draft_config_from_target(SMALL, 40)
     torch.manual_seed(0)
-    linear, dense = Eagle3Draft(config), Eagle3Draft(config, attention="dense")
+    linear, dense = Eagle3Draft(config), Eagle3Draft(config, attention=ttt_attention_dense)
     dense.load_state_dict(linear.state_dict())
     ids, aux = torch.randint(0, 80, (2, 30)), torch.randn(2, 30, 3 * config.hidden_size)
     losses = []

@@ -4,6 +4,7 @@ uninterrupted one (the real-process halves: tests/integration/test_draft_train_p
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from safetensors.torch import load_file
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.job import WindowJob
 from eagle3_pipeline.draft.train import TrainJob, build_model, build_optimizer, finish, main
-from eagle3_pipeline.draft.ttt import target_distribution, ttt_loss
-from eagle3_pipeline.draft.windows import order_key
+from eagle3_pipeline.draft.window_batches import order_key
 from eagle3_pipeline.settings import DraftSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
+
+from ttt_reference import target_distribution, ttt_loss  # noqa: E402
 
 
 @pytest.fixture

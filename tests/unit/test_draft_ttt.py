@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from eagle3_pipeline.draft.ttt import Batch, step_mask, summarize, target_distribution, ttt_loss
+from eagle3_pipeline.draft.ttt import Batch, step_mask, summarize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
+
+from ttt_reference import target_distribution, ttt_loss  # noqa: E402
 
 
 def tiny_batch(loss_mask: list[int], has_final: list[int] | None = None) -> Batch:

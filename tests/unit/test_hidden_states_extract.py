@@ -69,7 +69,7 @@ def job_for(traces: Path, target: Path, out: Path, shard: int = 0) -> ShardJob:
 
 def test_shard_follows_the_contract_and_matches_a_plain_forward(traces, hs_target, tmp_path):
     s = job_for(traces, hs_target, tmp_path / "out")
-    meta = extract.extract_shard(HS, s)
+    meta = extract.extract_shards(HS, [s])[0]
     on_disk = json.loads(s.metadata.read_text())
     assert on_disk == meta and set(meta) >= CONTRACT_KEYS
     assert meta["ids"] == [f"id{i:04d}" for i in range(7)] and meta["rebuilt_from_template"] == 1
@@ -97,7 +97,7 @@ def test_shard_follows_the_contract_and_matches_a_plain_forward(traces, hs_targe
 
 def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monkeypatch):
     reference = job_for(traces, hs_target, tmp_path / "ref")
-    extract.extract_shard(HS, reference)
+    extract.extract_shards(HS, [reference])
     s = job_for(traces, hs_target, tmp_path / "out")
     real_run_batch, calls = backend.run_batch, []
 
@@ -109,10 +109,10 @@ def test_resume_redoes_only_unfinished_batches(traces, hs_target, tmp_path, monk
 
     monkeypatch.setattr(backend, "run_batch", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
-        extract.extract_shard(HS, s)
+        extract.extract_shards(HS, [s])
     assert not s.output.exists() and len(list((s.work / "parts").glob("*.safetensors"))) == 2
     monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(a[2]) or real_run_batch(*a))
-    extract.extract_shard(HS, s)
+    extract.extract_shards(HS, [s])
     first, second = calls[:3], calls[3:]
     assert second[0] == first[2]  # the interrupted batch runs again, the two saved ones do not
     assert sorted(i for b in first[:2] + second for i in b) == list(range(7))
@@ -129,7 +129,7 @@ def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monke
     monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(1) or real(*a))
     parts.prepare_work(s.work, "another plan")
     (s.work / "parts" / "batch-00000.safetensors").write_bytes(b"stale")
-    extract.extract_shard(HS, s)
+    extract.extract_shards(HS, [s])
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 7
         lengths = shard.offsets.diff().tolist()
@@ -138,7 +138,7 @@ def test_parts_of_another_plan_are_not_reused(traces, hs_target, tmp_path, monke
 
 def test_empty_shard_is_valid(traces, hs_target, tmp_path):
     s = job_for(traces, hs_target, tmp_path / "out", shard=5)
-    meta = extract.extract_shard(HS, s)
+    meta = extract.extract_shards(HS, [s])[0]
     assert meta["num_samples"] == meta["num_tokens"] == 0 and meta["bytes_per_token"] is None
     with HiddenStateShard(s.output) as shard:
         assert len(shard) == 0
@@ -147,7 +147,7 @@ def test_empty_shard_is_valid(traces, hs_target, tmp_path):
 
 def test_overlong_drop_is_counted_in_metadata(traces, hs_target, tmp_path):
     s = job_for(traces, hs_target, tmp_path / "out")
-    meta = extract.extract_shard(settings(max_seq_len=44, overlong="drop"), s)
+    meta = extract.extract_shards(settings(max_seq_len=44, overlong="drop"), [s])[0]
     assert meta["overlong"]["policy"] == "drop" and meta["overlong"]["dropped"] > 0
     assert meta["num_samples"] == 7 - meta["overlong"]["dropped"]
     assert set(meta["overlong"]["dropped_ids"]).isdisjoint(meta["ids"])
@@ -202,7 +202,7 @@ class SequentialRank:
 
 def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, tmp_path, monkeypatch):
     reference = job_for(traces, hs_target, tmp_path / "ref")
-    extract.extract_shard(HS, reference)
+    extract.extract_shards(HS, [reference])
     s = job_for(traces, hs_target, tmp_path / "out")
     ran: dict[int, list] = {0: [], 1: [], 2: []}
     real = backend.run_batch
@@ -210,7 +210,7 @@ def test_data_parallel_ranks_split_batches_and_rank0_merges(traces, hs_target, t
     parts.prepare_work(s.work, parts.fingerprint(HS, plan.plan_shard(HS, s)))
     for rank in (1, 2, 0):
         monkeypatch.setattr(backend, "run_batch", lambda *a, r=rank: ran[r].append(a[2]) or real(*a))
-        result = extract.extract_shard(HS, s, state=SequentialRank(rank, 3))
+        result = extract.extract_shards(HS, [s], state=SequentialRank(rank, 3))[0]
         assert (result is None) == (rank != 0)
     assert all(ran.values()) and sorted(i for b in sum(ran.values(), []) for i in b) == list(range(7))
     with HiddenStateShard(s.output) as got, HiddenStateShard(reference.output) as want:
@@ -233,7 +233,7 @@ def test_one_job_extracts_every_split_with_one_load(traces, hs_tokenizer, hs_tar
     assert metas[1]["ids"] == ["id0020", "id0021"]
     assert all(job.output.exists() and job.metadata.exists() for job in jobs)
     alone = job_for(validation, hs_target, tmp_path / "alone")
-    extract.extract_shard(HS, alone)  # a fresh load: the shared model leaves nothing behind (hooks)
+    extract.extract_shards(HS, [alone])  # a fresh load: the shared model leaves nothing behind (hooks)
     with HiddenStateShard(jobs[1].output) as shared, HiddenStateShard(alone.output) as fresh:
         for a, b in zip(shared, fresh, strict=True):
             assert all(torch.equal(a[k], b[k]) for k in a)
@@ -286,13 +286,13 @@ def test_a_shard_is_on_disk_once_while_it_is_packed(traces, hs_target, tmp_path,
 
     monkeypatch.setattr(packing, "_move_part", measured)
     with pytest.raises(KeyboardInterrupt):
-        extract.extract_shard(HS, s)
+        extract.extract_shards(HS, [s])
     assert len(list((s.work / "parts").glob("*.packed"))) == 2  # two parts moved, then killed
     monkeypatch.setattr(packing, "_move_part", lambda *a: measured(*a) if len(moved) < 2 else real_move(*a))
     calls = []
     real_run_batch = backend.run_batch
     monkeypatch.setattr(backend, "run_batch", lambda *a: calls.append(1) or real_run_batch(*a))
-    extract.extract_shard(HS, s)
+    extract.extract_shards(HS, [s])
     assert calls == []  # the resume packs the rest: no batch computed again
     states = s.output.stat().st_size
     part_bound = 100 * 4 * 128 * 2 + 64 * 1024  # one batch (batch_tokens 100, 4 x H bf16) + headers, blocks

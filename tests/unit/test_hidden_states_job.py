@@ -85,7 +85,7 @@ def test_the_rules_run_time_values_join_the_recorded_section():
         packing={"dir": "r/work/hidden_states/pack_slots"},
     )
     recorded = {"backend": "transformers", "vllm": {"python": "p", "tensor_parallel_size": 2}}
-    typed = runtime.typed(HiddenStatesSettings, "hidden_states", recorded)
-    assert typed.device_map and typed.backend == "transformers" and typed.pack_slots == 2
+    merged = runtime.section("hidden_states", recorded)  # what whole() then builds the section from
+    assert merged["device_map"] and merged["backend"] == "transformers" and merged["pack_slots"] == 2
     assert runtime.section("packing")["dir"] == "r/work/hidden_states/pack_slots"
-    assert (typed.vllm.python, typed.vllm.tensor_parallel_size, typed.vllm.max_clients) == ("p", 2, 3)
+    assert merged["vllm"] == {"python": "p", "tensor_parallel_size": 2, "max_clients": 3}

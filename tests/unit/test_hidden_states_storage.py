@@ -1,4 +1,5 @@
-"""Packed shards: streaming writer and memory-mapped reader round-trip, validation, empty shards."""
+"""Packed shards: the packing writer (PackedShardFile, as packing.write_shard fills it) and the
+memory-mapped reader round-trip, validation, empty shards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eagle3_pipeline.hidden_states import storage
-from eagle3_pipeline.hidden_states.storage import HiddenStateShard, PackedShardWriter, ShardError
+from eagle3_pipeline.hidden_states.storage import HiddenStateShard, PackedShardFile, ShardError
 
 H = 8
 
@@ -37,24 +38,24 @@ def samples(lengths):
 
 
 def write(path: Path, data, **extra) -> Path:
+    """`data`'s samples packed as packing.write_shard does: each sample's rows written in place (here
+    the last sample first: a part's rows land wherever its samples sit), then closed with the ids."""
     meta = {"ids": [d["id"] for d in data], "hidden_size": H, "final_state": "post_norm", **extra}
-    writer = PackedShardWriter(
-        path, [len(d["input_ids"]) for d in data], H, torch.bfloat16, storage.encode_metadata(meta)
-    )
-    for name in ("aux_hidden_states", "final_hidden_states"):
-        for d in data:
-            writer.write(d[name])
-    writer.write_offsets()
-    writer.write(torch.cat([d["input_ids"] for d in data]) if data else torch.zeros(0, dtype=torch.int32))
-    writer.write(torch.cat([d["loss_mask"] for d in data]) if data else torch.zeros(0, dtype=torch.uint8))
-    writer.close()
+    encoded = storage.encode_metadata(meta)
+    shard = PackedShardFile(path, [len(d["input_ids"]) for d in data], H, torch.bfloat16, encoded)
+    starts = [sum(len(d["input_ids"]) for d in data[:i]) for i in range(len(data))]
+    for start, d in reversed(list(zip(starts, data, strict=True))):
+        for name in ("aux_hidden_states", "final_hidden_states"):
+            shard.write_rows(name, start, d[name])
+    ids = torch.cat([d["input_ids"] for d in data]) if data else torch.zeros(0, dtype=torch.int32)
+    mask = torch.cat([d["loss_mask"] for d in data]) if data else torch.zeros(0, dtype=torch.uint8)
+    shard.close(encoded, ids, mask)
     return path
 
 
 def test_round_trip_through_the_reader(tmp_path):
     data = samples([5, 1, 12, 7])
     path = write(tmp_path / "shard-00000.safetensors", data)
-    assert not path.with_name(path.name + ".tmp").exists()
     with HiddenStateShard(path) as shard:
         assert len(shard) == 4 and shard.num_tokens == 25
         assert (
@@ -72,7 +73,7 @@ def test_round_trip_through_the_reader(tmp_path):
 def test_file_follows_the_contract(tmp_path):
     data = samples([3, 4])
     path = write(tmp_path / "s.safetensors", data)
-    tensors = load_file(str(path))  # the stock loader reads our streamed file
+    tensors = load_file(str(path))  # the stock loader reads our packed file
     assert {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()} == {
         "input_ids": (torch.int32, (7,)),
         "loss_mask": (torch.uint8, (7,)),

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from eagle3_pipeline.server import check_unit, process_identity
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts, interrupts_as_exceptions
 from eagle3_pipeline.validate.remote_checkpoint import unit_sandbox
 

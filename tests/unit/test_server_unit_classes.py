@@ -21,7 +21,7 @@ from eagle3_pipeline.server.unit import (
     parse_environment_file,
     split_exec_prefixes,
 )
-from eagle3_pipeline.server.unit_syntax import exec_line, exec_word, extract_words, unit_lines
+from eagle3_pipeline.server.unit_syntax import extract_words, unit_lines
 from eagle3_pipeline.settings import ServerSettings
 
 
@@ -243,32 +243,35 @@ def test_defaults_stand_when_every_source_was_read() -> None:
     assert (server["port"], server["tensor_parallel_size"]) == (8000, 1)
 
 
-# -- words written back for systemd --------------------------------------------------------------------
+# -- quoted words, as systemd reads them -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "word",
+    ("written", "word"),
     [
-        "{% for m in messages %}{{ m.content }}\n{% endfor %}",
-        'a"b\\c',
-        "tab\there",
-        "%h",
-        "$VAR",
-        ";",
-        "",
-        "x\x01y",
+        (
+            r'"{%% for m in messages %%}{{ m.content }}\n{%% endfor %%}"',
+            "{% for m in messages %}{{ m.content }}\n{% endfor %}",
+        ),
+        (r'"a\"b\\c"', 'a"b\\c'),
+        (r'"tab\there"', "tab\there"),
+        ('"%%h"', "%h"),
+        ('"$VAR"', "$VAR"),
+        ('";"', ";"),
+        ('""', ""),
+        (r'"x\x01y"', "x\x01y"),
     ],
 )
-def test_exec_word_reads_back_as_itself(word: str) -> None:
-    line = "ExecStart=" + exec_line(["/usr/bin/vllm", "serve", "--chat-template", word], "-")
-    assert "\n" not in line  # a raw newline would end the line
+def test_a_quoted_word_reads_back_as_the_word_systemd_runs(written: str, word: str) -> None:
+    """Double quotes group, C escapes decode (`\\n` keeps an inline chat template on one line), `%%` is
+    a literal percent, `$VAR` is left for systemd, an empty word and a quoted `;` stay words."""
+    line = f"ExecStart=-/usr/bin/vllm serve --chat-template {written}"
     ((_, logical),) = unit_lines(line)
     command = split_exec_prefixes(logical.split("=", 1)[1])
     words = extract_words(command.raw, "test", relax=False)
     unit = merge_unit([("u.service", f"[Service]\n{line}\n")], "u.service")
     assert command.prefixes == "-" and words[-1].replace("%%", "%") == word
     assert unit.exec_start[0].words[-1] == word
-    assert exec_word("50%") == '"50%%"'
 
 
 def test_command_lines_split_only_at_a_lone_unquoted_semicolon_each_with_its_prefixes() -> None:
@@ -331,7 +334,7 @@ def test_a_variable_from_the_managers_environment_leaves_the_defaults_unknown() 
 
 
 def test_an_expanded_word_keeps_its_dollars_literal() -> None:
-    line = "ExecStart=" + exec_line(["/usr/bin/vllm", "serve", "--chat-template", "{{ '$HOME' }}"], "", True)
+    line = 'ExecStart="/usr/bin/vllm" "serve" "--chat-template" "{{ \'$$HOME\' }}"'  # `$$`: a literal `$`
     unit = merge_unit([("u.service", f"[Service]\n{line}\n")], "u.service")
     argv = command_argv(unit.exec_start[0], {"HOME": "/root"}, [])
     assert argv[-1] == "{{ '$HOME' }}"

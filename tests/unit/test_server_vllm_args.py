@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_pipeline.server.unit import UnitError, logical_lines, merge_unit, split_words
+from eagle3_pipeline.server.unit import UnitError, merge_unit, split_words
+from eagle3_pipeline.server.unit_syntax import unit_lines
 from eagle3_pipeline.server.vllm_args import find_vllm, parse_command, parse_flags, parse_length
 
 
@@ -83,7 +84,11 @@ def test_quotes_and_escapes() -> None:
 
 def test_continuation_with_comment_lines() -> None:
     text = "ExecStart=/bin/a \\\n# skipped\n  --x 1 \\\n; skipped too\n  --y 2\nUser=u\n"
-    assert [line for _, line in logical_lines(text)] == ["ExecStart=/bin/a --x 1 --y 2", "User=u"]
+    # the continued lines joined as systemd joins them (each backslash a space), comments skipped
+    assert [" ".join(line.split()) for _, line in unit_lines(text)] == [
+        "ExecStart=/bin/a --x 1 --y 2",
+        "User=u",
+    ]
 
 
 def test_dropin_resets() -> None:

@@ -169,7 +169,7 @@ def test_whole_refuses_a_partial_section():
 
 
 def _settings_calls(path: Path) -> list[str]:
-    """The calls in a script that build a section leniently (section(), RuntimeOnly.typed())."""
+    """The calls in a script that build a section leniently (section())."""
     tree = ast.parse(path.read_text())
     names = []
     for node in ast.walk(tree):
@@ -182,7 +182,7 @@ def _settings_calls(path: Path) -> list[str]:
                 if isinstance(func, ast.Attribute)
                 else ""
             )
-            if name in ("section", "typed") and not (isinstance(func, ast.Attribute) and _is_runtime(func)):
+            if name == "section" and not (isinstance(func, ast.Attribute) and _is_runtime(func)):
                 names.append(f"{path.name}:{node.lineno} {name}()")
     return names
 
@@ -194,5 +194,5 @@ def _is_runtime(func: ast.Attribute) -> bool:
 
 def test_no_script_builds_a_section_from_part_of_its_keys():
     """Scripts build their sections with `whole` (every key from params and run-time values) or as a
-    narrow section; section() and typed() would let a missing key take the schema's default."""
+    narrow section; section() would let a missing key take the schema's default."""
     assert [call for path in sorted((REPO / "scripts").glob("*.py")) for call in _settings_calls(path)] == []

@@ -42,7 +42,7 @@ def test_load_reads_a_folder_or_the_file_and_keeps_its_digest(tmp_path):
 
 def test_a_plain_config_is_its_own_language_model():
     shape = TargetShape.from_json(LLAMA)
-    assert not shape.is_vl_wrapper and not shape.uses_mla and not shape.has_remote_code
+    assert not shape.is_vl_wrapper and not shape.has_remote_code
     assert (shape.num_layers, shape.hidden_size, shape.rms_norm_eps) == (8, 64, 1e-5)
     assert shape.model_type == "llama" and shape.architectures == ["LlamaForCausalLM"]
     assert shape.stated_shape() == (8, 64, 100)
@@ -51,7 +51,7 @@ def test_a_plain_config_is_its_own_language_model():
 
 def test_a_vl_wrapper_is_read_through_its_text_config():
     shape = TargetShape.from_json(KIMI_TARGET_CONFIG)
-    assert shape.is_vl_wrapper and shape.uses_mla  # the text model's model_type: deepseek_v3
+    assert shape.is_vl_wrapper and shape.model_type == "deepseek_v3"  # the text model's, not the wrapper's
     assert (shape.num_layers, shape.hidden_size) == (61, 7168)
     assert shape.stated_shape() == (61, 7168, 163840)
     assert shape.architectures == ["KimiK25ForConditionalGeneration"]  # the wrapper's, as vLLM loads it

@@ -238,7 +238,8 @@ def test_the_steps_are_flagged_when_a_point_strays_and_files_without_replays_say
 
 
 def test_the_learning_curve_figure_draws_intervals_on_a_token_axis(tmp_path: Path):
-    from eagle3_pipeline.validate.report import read_figure_text
+    from support.figures import read_figure_text
+
     from eagle3_pipeline.validate.report_curves import learning_curve_figure
 
     points = [

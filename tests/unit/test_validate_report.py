@@ -6,10 +6,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 from PIL import Image
+from support.figures import read_figure_text
 from support.validate_results import write_finished_results
 
 from eagle3_pipeline.validate.baseline import BaselineError, baseline_frame, write_baseline_traces
-from eagle3_pipeline.validate.report import draw_report, read_figure_text
+from eagle3_pipeline.validate.report import draw_report
 
 NAMES = {
     "server": "server.html",

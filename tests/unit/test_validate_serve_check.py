@@ -1,4 +1,5 @@
-"""The draft-serving command line, the production drop-in, and the serve check's request settings."""
+"""The draft-serving command line (the local server's, the check unit's) and the serve check's request
+settings."""
 
 import dataclasses
 import json
@@ -11,14 +12,8 @@ import yaml
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.generate.payload import Sampling, chat_body, request_seed
 from eagle3_pipeline.ports import PortError, free_port, reserved_port
-from eagle3_pipeline.server.dropin import (
-    ServeCheckError,
-    draft_argv,
-    exec_start_with_draft,
-    systemd_quote,
-    vllm_exec,
-)
-from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_words
+from eagle3_pipeline.server.draft_command import ServeCheckError, draft_argv, vllm_exec
+from eagle3_pipeline.server.unit import ExecCommand
 from eagle3_pipeline.server.vllm_args import eagle3_draft, serving_argv
 from eagle3_pipeline.settings import GenerationSettings, ValidateSettings, build_settings
 from eagle3_pipeline.validate.serve_check import _sampling_dict, matched_sampling, serve_sampling
@@ -92,19 +87,10 @@ def test_a_reserved_port_is_taken_for_everyone_but_the_server_started_on_it():
         accepted.close()
 
 
-def test_systemd_quote_round_trips_through_the_unit_parser():
-    words = ["/bin/x", '{"a": "b c"}', "100%", "back\\slash"]
-    line = " ".join(systemd_quote(w) for w in words)
-    unit = merge_unit([("/u.service", f"[Service]\nExecStart={line}\n")], "u.service")
-    assert split_words(unit.exec_start[0].raw, "test") == words
-
-
-def test_the_draft_command_keeps_production_words_and_prefixes():
+def test_the_draft_command_keeps_production_words():
     command = ExecCommand(prefixes="-", raw="/usr/bin/vllm serve /models/kimi --port 8000 --api-key $KEY")
-    exec_start = exec_start_with_draft(command, "/var/tmp/ckpt", 3, enforce_eager=False)
-    assert exec_start.startswith('-"/usr/bin/vllm"')
     words = draft_argv(command, "/var/tmp/ckpt", 3, enforce_eager=False)
-    assert split_words(exec_start[1:], "test") == words
+    assert words[:5] == ["/usr/bin/vllm", "serve", "/models/kimi", "--port", "8000"]
     assert spec_of(words)["model"] == "/var/tmp/ckpt"
     assert "$KEY" in words and "--enforce-eager" not in words  # $KEY: systemd expands it, as for production
 
@@ -127,11 +113,11 @@ def test_argv0_is_dropped_and_privilege_prefixes_refused():
             draft_argv(ExecCommand(prefix, "/usr/bin/vllm serve /m"), "/c", 3, False)
 
 
-def test_dropin_refuses_a_shell_wrapper_and_non_vllm():
+def test_the_draft_command_refuses_a_shell_wrapper_and_non_vllm():
     with pytest.raises(ServeCheckError, match="shell"):
-        exec_start_with_draft(ExecCommand("", "/bin/bash -c 'vllm serve /m --port 1'"), "/c", 3, True)
+        draft_argv(ExecCommand("", "/bin/bash -c 'vllm serve /m --port 1'"), "/c", 3, True)
     with pytest.raises(ServeCheckError, match="not vLLM"):
-        exec_start_with_draft(ExecCommand("", "/opt/start-server.sh"), "/c", 3, True)
+        draft_argv(ExecCommand("", "/opt/start-server.sh"), "/c", 3, True)
 
 
 def test_vllm_exec_follows_dropins():
@@ -264,15 +250,14 @@ def test_a_port_taken_by_another_server_while_the_check_starts_is_never_measured
         foreign[0].server_close()
 
 
-def test_an_inline_chat_template_with_a_newline_stays_one_exec_start_word():
-    """A `\\n` inside an inline --chat-template is written as systemd's C escape, never a raw newline
-    (which would end the ExecStart= line), and read back as the same word."""
-    template = "{{ bos_token }}\n{{ messages[0]['content'] }}\t"  # no `%`: split_words keeps specifiers
-    command = ExecCommand("", f"/opt/venv/bin/vllm serve /m --chat-template {systemd_quote(template)}")
-    line = exec_start_with_draft(command, "/c", 3, enforce_eager=False)
-    assert "\n" not in line
-    words = split_words(line, "ExecStart=")
-    assert words[words.index("--chat-template") + 1] == template
+def test_an_inline_chat_template_with_a_newline_stays_one_word_of_the_draft_command():
+    """An inline --chat-template written with systemd's C escapes (`\\n`, `\\t`: a raw newline would end
+    the ExecStart= line) reaches the check unit's argv as the one word systemd decodes."""
+    written = r'"{{ bos_token }}\n{{ messages[0][\'content\'] }}\t"'
+    line = f"ExecStart=/opt/venv/bin/vllm serve /m --chat-template {written}"
+    cat = f"# /etc/systemd/system/v.service\n[Service]\n{line}\n"
+    words = draft_argv(vllm_exec(cat, "v.service"), "/c", 3, enforce_eager=False)
+    assert words[words.index("--chat-template") + 1] == "{{ bos_token }}\n{{ messages[0]['content'] }}\t"
 
 
 # A stand-in server that starts only once all `expected` stand-ins have been launched (a barrier on a

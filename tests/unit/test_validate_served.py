@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.vllm_args import serving_argv
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.acceptance import online_acceptance

@@ -111,7 +111,7 @@ def test_special_token_ids_from_either_tokenizer_file(tmp_path):
 
 
 def test_the_check_refuses_an_offline_json_without_a_matching_replay():
-    from eagle3_pipeline.server.dropin import ServeCheckError
+    from eagle3_pipeline.server.draft_command import ServeCheckError
     from eagle3_pipeline.settings import ValidateSettings
     from eagle3_pipeline.validate.serve_check import matched_questions
 

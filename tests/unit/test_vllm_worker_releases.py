@@ -123,4 +123,4 @@ def test_a_failure_after_the_load_writes_failed_json_ends_the_engine_and_fails_i
     assert "AttributeError" in failure["error"] and "vllm_config" in failure["error"]
     assert not (tmp_path / "ready.json").exists()
     with pytest.raises(engine.EngineError, match="failed after its model loaded, in its engine record"):
-        engine.wait_ready(tmp_path, info, timeout_s=5)
+        engine.wait_done(tmp_path, info, "a-client-request")  # the client's wait, as it queued at once

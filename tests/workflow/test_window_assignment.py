@@ -1,6 +1,7 @@
-"""The windowed DAG (hidden_states.max_disk_gb) follows budget.epoch_windows: a dry run of the demo
-under a cap extracts every shard once per epoch, for the window the function gives it that epoch, and
-each window's training job reads exactly its shards' states."""
+"""The windowed DAG (hidden_states.max_disk_gb) follows the plan's seeded windows (budget.sized_windows:
+for equal shards, each epoch's order, budget.epoch_order, cut into windows of as many as fit): a dry run
+of the demo under a cap extracts every shard once per epoch, for the window the order gives it that
+epoch, and each window's training job reads exactly its shards' states."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from collections import Counter
 import yaml
 from support.workflow import planned_jobs, write_config
 
-from eagle3_pipeline.budget import epoch_windows
+from eagle3_pipeline.budget import epoch_order
 
 EPOCHS = 3
+
+
+def windows_of_two(seed: int, epoch: int, shards: list[str]) -> list[list[str]]:
+    """The demo's equal shards two to a window: the epoch's order cut every two shards, each sorted."""
+    order = epoch_order(seed, epoch, shards)
+    return [sorted(order[i : i + 2]) for i in range(0, len(order), 2)]
 
 
 def test_each_epoch_plans_every_shard_once_in_the_window_the_function_gives(tmp_path):
@@ -31,7 +38,7 @@ def test_each_epoch_plans_every_shard_once_in_the_window_the_function_gives(tmp_
     jobs, _ = planned_jobs(["--cores", "2", "--configfile", str(config)], "local")
     shards = sorted({job.wildcards.shard for job in jobs if job.rule.name == "extract_hidden_states"})
     assert len(shards) == 4
-    expected = [epoch_windows(seed, epoch, shards, 2) for epoch in range(EPOCHS)]
+    expected = [windows_of_two(seed, epoch, shards) for epoch in range(EPOCHS)]
     assert len({str(epoch) for epoch in expected}) > 1  # the assignment changes between epochs here
     (plan,) = [job for job in jobs if job.rule.name == "plan_windows"]
     assert plan.params.windows == expected  # recorded in draft/windows/plan.json
@@ -75,7 +82,7 @@ def test_a_learning_curve_point_trains_in_the_main_drafts_windows_on_its_own_sha
     seed = yaml.safe_load(config.read_text())["train"]["seed"]
     jobs, _ = planned_jobs(["--cores", "2", "--configfile", str(config)], "local")
     shards = sorted({job.wildcards.shard for job in jobs if job.rule.name == "extract_hidden_states"})
-    expected = [epoch_windows(seed, epoch, shards, 2) for epoch in range(EPOCHS)]
+    expected = [windows_of_two(seed, epoch, shards) for epoch in range(EPOCHS)]
     point = "learning_curve/shards-00002/"
     own = set(shards[:2])
     extracted = Counter(job.rule.name for job in jobs)["extract_hidden_states"]

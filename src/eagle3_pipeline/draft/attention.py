@@ -1,26 +1,27 @@
 """Training-time-test attention, in memory linear in T at any number of TTT steps.
 
 At TTT step k a query at position t sees step 0's keys causally (positions 0..t) and, at its own
-position only, the key each later step 1..k produced there (`ttt_attention_mask` spells the mask out).
+position only, the key each later step 1..k produced there (benchmarks/ttt_reference.py spells the mask
+out).
 Softmax runs over the union of those keys. Shapes: q and every cached k are [B, nh, T, hd], every
 cached v [B, nh, T, hd_v] (hd_v = hd for the Llama draft; MLA's values are narrower than its queries and
 keys, 128 against 192 at Kimi's shape), the output [B, nh, T, hd_v]. Scores are scaled by `scale`,
 1 / sqrt(hd) unless given (MLA under YaRN multiplies it by the rope's mscale squared).
 
-Three forms, equal up to rounding (tests check forward and gradients):
+Two forms, equal up to rounding (tests check forward and gradients):
 
-- `ttt_attention_mask`: the mask itself, [T, T * (k + 1)], for tests.
-- `ttt_attention_dense`: the reference. A [B, nh, T, T] causal score block plus one [B, nh, T, 1]
+- the reference, `ttt_attention_dense` in benchmarks/ttt_reference.py (the tests and the training
+  benchmark's "before"; not in the package): a [B, nh, T, T] causal score block plus one [B, nh, T, 1]
   diagonal score per earlier step, softmax over both. Autograd keeps the T x T scores and their fp32
   softmax of every step until the backward pass: memory O(steps * nh * T^2).
-- `ttt_attention`: the same numbers computed by query blocks, flash-attention style, in a custom
-  autograd function. Each block of C queries builds its [B, nh, C, T] causal scores and its
-  [B, nh, C, k] diagonal scores, merges them through one max and one log-sum-exp (softmax over the
-  union), writes its output and throws the scores away. Only q, the cache, the output and the
-  per-row log-sum-exp [B, nh, T] are kept for backward, which recomputes each block's probabilities
-  from the log-sum-exp (P = exp(S - lse)). Memory: O(steps * nh * T * hd) kept, plus one block's
-  scores while it runs (C is chosen so that a block holds at most BLOCK_ELEMENTS scores, and at least
-  MIN_BLOCK_ROWS rows): linear in T.
+- `ttt_attention`, what the draft trains with: the same numbers computed by query blocks, flash-attention
+  style, in a custom autograd function. Each block of C queries builds its [B, nh, C, T] causal scores and
+  its [B, nh, C, k] diagonal scores, merges them through one max and one log-sum-exp (softmax over the
+  union), writes its output and throws the scores away. Only q, the cache, the output and the per-row
+  log-sum-exp [B, nh, T] are kept for backward, which recomputes each block's probabilities from the
+  log-sum-exp (P = exp(S - lse)). Memory: O(steps * nh * T * hd) kept, plus one block's scores while it
+  runs (C is chosen so that a block holds at most BLOCK_ELEMENTS scores, and at least MIN_BLOCK_ROWS
+  rows): linear in T.
   Plain tensor ops, so it runs on CPU and GPU alike and the log-sum-exp's own gradient (which
   torch's fused SDPA kernels do not differentiate) is exact.
 """
@@ -38,33 +39,8 @@ BLOCK_ELEMENTS = 2**24  # scores per query block: 64 MB in fp32, a few such tens
 MIN_BLOCK_ROWS = 64  # below this the matmuls get too thin (Kimi-K2.5: 64 heads x 10,240 keys: 168 MB)
 
 
-def ttt_attention_mask(seq_len: int, step: int) -> torch.Tensor:
-    """Which keys a query of TTT step `step` may see: bool [T, T * (step + 1)] over the keys of steps
-    0..step laid side by side. Step 0's block is causal; each later step's block is the identity (the
-    key the same position produced at that step). The reference for tests."""
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-    same_position = torch.eye(seq_len, dtype=torch.bool)
-    return torch.cat([causal] + [same_position] * step, dim=1)
-
-
 def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
-
-
-def ttt_attention_dense(q: torch.Tensor, cache: KVCache, scale: float | None = None) -> torch.Tensor:
-    """The reference: attention of the newest step's queries q [B, nh, T, hd] over `cache` with a dense
-    T x T causal block per step; -> [B, nh, T, hd_v]. Memory quadratic in T (kept for tests and the
-    benchmark)."""
-    seq_len, scale = q.shape[-2], default_scale(q) if scale is None else scale
-    k0, v0 = cache[0]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, nh, T, T]
-    diagonal = [(q * k).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]  # each [B, nh, T, 1]
-    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
-    out = probs[..., :seq_len] @ v0
-    for j, (_, v) in enumerate(cache[1:]):
-        out = out + probs[..., seq_len + j : seq_len + j + 1] * v
-    return out
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -159,7 +135,7 @@ class _LinearTTTAttention(torch.autograd.Function):
 def ttt_attention(q: torch.Tensor, cache: KVCache, scale: float | None = None) -> torch.Tensor:
     """Attention of the newest step's queries q [B, nh, T, hd] over `cache`; -> [B, nh, T, hd_v].
 
-    Equal to `ttt_attention_dense`, in memory linear in T (see the module docstring)."""
+    Equal to the dense reference, in memory linear in T (see the module docstring)."""
     (k0, v0), later = cache[0], cache[1:]
     scale = default_scale(q) if scale is None else float(scale)
     with torch.autocast(q.device.type, enabled=False):  # the function casts explicitly, like the reference

@@ -89,10 +89,6 @@ class DraftConfig:
         """Width of one query/key head: head_dim, or MLA's nope + rope."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
 
-    @property
-    def value_head_dim(self) -> int:
-        return self.v_head_dim if self.kv_lora_rank else self.head_dim
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -21,7 +21,7 @@ deepseek_eagle3.py runs it; each attention module gives its own rope tables (`ro
 
 Training-time test keeps every step's keys and values (a list, `cache`): a query of step k sees step 0's
 keys causally and, at its own position only, the key of each step 1..k (attention.py: `ttt_attention`,
-in memory linear in T, and `ttt_attention_dense`, the quadratic reference).
+in memory linear in T; the quadratic reference is benchmarks/ttt_reference.py's).
 
 Training reads `hidden_states` (the normed outputs of every step, not their logits: the loss applies
 lm_head chunk by chunk, ttt.py) and may checkpoint each step (`checkpointing`): the step's activations
@@ -38,16 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eagle3_pipeline.draft.attention import KVCache, ttt_attention, ttt_attention_dense
+from eagle3_pipeline.draft.attention import KVCache, ttt_attention
 from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
 from eagle3_pipeline.draft.mla import MLAAttention
 from eagle3_pipeline.draft.norm import RMSNorm
 
-# "linear" for training; "dense" is the quadratic reference (tests, benchmarks/training.py)
-ATTENTION: dict[str, Callable[..., torch.Tensor]] = {  # (q, cache, scale=None) -> output
-    "linear": ttt_attention,
-    "dense": ttt_attention_dense,
-}
+# (q, cache, scale=None) -> output: attention.ttt_attention, or a reference computing the same numbers
+AttentionForm = Callable[..., torch.Tensor]
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -75,9 +72,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class DraftAttention(nn.Module):
     """Llama attention whose q/k/v read 2H (embedding and hidden state side by side)."""
 
-    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
+    def __init__(self, config: DraftConfig, attention: AttentionForm = ttt_attention) -> None:
         super().__init__()
-        self.attention = ATTENTION[attention]
+        self.attention = attention
         self.heads, self.kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -130,14 +127,12 @@ class DraftDecoderLayer(nn.Module):
     """The single decoder layer ("midlayer" in the checkpoint): Llama attention, or MLA (mla.py) for
     draft.architecture deepseek_mla; the rest is the same in both (vLLM's deepseek_eagle3.py)."""
 
-    def __init__(self, config: DraftConfig, attention: str = "linear") -> None:
+    def __init__(self, config: DraftConfig, attention: AttentionForm = ttt_attention) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the embeddings
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on the fed hidden state
         mla = config.architecture == "deepseek_mla"
-        self.self_attn = (
-            MLAAttention(config, ATTENTION[attention]) if mla else DraftAttention(config, attention)
-        )
+        self.self_attn = MLAAttention(config, attention) if mla else DraftAttention(config, attention)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DraftMLP(config)
 
@@ -163,11 +158,13 @@ class Eagle3Draft(nn.Module):
     """fc over the three auxiliary target states, one decoder layer, norm, draft-vocabulary lm_head.
 
     embed_tokens is the target's, frozen, and never exported (vLLM and SGLang share the target's).
-    `attention` names the TTT attention form (ATTENTION); both give the same numbers. `checkpointing`
+    `attention` is the TTT attention form (AttentionForm; a reference gives the same numbers). `checkpointing`
     recomputes each TTT step's activations in the backward pass instead of keeping them (same numbers).
     """
 
-    def __init__(self, config: DraftConfig, attention: str = "linear", checkpointing: bool = False) -> None:
+    def __init__(
+        self, config: DraftConfig, attention: AttentionForm = ttt_attention, checkpointing: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
         self.checkpointing = checkpointing

@@ -20,7 +20,7 @@ train.activation_checkpointing each TTT step's activations are recomputed in the
 Under a disk cap (hidden_states.max_disk_gb) one job trains one window of shards of one epoch
 (`main_window`): it starts from the previous window's state file, trains over the window's batches,
 evaluates on the window's validation states (summed over the epoch's windows), and writes its state
-file; the learning-rate schedule spans every window of every epoch (draft/windows.py). `finish`
+file; the learning-rate schedule spans every window of every epoch (draft/window_batches.py). `finish`
 turns the last state into the trained weights and history.
 
 With validate.select_every_epochs the weights after each kept epoch (job.checkpoint_epochs) are
@@ -56,7 +56,7 @@ from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
-from eagle3_pipeline.draft.windows import order_key, total_steps
+from eagle3_pipeline.draft.window_batches import order_key, total_steps
 from eagle3_pipeline.settings import TrainSettings
 
 log = logging.getLogger(__name__)

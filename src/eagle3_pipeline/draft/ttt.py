@@ -13,7 +13,8 @@ Beyond the row's end the shifted masks are zero, so padding and the tail never c
 
 Two forms of the loss, equal up to rounding (tests/unit/test_draft_loss.py):
 
-- `target_distribution` + `ttt_loss`: the reference. The target's probabilities over the draft
+- the reference, `target_distribution` + `ttt_loss` in benchmarks/ttt_reference.py (the tests and the
+  training benchmark's "before"; not in the package): the target's probabilities over the draft
   vocabulary for the whole batch ([B, T, Vd] fp32) and every step's logits, gathered at the counted
   rows in fp32 and kept for backward by the cross-entropy ([n, Vd] fp32 per step).
 - `target_in_draft` + `chunked_ttt_loss` (training): the draft's normed hidden states and its lm_head
@@ -28,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from eagle3_pipeline.draft.model import shift_left
 
@@ -53,24 +53,6 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.shape[0] * self.loss_mask.shape[1])
-
-
-@torch.no_grad()
-def target_distribution(
-    final_hidden_states: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, draft_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """final [B, T, H] -> (probabilities over the draft vocab [B, T, Vd] fp32, argmax-in-draft [B, T]).
-
-    lm_head [V, H] is the target's; t2d [V] bool; draft_ids [Vd] the target id of each draft id.
-    """
-    flat = final_hidden_states.reshape(-1, final_hidden_states.shape[-1])
-    probs, in_draft = [], []
-    for rows in flat.split(HEAD_CHUNK_ROWS):
-        logits = (rows.to(lm_head.dtype) @ lm_head.T).float()  # [n, V], in the head's dtype (bf16 on GPU)
-        in_draft.append(t2d[logits.argmax(-1)])
-        probs.append(torch.softmax(logits[:, draft_ids], dim=-1))  # [n, Vd]
-    shape = final_hidden_states.shape[:-1]
-    return torch.cat(probs).view(*shape, -1), torch.cat(in_draft).view(shape)
 
 
 @torch.no_grad()
@@ -144,30 +126,6 @@ def step_mask(batch: Batch, in_draft: torch.Tensor, step: int) -> torch.Tensor:
     return shift_left(in_draft & batch.has_final, 1 + step) & shift_left(batch.loss_mask, 2 + step)
 
 
-def ttt_loss(
-    step_logits: list[torch.Tensor], batch: Batch, probs: torch.Tensor, in_draft: torch.Tensor, decay: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_k decay^k * mean soft cross-entropy of step k, stats [len(STAT_ROWS), steps] of sums).
-
-    Only counted rows are gathered (logits and their targets), so padding and prompt rows cost nothing
-    past the draft's forward. Conditional accuracy at step k counts rows whose steps 0..k-1 were all
-    right: what a chain of drafts accepted so far sees.
-    """
-    total = step_logits[0].new_zeros((), dtype=torch.float32)
-    stats = torch.zeros(len(STAT_ROWS), len(step_logits), device=step_logits[0].device)
-    chain = torch.ones_like(batch.loss_mask)
-    for k, logits in enumerate(step_logits):
-        rows, positions = step_mask(batch, in_draft, k).nonzero(as_tuple=True)
-        draft = logits[rows, positions].float()  # [n, Vd]
-        target = probs[rows, positions + 1 + k]  # [n, Vd]
-        loss_sum = F.cross_entropy(draft, target, reduction="sum")  # soft targets: -sum p log q
-        total = total + decay**k * loss_sum / max(len(rows), 1)
-        with torch.no_grad():
-            correct = draft.argmax(-1) == target.argmax(-1)
-            chain = _step_stats(stats, k, loss_sum, correct, chain, rows, positions)
-    return total, stats
-
-
 def _step_stats(stats, k, loss_sum, correct, chain, rows, positions) -> torch.Tensor:  # noqa: ANN001
     """Fill stats[:, k]; -> the chain of rows whose steps 0..k were all right."""
     before = chain[rows, positions]
@@ -193,11 +151,11 @@ def chunked_ttt_loss(
     in_draft: torch.Tensor,
     decay: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ttt_loss` of the logits lm_head(step_hidden[k]), without holding any [T, Vd] logits or target
-    probabilities: step_hidden are the draft's normed outputs [B, T, H] (Eagle3Draft.hidden_states),
-    lm_head its head's weight [Vd, H], target_head the target's lm_head rows of the draft vocabulary
-    [Vd, H] (lm_head[draft_ids]). Matmuls run in the autocast dtype when autocast is on (as the
-    reference's nn.Linear does), else in the draft's dtype."""
+    """The reference's `ttt_loss` (module docstring) of the logits lm_head(step_hidden[k]), without
+    holding any [T, Vd] logits or target probabilities: step_hidden are the draft's normed outputs
+    [B, T, H] (Eagle3Draft.hidden_states), lm_head its head's weight [Vd, H], target_head the target's lm_head
+    rows of the draft vocabulary [Vd, H] (lm_head[draft_ids]). Matmuls run in the autocast dtype when
+    autocast is on (as the reference's nn.Linear does), else in the draft's dtype."""
     device = step_hidden[0].device
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else lm_head.dtype
     total = torch.zeros((), dtype=torch.float32, device=device)

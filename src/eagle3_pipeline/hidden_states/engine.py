@@ -138,9 +138,12 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Start an engine process: a session of its own (stopped as one process group), and ended with
-    the job that started it (a parent-death signal): it never outlives its job."""
+def _start(
+    directory: Path, python: str, spec: dict[str, Any], env: dict[str, str], worker: str
+) -> dict[str, Any]:
+    """Start an engine process (`python -m WORKER serve DIR`): a session of its own (stopped as one
+    process group), and ended with the job that started it (a parent-death signal): it never outlives
+    its job."""
     for name in ("ready.json", "heartbeat", "stop", "stats.json", STOPPED_FILE, engine_health.FAILED_FILE):
         (directory / name).unlink(missing_ok=True)
     for folder in ("queue", "done", engine_health.CANCEL_DIR):  # a dead engine's: its clients failed
@@ -156,7 +159,7 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
         sink.write(f"\n=== engine {start_id} starting ===\n")
         sink.flush()
         process = subprocess.Popen(
-            [python, "-m", WORKER_MODULE, "serve", str(directory)],
+            [python, "-m", worker, "serve", str(directory)],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -178,9 +181,12 @@ def _start(directory: Path, python: str, spec: dict[str, Any], env: dict[str, st
     return info
 
 
-def start_or_join(directory: Path, python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def start_or_join(
+    directory: Path, python: str, spec: dict[str, Any], env: dict[str, str], worker: str = WORKER_MODULE
+) -> dict[str, Any]:
     """The process record of the engine that runs `spec` in `directory`: the live one, else a new one
-    (a live engine with other settings is stopped first). Returns at once: the engine may be starting.
+    (a live engine with other settings is stopped first), the module `worker` run in `python` (a
+    benchmark's former loop: benchmarks/drain_engine.py). Returns at once: the engine may be starting.
     """
     directory = Path(directory)
     with _locked(directory):
@@ -190,7 +196,7 @@ def start_or_join(directory: Path, python: str, spec: dict[str, Any], env: dict[
             _stop(directory, info, timeout_s=600)
             info = None
         if not (info and engine_alive(directory, info)):
-            return _start(directory, python, spec, env)
+            return _start(directory, python, spec, env, worker)
     log.info("using the running extraction engine %s (pid %s)", info["start_id"], info["pid"])
     return info
 
@@ -216,25 +222,6 @@ def _failed(directory: Path, info: dict[str, Any], failure: dict[str, Any]) -> E
 
 def _not_ready(info: dict[str, Any], timeout_s: float) -> EngineError:
     return EngineError(f"the extraction engine {info['start_id']} was not ready after {timeout_s:.0f} s")
-
-
-def wait_ready(directory: Path, info: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
-    """The engine's ready record, once it is up.
-
-    Raises:
-        EngineError: the engine exited or did not become ready (its log's tail in the message).
-    """
-    directory = Path(directory)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if failure := engine_health.read_failure(directory, info["start_id"]):
-            raise _failed(directory, info, failure)  # checked first: it may have been ready a moment
-        if ready := _ready(directory, info):
-            return ready
-        if not engine_alive(directory, info):
-            raise _died(directory, info, "exited before it was ready")
-        time.sleep(POLL_S)
-    raise _not_ready(info, timeout_s)
 
 
 def enqueue(directory: Path, request: dict[str, Any]) -> str:
@@ -302,17 +289,6 @@ def wait_or_cancel(directory: Path, info: dict[str, Any], name: str) -> dict[str
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
-
-
-def submit(directory: Path, info: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """Queue one job's batches on the engine and wait until every part is written.
-
-    Args:
-        directory: the engine's folder.
-        info: its process or ready record (start_or_join, wait_ready): its start_id.
-        request: {batches: [{part, index, input_ids}], records: [engine.json paths to write]}.
-    """
-    return wait_or_cancel(directory, info, enqueue(directory, request))
 
 
 def _stop(directory: Path, info: dict[str, Any], timeout_s: float) -> dict[str, Any]:

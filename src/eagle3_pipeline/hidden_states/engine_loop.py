@@ -6,11 +6,11 @@ reads each finished request's states, applies the final norm and writes each bat
 its last request is back; the engine core (its own process) keeps stepping the next requests
 meanwhile. A request stays in flight until the writer has read its states (back-pressure), a
 watchdog stops the engine when its steps or its writer stop progressing (failed.json names the stage),
-and the requests of a client that is gone are dropped (engine_health.py). `mode: drain` runs the
-former loop instead (one `LLM.generate` per batch, then reading and writing with the engine idle), for
+and the requests of a client that is gone are dropped (engine_health.py). The former loop (one
+`LLM.generate` per batch, then reading and writing with the engine idle) is benchmarks/drain_engine.py,
 the benchmark's "before".
 
-vLLM is imported only where it is called (`Server.run`, `DrainServer.run`, reading a staged file), so
+vLLM is imported only where it is called (`Server.run`, reading a staged file), so
 the loop runs in tests with an engine that stands in for vLLM's (tests/unit/test_extraction_engine_health.py).
 """
 
@@ -56,7 +56,6 @@ VLLM_NAMES = (
     ("name", "vllm", "TokensPrompt"),
     ("key", "vllm/inputs/", "prompt_token_ids"),
     ("member", "vllm.entrypoints.llm", "LLM.llm_engine"),
-    ("member", "vllm.entrypoints.llm", "LLM.generate"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.add_request"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.abort_request"),
     ("member", "vllm.v1.engine.llm_engine", "LLMEngine.step"),
@@ -347,7 +346,7 @@ class Server:
         (the idle time up to the stop, when no client has work, is not the engine's to fill); where
         the rest went: before the first request, this loop's own time with requests in the engine,
         the tail after the last step (the last parts read and written), and the engine empty between
-        (waiting for a client's request; in drain mode also reading and writing between batches)."""
+        (waiting for a client's request)."""
         done = self.last_done or self.ready_at
         since_ready, working = done - self.ready_at, done - (self.first_request or done)
         first_wait = (self.first_request or done) - self.ready_at
@@ -371,7 +370,6 @@ class Server:
             "tokens": self.tokens,
             "requests": self.requests,
             "cancelled": self.cancelled,
-            "mode": self.spec.get("mode", "stream"),
             "timeline": list(self.timeline),  # appended by the writer thread
         }
 
@@ -428,46 +426,6 @@ class Server:
         watchdog.stopped.set()
         self.finished.put(None)
         self.writer.join()
-        io.write_json(self.stats(), self.directory / "stats.json", indent=None)
-
-
-class DrainServer(Server):
-    """The former loop, for the benchmark's "before": one LLM.generate per batch, then read and write
-    with the engine idle."""
-
-    def __init__(self, directory: Path, spec: dict[str, Any]) -> None:
-        super().__init__(directory, spec)
-        self.open: list[Request] = []
-
-    def _accept(self, request: Request) -> None:
-        self.open.append(request)
-
-    def run(self, llm: Any, record: dict[str, Any]) -> None:
-        from vllm import SamplingParams, TokensPrompt
-
-        finisher = Finisher(self.spec)
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        self.ready_at = last_work = time.perf_counter()
-        self.ready_wall = time.time()
-        while True:
-            self._take_requests(record)
-            for request in self.open:
-                for batch in request.batches:
-                    start = time.perf_counter()
-                    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch["input_ids"]]
-                    outputs = llm.generate(prompts, params, use_tqdm=False)
-                    self.last_step = time.perf_counter()
-                    self.busy_s += self.last_step - start
-                    ids = batch["input_ids"]
-                    pieces = [finisher.states(out, seq) for out, seq in zip(outputs, ids, strict=True)]
-                    request.tokens += Finisher.write_part(batch, pieces)
-                self.tokens += request.tokens
-                self._done(request)
-                last_work = time.perf_counter()
-            self.open.clear()
-            if (self.directory / "stop").exists() or time.perf_counter() - last_work > self.idle_timeout:
-                break
-            time.sleep(IDLE_POLL_S)
         io.write_json(self.stats(), self.directory / "stats.json", indent=None)
 
 

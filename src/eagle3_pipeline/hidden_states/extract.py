@@ -51,10 +51,3 @@ def extract_shards(
     from eagle3_pipeline.hidden_states import transformers_extraction
 
     return transformers_extraction.extract_shards(hidden_states, jobs, state)
-
-
-def extract_shard(
-    hidden_states: HiddenStatesSettings, job: ShardJob, state: Any = None
-) -> dict[str, Any] | None:
-    """One shard's hidden states (see extract_shards); its metadata on the main process, else None."""
-    return extract_shards(hidden_states, [job], state)[0]

@@ -1,4 +1,4 @@
-"""Packed hidden-state shards: streaming safetensors writer, validation and a memory-mapped reader.
+"""Packed hidden-state shards: the packing writer, validation and a memory-mapped reader.
 
 Layout of `shard-{k:05d}.safetensors` (all samples' rows concatenated; sample i is rows
 offsets[i]:offsets[i+1]):
@@ -11,7 +11,7 @@ offsets[i]:offsets[i+1]):
 
 `PackedShardFile` moves the per-batch parts of the work folder into the shard one part at a time, each
 part deleted once its rows are written in place, so the shard is on disk once while it is packed (plus
-one part), never as parts plus a full copy; `PackedShardWriter` streams a shard in layout order.
+one part), never as parts plus a full copy.
 """
 
 from __future__ import annotations
@@ -50,64 +50,6 @@ def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes, little-endian as safetensors wants (torch on x86/ARM is little-endian)."""
     flat = tensor.contiguous().reshape(-1).view(torch.uint8)
     return memoryview(flat.numpy()).cast("B")
-
-
-class PackedShardWriter:
-    """Writes a packed shard in one streaming pass, tensor by tensor, from a sample source.
-
-    Args:
-        path: the final file; written beside it under a temporary name, committed by `close`.
-        lengths: tokens per sample, in output order.
-        hidden_size: H of the target.
-        dtype: storage dtype of the hidden states.
-        metadata: safetensors string metadata.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        lengths: Sequence[int],
-        hidden_size: int,
-        dtype: torch.dtype,
-        metadata: dict[str, str],
-    ) -> None:
-        self.path, self.tmp = path, io.temp_path(path)
-        self.lengths, self.hidden_size, self.dtype = list(lengths), hidden_size, dtype
-        total = sum(self.lengths)
-        # bf16 blocks first, then int64, int32, uint8: every tensor starts aligned to its element size
-        self.layout = [
-            ("aux_hidden_states", dtype, [total, 3 * hidden_size]),
-            ("final_hidden_states", dtype, [total, hidden_size]),
-            ("offsets", torch.int64, [len(self.lengths) + 1]),
-            ("input_ids", torch.int32, [total]),
-            ("loss_mask", torch.uint8, [total]),
-        ]
-        header: dict[str, Any] = {"__metadata__": metadata}
-        start = 0
-        for name, tdtype, shape in self.layout:
-            end = start + math.prod(shape) * tdtype.itemsize
-            header[name] = {"dtype": ST_DTYPES[tdtype], "shape": shape, "data_offsets": [start, end]}
-            start = end
-        blob = json.dumps(header, separators=(",", ":")).encode()
-        blob += b" " * (-len(blob) % 8)
-        self.handle = open(self.tmp, "wb")  # noqa: SIM115 - closed in close()
-        self.handle.write(struct.pack("<Q", len(blob)) + blob)
-
-    def write(self, tensor: torch.Tensor) -> None:
-        """Append the bytes of the next piece, in layout order."""
-        self.handle.write(_raw_bytes(tensor))
-
-    def write_offsets(self) -> None:
-        self.write(torch.tensor([0, *self.lengths], dtype=torch.int64).cumsum(0))
-
-    def close(self) -> None:
-        """Flush, then commit into place (fsync and rename)."""
-        self.handle.close()
-        io.commit(self.tmp, self.path)
-
-    def abort(self) -> None:
-        self.handle.close()
-        self.tmp.unlink(missing_ok=True)
 
 
 def _layout(

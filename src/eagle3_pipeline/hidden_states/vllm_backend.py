@@ -330,7 +330,6 @@ def engine_spec(
     staging: Path,
     max_in_flight: int,
     idle_timeout_s: float,
-    mode: str = "stream",
 ) -> dict[str, Any]:
     """What an extraction engine runs (engine.py's spec.json, read by vllm_worker.serve)."""
     return {
@@ -342,5 +341,4 @@ def engine_spec(
         "staging_dir": str(staging),
         "max_in_flight_tokens": max_in_flight,
         "idle_timeout_s": idle_timeout_s,
-        "mode": mode,
     }

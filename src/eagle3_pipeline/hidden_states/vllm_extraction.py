@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,9 +27,6 @@ from eagle3_pipeline.settings import HiddenStatesSettings
 from eagle3_pipeline.target_shape import engine_layer_ids
 
 log = logging.getLogger(__name__)
-# benchmarks/extraction_engine.py's "before": "job" holds the client slot from planning to packing, as
-# the clients did before they planned ahead of it (unset: the slot covers the engine's run only)
-CLIENT_SLOT_ENV = "EAGLE3_CLIENT_SLOT"
 
 
 def extract_shards(
@@ -52,16 +48,6 @@ def extract_shards(
     if state is not None and not state.is_main_process:
         log.info("vllm backend: rank %d has nothing to do", state.process_index)
         return [None] * len(jobs)
-    if jobs[0].engine_dir is not None and os.environ.get(CLIENT_SLOT_ENV) == "job":
-        # the benchmark's "before": the slot held from planning to packing, as it was
-        with engine_service.client_slot(jobs[0].engine_dir, hidden_states.vllm.max_clients):
-            return _extract_shards(hidden_states, jobs, keep_work)
-    return _extract_shards(hidden_states, jobs, keep_work)
-
-
-def _extract_shards(
-    hidden_states: HiddenStatesSettings, jobs: list[ShardJob], keep_work: bool
-) -> list[dict[str, Any] | None]:
     first = jobs[0]
     engine_dir = Path(first.engine_dir) if first.engine_dir is not None else None
     if engine_dir is not None:  # a client of an engine job: it ends with it (a failed group)
@@ -156,7 +142,6 @@ def engine_spec_for(
         vllm_backend.staging_dir(options, Path(directory), in_flight, info.hidden_size),
         in_flight,
         options.idle_timeout_s,
-        mode=os.environ.get("EAGLE3_ENGINE_MODE", "stream"),  # "drain": the benchmark's before
     )
 
 
@@ -210,8 +195,6 @@ def run_on_engine(
             spec["log"] = str(job.engine_log)
         info = engine_service.join(directory, spec)
         kept.joined(directory, info["start_id"])  # until its shards are committed (kept.release)
-        if os.environ.get(CLIENT_SLOT_ENV) == "job":  # held since planning (extract_shards)
-            return _submit(directory, info, request)
         # a slot while this request is queued or runs: at most max_clients requests in the engine's
         # queue, the next one queued as soon as one is done
         with engine_service.client_slot(directory, hidden_states.vllm.max_clients):

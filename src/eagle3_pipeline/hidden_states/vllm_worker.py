@@ -34,7 +34,7 @@ import torch
 
 from eagle3_pipeline import io, vllm_releases
 from eagle3_pipeline.hidden_states import engine_health, final_norm
-from eagle3_pipeline.hidden_states.engine_loop import DrainServer, Server, WorkerError, _kill_own_session
+from eagle3_pipeline.hidden_states.engine_loop import Server, WorkerError, _kill_own_session
 from eagle3_pipeline.logs import setup_logging
 from eagle3_pipeline.target_shape import TargetShape
 
@@ -304,8 +304,9 @@ def drop_refused_env(environ: MutableMapping[str, str]) -> dict[str, str]:
     return dropped
 
 
-def serve(directory: Path) -> None:
-    """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle."""
+def serve(directory: Path, loop: type[Server] = Server) -> None:
+    """Start the engine described by DIR/spec.json, write ready.json, then serve until stopped or idle
+    (`loop`: the serving loop, engine_loop.Server; benchmarks/drain_engine.py passes the former one)."""
     signal.signal(signal.SIGTERM, _terminated)
     threading.Thread(target=_heartbeat, args=(directory / "heartbeat",), daemon=True).start()
     spec = json.loads((directory / "spec.json").read_text())
@@ -324,7 +325,7 @@ def serve(directory: Path) -> None:
         log.info("engine %s ready in %.1f s: %s", spec["start_id"], record["engine_start_s"], record)
         io.write_json(record, directory / "ready.json")
         stage = "serving loop"
-        server = DrainServer(directory, spec) if spec.get("mode") == "drain" else Server(directory, spec)
+        server = loop(directory, spec)
         server.run(llm, record)
     except Exception as err:  # any failure after the load: named to its clients, not a hang
         fail_after_load(directory, spec["start_id"], stage, err)
@@ -334,14 +335,14 @@ def serve(directory: Path) -> None:
     log.info("engine %s done: %s", spec["start_id"], server.stats())
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], loop: type[Server] = Server) -> int:
     setup_logging(None, "vllm_worker")  # stderr is the engine's log
     if len(argv) != 2 or argv[0] != "serve":
         print("usage: python -m eagle3_pipeline.hidden_states.vllm_worker serve ENGINE_DIR", file=sys.stderr)  # noqa: T201
         return 2
     drop_refused_env(os.environ)
     try:
-        serve(Path(argv[1]))
+        serve(Path(argv[1]), loop)
     except (WorkerError, final_norm.FinalNormError) as err:
         log.error("%s", err)
         return 3

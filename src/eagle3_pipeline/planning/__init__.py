@@ -14,7 +14,7 @@ One meaning per word:
 - draft window: one draft's own window (windows.DraftWindows), numbered from 0 per draft and epoch,
   each sharing one plan window: the main draft's are the plan windows, a learning-curve point's those
   holding its shards. train_draft_window's {window} and draft/windows/epoch-E/window-W.pt count draft
-  windows; draft/windows.py plans each draft window's batches.
+  windows; draft/window_batches.py plans each draft window's batches.
 - shards per window: the most shards one plan window holds at the config bound
   (budget.shards_per_window); `window_shards` in make cost's output is the largest plan window's.
 - in-flight tokens: the vLLM extraction engine's bound on tokens in the engine plus staged

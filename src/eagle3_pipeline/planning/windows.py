@@ -45,10 +45,6 @@ class DraftWindows:
         """The shard entries its draft window `window` of epoch `epoch` reads (a shard may repeat)."""
         return self.epochs[epoch][window][1]
 
-    def plan_window(self, epoch: int, window: int) -> int:
-        """The plan window its draft window `window` of epoch `epoch` shares."""
-        return self.epochs[epoch][window][0]
-
     def reading(self, epoch: int, plan_window: int) -> int | None:
         """Its draft window that reads plan window `plan_window` of epoch `epoch` (None: it has none)."""
         return next((w for w, (shared, _) in enumerate(self.epochs[epoch]) if shared == plan_window), None)

@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from eagle3_pipeline.server import process_identity, secrets
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.remote import retry_transport
 
 

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 
 PREFIX = "eagle3-serve-check-"
 # The oldest systemd the check runs on: `systemd-run --collect` (236), ExecStopPost= and the `+`

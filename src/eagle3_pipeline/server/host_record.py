@@ -56,7 +56,7 @@ from eagle3_pipeline.server.check_record import (
     set_fields,
     sudo_prefix,
 )
-from eagle3_pipeline.server.dropin import LEGACY_DIRS, LEGACY_DROPIN_NAME, ServeCheckError, new_run_id
+from eagle3_pipeline.server.draft_command import LEGACY_DIRS, LEGACY_DROPIN_NAME, ServeCheckError, new_run_id
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts
 from eagle3_pipeline.server.remote import TransportError, retry_transport
 from eagle3_pipeline.server.unit_watch import RUNNING_STATES  # read from ActiveState, not `is-active`
@@ -463,9 +463,6 @@ def recover_leftover_check(server: ServerSettings) -> list[dict[str, Any]]:
         )  # fmt: skip
     finally:
         host.close()
-
-
-recover_leftover_dropin = recover_leftover_check  # the name scripts/snapshot_server.py imports
 
 
 def restart_timeout_s(server: ServerSettings) -> float:

@@ -29,14 +29,6 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def command_line(pid: int) -> str | None:
-    """The process's argv joined with spaces (to match words in; it may hold secrets: never log it)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return None
-
-
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks after boot; None when there is no such process."""
     fields = stat_fields(pid)

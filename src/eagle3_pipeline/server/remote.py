@@ -313,8 +313,8 @@ class RemoteHost:
 
     def run(self, command: str, timeout: float | None = None, stdin: str | None = None) -> Result:
         """Run command in the C locale (no translated messages, plain number formats: nothing here
-        depends on the host's language); `stdin` (closed after it) keeps data such as a drop-in off
-        the command line."""
+        depends on the host's language); `stdin` (closed after it) keeps data such as an environment
+        file holding secrets off the command line."""
         self.open()
         timeout = timeout or self.command_timeout
         in_stream = io.StringIO(stdin) if stdin is not None else False

@@ -196,12 +196,6 @@ class Redactor:
             for length, digests in table.items():
                 mine.setdefault(length, set()).update(digests)
 
-    def matches(self, value: str) -> bool:
-        """True when `value` is exactly a remembered secret."""
-        return any(
-            _fingerprint(salt, value) in table.get(len(value), ()) for salt, table in self._known.items()
-        )
-
     def scrub(self, text: str) -> str:
         """`text` with every secret (by shape, by name and by fingerprint) replaced by `<redacted>`.
         Nothing is remembered: a log line saying `--api-key is required` must not make `is` a secret."""
@@ -393,11 +387,12 @@ def _hide(value: Any) -> Any:
 
 
 def secret_file_command(path: str, sudo: bool = True) -> str:
-    """The command that writes its stdin to `path`: the way text that may hold secrets (a drop-in with
-    an inline `--api-key`) reaches a host without ever being part of a command line, which `ps`, sudo's
-    log and the audit log would show. It needs no sudo right beyond `tee` (which the serve check
-    already needs); `umask 077` makes a new file mode 0600 (sudo keeps the caller's stricter umask),
-    and tee's copy of the text goes to /dev/null, not back through the connection."""
+    """The command that writes its stdin to `path`: the way text that may hold secrets (the check
+    unit's environment file, an API key among its variables) reaches a host without ever being part of
+    a command line, which `ps`, sudo's log and the audit log would show. It needs no sudo right beyond
+    `tee` (which the serve check already needs); `umask 077` makes a new file mode 0600 (sudo keeps the
+    caller's stricter umask), and tee's copy of the text goes to /dev/null, not back through the
+    connection."""
     return f"umask 077 && {'sudo -n ' if sudo else ''}tee -- {shlex.quote(path)} >/dev/null"
 
 

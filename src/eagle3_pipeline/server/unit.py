@@ -45,7 +45,8 @@ _VAR_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 EXEC_PREFIX_CHARS = "-@:+!|"
 # systemd's unit-name rules for a startable service (unit_name_is_valid: these characters, one `@`
 # with a non-empty instance, at most 255 characters); `..` is refused too because the name becomes a
-# path (the serve check's drop-in folder). config/schema.yaml holds the same pattern (a test checks).
+# path (the serve check's host record, UNIT.serve-check.json). config/schema.yaml holds the same
+# pattern (a test checks).
 UNIT_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service$"
 UNIT_NAME_MAX = 255
 
@@ -115,33 +116,6 @@ def split_cat_output(text: str, default_path: str = "(unit)") -> list[tuple[str,
 
 def _looks_like_unit_path(path: str) -> bool:
     return bool(re.search(r"\.(service|conf)$", path.strip()))
-
-
-def logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash-continued lines; comment lines inside a continuation are dropped.
-
-    Returns (first line number, joined line) pairs without comments or blank lines.
-    """
-    out: list[tuple[int, str]] = []
-    pending: list[str] = []
-    start = 0
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if stripped.startswith(("#", ";")):
-            continue  # a comment, also inside a continuation
-        if not pending:
-            if not stripped:
-                continue
-            start = number
-        if line.rstrip().endswith("\\"):
-            pending.append(line.rstrip()[:-1])
-            continue
-        pending.append(line)
-        out.append((start, " ".join(part.strip() for part in pending).strip()))
-        pending = []
-    if pending:
-        out.append((start, " ".join(part.strip() for part in pending).strip()))
-    return out
 
 
 def parse_unit_file(path: str, text: str) -> UnitFile:

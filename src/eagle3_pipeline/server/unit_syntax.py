@@ -221,33 +221,3 @@ def expand_specifiers(value: str, unit_name: str, unresolved: list[Unresolved], 
         return match.group(0)
 
     return re.sub(r"%(.)", replace, value, flags=re.DOTALL)
-
-
-_WORD_ESCAPES = {"\\": "\\\\", '"': '\\"', "%": "%%", "\n": "\\n", "\t": "\\t", "\r": "\\r",
-                 "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}  # fmt: skip
-
-
-def exec_word(word: str, literal_dollars: bool = False) -> str:
-    """One ExecStart= word written so that systemd reads it back as exactly `word`: double-quoted,
-    `\\` and `"` escaped, `%` doubled (no specifier), a newline or other control character as a C
-    escape (a raw newline would end the line: an inline `--chat-template` holding `\\n` stays one
-    word), a byte that is not UTF-8 as `\\xNN`. `$VAR` is left for systemd to expand, unless
-    `literal_dollars` (a word already expanded, such as a resolved argv's): then `$` is written `$$`."""
-    out = []
-    for char in word:
-        if char == "$" and literal_dollars:
-            out.append("$$")
-        elif char in _WORD_ESCAPES:
-            out.append(_WORD_ESCAPES[char])
-        elif "\udc80" <= char <= "\udcff":  # a raw byte kept by surrogateescape
-            out.append(f"\\x{ord(char) - 0xDC00:02x}")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def exec_line(words: list[str], prefixes: str = "", literal_dollars: bool = False) -> str:
-    """An ExecStart= value that runs `words` (see `exec_word`), after its prefixes (`-@:+!`)."""
-    return prefixes + " ".join(exec_word(word, literal_dollars) for word in words)

@@ -18,7 +18,7 @@ from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.ports import reserved_port
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.health import wait_healthy
 from eagle3_pipeline.server.local_process import launch_local, local_command
 from eagle3_pipeline.server.process_identity import group_listens_on
@@ -27,62 +27,6 @@ from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 
 log = logging.getLogger(__name__)
 LOCAL_PORTS = (18580, 18599)  # tried in order, the first free one wins
-
-
-def run_local_serve_check(
-    server: ServerSettings,
-    validate: ValidateSettings,
-    checkpoint_dir: str | Path,
-    questions: list[dict],
-    sampling: Sampling,
-    state_dir: str | Path,
-    concurrency: int = 8,
-    request_timeout_s: float = 600.0,
-    matched: tuple[list[dict], Sampling] | None = None,
-    port_range: tuple[int, int] = LOCAL_PORTS,
-    per_request_metrics: bool = False,
-) -> dict[str, Any]:
-    """Serve the local unit file's target with the draft on a free port, measure, stop it (always).
-
-    Args:
-        server: the unit (unit, unit_file), its API key and how long it may take to answer /health.
-        validate: the draft's tokens per step and --enforce-eager (required by the CPU build).
-        checkpoint_dir: the exported draft.
-        questions: from `spec_decode.load_questions`.
-        sampling: the chat request's model name and sampling parameters.
-        state_dir: where the server's log and pid file go.
-        concurrency: requests in flight.
-        request_timeout_s: seconds for one request.
-        matched: questions and sampling of a second run on the same server, its figures under "sampled"
-            (the generation's sampling: `serve_check.matched_sampling`).
-        port_range: the ports tried, first free wins.
-        per_request_metrics: ask vLLM for each reply's draft counts (vllm_args.supports_per_request_metrics).
-    """
-    from eagle3_pipeline.server import api_key
-    from eagle3_pipeline.validate.served_figures import measure_by_source
-    from eagle3_pipeline.validate.spec_decode import measure, served_layers
-
-    argv, env, cwd = local_command(server)
-    draft = eagle3_draft(str(checkpoint_dir), validate.num_speculative_tokens)
-
-    def served(port: int) -> list[str]:
-        words = serving_argv(argv, draft, "127.0.0.1", port, validate.enforce_eager, per_request_metrics)
-        log.info("serving the draft: %s", " ".join(words))
-        return words
-
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    handle, base_url = serve_local(served, env, cwd, Path(state_dir), server.start_timeout_s, port_range)
-    key = api_key(server)
-    try:
-        layers = served_layers(handle.log_path.read_text(errors="replace"), checkpoint_dir)
-        result = measure_by_source(
-            lambda group: measure(base_url, group, sampling, key, concurrency, request_timeout_s), questions
-        )
-        if matched is not None:
-            result["sampled"] = measure(base_url, *matched, key, concurrency, request_timeout_s)
-    finally:
-        handle.stop()
-    return result | {"mode": "local", "base_url": base_url, "auxiliary_layers": layers}
 
 
 def _curve_point(run: dict[str, Any]) -> dict[str, Any]:

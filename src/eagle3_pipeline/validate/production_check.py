@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.server.dropin import draft_argv, vllm_exec
+from eagle3_pipeline.server.draft_command import draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, restart_timeout_s, serve_check_unit
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
 from eagle3_pipeline.server.server_json import ServerSnapshot
@@ -50,7 +50,7 @@ def run_remote_serve_check(
     """The serve check through systemd (an SSH host, or this machine when it runs systemd): the draft
     (validate.num_speculative_tokens, validate.enforce_eager; copied under validate.remote_dir on an SSH
     host) in the unit, the questions measured, the unit restored. `matched`: a second run's questions
-    and sampling, its figures under "sampled" (as run_local_serve_check)."""
+    and sampling, its figures under "sampled" (as local_vllm.run_local_checks)."""
     from eagle3_pipeline.server import api_key, auth_headers, tls_verify
     from eagle3_pipeline.server.health import wait_healthy
     from eagle3_pipeline.server.lifecycle import server_url

@@ -1,13 +1,13 @@
 """The draft checkpoint on the server host, for the production serve check: a fresh private folder,
 a copy, and its content checked before the unit loads it.
 
-Why private: the unit usually runs as root and loads whatever weights sit at the path its drop-in
-names. A predictable path in a shared folder (the old `/var/tmp/eagle3-pipeline/<hash>/`, reused when
+Why private: the check unit usually runs as root and loads whatever weights sit at the path its
+command names. A predictable path in a shared folder (the old `/var/tmp/eagle3-pipeline/<hash>/`, reused when
 present) lets any local user plant or swap those weights. Here every run gets its own `mktemp -d`
 folder (mode 0700, owned by the SSH user) under a base folder that nobody else can write to
 (`validate.remote_dir`, default `~/.cache/eagle3-pipeline/serve-check` in the SSH user's home), the
 files are copied into it, and their sha256 is compared with the local files on the host right before
-the drop-in is installed. The folder is removed after the unit is restored.
+the check unit starts. The folder is removed after production is restored.
 
 Why the unit can read it: a root service (no `User=`) reads any folder. A unit with `User=` other
 than root and the SSH user cannot read a 0700 folder of the SSH user: that is refused with a message
@@ -28,7 +28,7 @@ from typing import Any
 
 import paramiko
 
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.unit import merge_unit, parse_unit_file, split_cat_output
 
 log = logging.getLogger(__name__)

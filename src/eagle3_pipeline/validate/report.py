@@ -51,8 +51,8 @@ def _read_json(path: str | Path | None) -> Any:
 
 def figure_text(fig: plt.Figure) -> list[dict[str, Any]]:
     """What each panel of a figure says in words: title, axis labels, legend entries, text drawn on it.
-    Written into the PNG (`read_figure_text`), so that a test or a reader checks what a picture claims,
-    not only that it exists."""
+    Written into the PNG's `Description` text chunk (tests/support/figures.py reads it back), so that a
+    test or a reader checks what a picture claims, not only that it exists."""
     panels = []
     for ax in fig.axes:
         legend = ax.get_legend()
@@ -66,14 +66,6 @@ def figure_text(fig: plt.Figure) -> list[dict[str, Any]]:
             }
         )
     return panels
-
-
-def read_figure_text(path: str | Path) -> list[dict[str, Any]]:
-    """The panels' words a PNG of this module carries (its `Description` text chunk)."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return json.loads(image.text["Description"])
 
 
 def _save(fig: plt.Figure, path: str | Path) -> None:

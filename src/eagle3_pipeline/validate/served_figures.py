@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.settings import ValidateSettings, field_default
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters

@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from eagle3_pipeline.generate.client import ChatClient, Sampling
-from eagle3_pipeline.server.dropin import ServeCheckError
+from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.validate.acceptance import online_acceptance
 from eagle3_pipeline.validate.metrics import SpecDecodeCounters, read_counters
 

@@ -1,7 +1,8 @@
 """The command that serves the draft in the serve check's own unit (check_unit.py): production's
 ExecStart as systemd resolved it, plus `--speculative-config` (and `--enforce-eager` when configured),
-refused before anything changes when it cannot work. (The module kept its name from the drop-in it
-once wrote on the production unit; the check never writes that unit now: docs/validation.md.)
+refused before anything changes when it cannot work (`draft_argv`). Also the serve check's error and
+run id, and the name of the drop-in versions before the check unit wrote on the production unit (a
+leftover one is refused: host_record.py).
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ import uuid
 
 from eagle3_pipeline.server import container
 from eagle3_pipeline.server.unit import ExecCommand, merge_unit, split_cat_output
-from eagle3_pipeline.server.unit_syntax import exec_word
 from eagle3_pipeline.server.vllm_args import SHELLS, eagle3_draft, find_vllm, serving_argv
 from eagle3_pipeline.server.vllm_find import appended_words_reach_vllm
 
-# Where versions before the check unit wrote a drop-in on the production unit: a leftover one is
-# reported (never removed here: that would need a daemon-reload, which loads an operator's pending edits).
 # the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
 VLLM_NAMES = (
     ("flag", "vllm serve", "--speculative-config"),
     ("flag", "vllm serve", "--enforce-eager"),
 )
+# Where versions before the check unit wrote a drop-in on the production unit: a leftover one is
+# reported (never removed here: that would need a daemon-reload, which loads an operator's pending edits).
 LEGACY_DROPIN_NAME = "zz-eagle3-serve-check.conf"
 LEGACY_DIRS = ("/run/systemd/system", "/etc/systemd/system")
 PRIVILEGE_PREFIXES = ("+", "!")  # `+`, `!`, `!!`: privileges a transient unit's argv cannot carry
@@ -32,12 +32,6 @@ PRIVILEGE_PREFIXES = ("+", "!")  # `+`, `!`, `!!`: privileges a transient unit's
 class ServeCheckError(RuntimeError):
     """The serve check cannot go on (a command that cannot work, a host that refuses, nothing measured);
     the message says what to fix."""
-
-
-def systemd_quote(word: str) -> str:
-    """One ExecStart word that systemd reads back as itself (`%` doubled, a newline as `\\n`; `$VAR`
-    left to systemd): unit_syntax.exec_word."""
-    return exec_word(word)
 
 
 def draft_argv(
@@ -85,15 +79,6 @@ def draft_argv(
     return serving_argv(
         words, eagle3_draft(checkpoint_dir, num_speculative_tokens), enforce_eager=enforce_eager
     )
-
-
-def exec_start_with_draft(
-    command: ExecCommand, checkpoint_dir: str, num_speculative_tokens: int, enforce_eager: bool
-) -> str:
-    """`draft_argv` as one ExecStart= value (words double-quoted for systemd, its `-`/`:` kept)."""
-    words = draft_argv(command, checkpoint_dir, num_speculative_tokens, enforce_eager)
-    prefixes = "".join(p for p in command.prefixes if p in "-:")
-    return prefixes + " ".join(systemd_quote(w) for w in words)
 
 
 def _in_shell(launcher: list[str]) -> bool:

@@ -1,40 +1,44 @@
 """Windows under a disk cap: a seeded assignment of shards to windows, new every epoch
-(budget.epoch_windows), and the plan that records it with every window's batch count."""
+(budget.sized_windows), and the plan that records it with every window's batch count."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from eagle3_pipeline.budget import epoch_windows
+from eagle3_pipeline.budget import sized_windows
 from eagle3_pipeline.draft.data import plan_batches
-from eagle3_pipeline.draft.windows import order_key, plan_windows
+from eagle3_pipeline.draft.window_batches import order_key, plan_windows
 from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings
 
 SHARDS = [f"{k:05d}" for k in range(23)]
 
 
+def equal_windows(seed: int, epochs: int, shards: list[str], size: int) -> list[list[list[str]]] | None:
+    """sized_windows for shards of one byte each under a cap of `size` bytes: `size` shards a window."""
+    return sized_windows(seed, epochs, shards, dict.fromkeys(shards, 1), size)
+
+
 def test_each_epoch_is_a_permutation_of_the_shards_cut_into_windows():
-    for epoch in range(4):
-        windows = epoch_windows(7, epoch, SHARDS, 5)
+    for windows in equal_windows(7, 4, SHARDS, 5):
         assert [len(window) for window in windows] == [5, 5, 5, 5, 3]
         assert sorted(k for window in windows for k in window) == SHARDS  # each shard once
         assert all(window == sorted(window) for window in windows)
 
 
 def test_the_assignment_is_seeded_and_new_every_epoch():
-    epochs = [epoch_windows(7, epoch, SHARDS, 5) for epoch in range(4)]
-    assert epochs == [epoch_windows(7, epoch, list(SHARDS), 5) for epoch in range(4)]  # reproducible
+    epochs = equal_windows(7, 4, SHARDS, 5)
+    assert epochs == equal_windows(7, 4, list(SHARDS), 5)  # reproducible
     assert all(a != b for i, a in enumerate(epochs) for b in epochs[i + 1 :])  # every epoch differs
     assert epochs[0] != [SHARDS[i : i + 5] for i in range(0, 23, 5)]  # not the contiguous groups
-    assert epoch_windows(8, 0, SHARDS, 5) != epochs[0]  # another seed, another assignment
+    assert equal_windows(8, 1, SHARDS, 5)[0] != epochs[0]  # another seed, another assignment
     # shards of one window of epoch 0 end up in several windows of epoch 1
     first = set(epochs[0][0])
     assert sum(bool(first & set(window)) for window in epochs[1]) > 1
 
 
-def test_one_window_of_everything_is_every_shard():
-    assert epoch_windows(0, 3, SHARDS, 100) == [SHARDS]
+def test_a_cap_that_holds_every_shard_makes_no_windows():
+    assert equal_windows(0, 3, SHARDS, 23) is None  # one extraction pass, kept for every epoch
 
 
 def _traces(root, lengths):  # noqa: ANN001, ANN202
@@ -58,7 +62,7 @@ def test_the_plan_records_each_epochs_windows_and_counts_their_batches(tmp_path)
         "00002": [(3, 4), (8, 9), (60, 70)],  # 130 tokens: cut to max_seq_len 100
     }
     traces = _traces(tmp_path, lengths)
-    windows = [epoch_windows(3, epoch, sorted(lengths), 2) for epoch in range(2)]
+    windows = equal_windows(3, 2, sorted(lengths), 2)
     hidden_states = HiddenStatesSettings(max_seq_len=100, overlong="truncate")
     plan = plan_windows(windows, traces, TrainSettings(epochs=2, batch_tokens=64, seed=3), hidden_states)
     assert plan["windows"] == windows
