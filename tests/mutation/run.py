@@ -61,7 +61,7 @@ MODULES = {
     ),
     # what keeps API keys and passwords out of logs, records and command lines
     "secrets": Target(
-        "src/eagle3_pipeline/server/secrets.py",
+        "src/eagle3_pipeline/secrets.py",
         ("tests/unit/test_server_secrets.py", "tests/unit/test_server_secrets_context.py"),
         "test_server_units.py and test_server_lifecycle.py call it too (units parsed, servers started)",
     ),
