@@ -273,8 +273,7 @@ def test_the_report_shows_the_starting_draft_beside_the_trained_one(tmp_path):
 
 
 def test_the_starting_draft_gets_the_offline_check_of_the_trained_one(job, tmp_path):
-    from eagle3_pipeline.draft.init_from import validate_starting_draft
-    from eagle3_pipeline.validate.offline import validate_offline
+    from eagle3_pipeline.validate.offline import validate_offline, validate_starting_draft
 
     eagle, speculators = _export(job, tmp_path)
     common = {"shard_paths": job.validation_shards, "steps": 3}
