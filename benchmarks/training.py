@@ -81,10 +81,10 @@ from memory_census import (
     run_census,
 )
 
-from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.train import DDP_KWARGS
 from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_distribution, target_in_draft, ttt_loss
+from eagle3_pipeline.draft_config import DraftConfig
 
 log = logging.getLogger("benchmarks.training")
 

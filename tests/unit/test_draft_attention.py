@@ -10,8 +10,8 @@ import torch
 
 from eagle3_pipeline.draft import attention
 from eagle3_pipeline.draft.attention import ttt_attention, ttt_attention_dense, ttt_attention_mask
-from eagle3_pipeline.draft.config import draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft_config import draft_config_from_target
 
 
 def random_cache(batch, heads, seq_len, head_dim, steps, dtype=torch.float32):

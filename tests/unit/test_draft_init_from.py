@@ -328,10 +328,10 @@ MLA_TARGET = {
 
 
 def test_an_mla_draft_round_trips_through_its_export(tmp_path):
-    from eagle3_pipeline.draft.config import draft_config_from_target
     from eagle3_pipeline.draft.init_from import load_into
     from eagle3_pipeline.draft.model import Eagle3Draft
     from eagle3_pipeline.draft.vocab import draft_ids
+    from eagle3_pipeline.draft_config import draft_config_from_target
 
     (tmp_path / "config.json").write_text(json.dumps(MLA_TARGET))
     (tmp_path / "shard.json").write_text(json.dumps({"aux_layers_vllm": [1, 2, 3]}))

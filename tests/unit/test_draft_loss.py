@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from eagle3_pipeline.draft import ttt
-from eagle3_pipeline.draft.config import draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_distribution, target_in_draft, ttt_loss
+from eagle3_pipeline.draft_config import draft_config_from_target
 
 # the demo target (demo/fit.py): hidden 128, 2 heads of 64, MLP 384, vocabulary 1,024
 DEMO = {"hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 384, "vocab_size": 1024}

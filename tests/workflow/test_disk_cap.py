@@ -25,9 +25,10 @@ import pytest
 import yaml
 from support.workflow import copy_workdir, failure, workdir_run
 
-from eagle3_pipeline.budget import GB, STATE_FILES_AT_ONCE, bytes_per_token, state_file_bytes
-from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+from eagle3_pipeline.planning.state_files import STATE_FILES_AT_ONCE, state_file_bytes
 from eagle3_pipeline.settings import DraftSettings
+from eagle3_pipeline.state_bytes import GB, bytes_per_token
+from eagle3_pipeline.target_shape import DEMO_TARGET_SHAPE
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

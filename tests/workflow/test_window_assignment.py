@@ -1,6 +1,6 @@
-"""The windowed DAG (hidden_states.max_disk_gb) follows budget.epoch_windows: a dry run of the demo
-under a cap extracts every shard once per epoch, for the window the function gives it that epoch, and
-each window's training job reads exactly its shards' states."""
+"""The windowed DAG (hidden_states.max_disk_gb) follows planning.window_plan.epoch_windows: a dry run of
+the demo under a cap extracts every shard once per epoch, for the window the function gives it that
+epoch, and each window's training job reads exactly its shards' states."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import yaml
 from support.workflow import planned_jobs, write_config
 
-from eagle3_pipeline.budget import epoch_windows
+from eagle3_pipeline.planning.window_plan import epoch_windows
 
 EPOCHS = 3
 

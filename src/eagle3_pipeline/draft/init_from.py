@@ -10,7 +10,7 @@ public drafts ship:
                      the same tensors with midlayer. named layers.0.
 
 Its tensors are mapped back to the draft's own names and checked against the draft this run's config
-builds (draft.config.draft_config_from_target): a draft of another target (hidden size, target vocabulary,
+builds (draft_config.draft_config_from_target): a draft of another target (hidden size, target vocabulary,
 the fc's auxiliary-state count, the auxiliary layers it was trained on) or of another shape (heads,
 head_dim, the EAGLE-3.1 norms) is refused with an error naming both values and the key to set.
 
@@ -38,15 +38,15 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import (
-    NUM_AUX_LAYERS,
-    DraftConfig,
-    rope_theta_of,
-)
 from eagle3_pipeline.draft.export import aux_layers_from_metadata, checkpoint_config
 from eagle3_pipeline.draft.init_files import WEIGHT_FILES, weights_file
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import draft_ids as map_draft_ids
+from eagle3_pipeline.draft_config import (
+    NUM_AUX_LAYERS,
+    DraftConfig,
+    rope_theta_of,
+)
 from eagle3_pipeline.settings import DRAFT_NORM_KEYS
 from eagle3_pipeline.target_shape import sglang_layer_ids
 

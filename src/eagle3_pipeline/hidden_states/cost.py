@@ -6,7 +6,7 @@ high-water mark) and GPU hours between two stated throughput assumptions, for tw
 - the plan (`engine_starts`, `extraction_passes`, `tokens`, `disk_peak_bytes`, `plan`): once the
   shards' traces are checked (their check_disk_budget records under `--results`), the one the workflow
   makes from them (`plan_source` "traces", or "traces and config" while some shards have none, those at
-  their bound: budget.window_plan, as rules/common/windows.smk); before, an estimate at the expected
+  their bound: disk_cap.window_plan, as rules/common/windows.smk); before, an estimate at the expected
   length (`plan_source` "expected": every completion `--completion-tokens` long, every prompt
   `--prompt-tokens`, capped at `hidden_states.max_seq_len`);
 - the bound (`..._bound`, `plan_bound`): every completion as long as `generation.max_tokens` and every
@@ -32,7 +32,7 @@ assumptions, high for the bound with the slow ones. Training is not included; `p
 counts the training runs (the main draft and each `validate.learning_curve` point, each at the main
 draft's optimizer steps: training's cost scales with it) and `plan.training_jobs` their jobs. A point
 extracts nothing of its own, even under a cap (it trains in the main draft's windows); its training
-state files are in `disk_peak_bytes` (2 per draft trained, budget.state_files_at_once).
+state files are in `disk_peak_bytes` (2 per draft trained, state_files.state_files_at_once).
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import budget
-from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import vllm_backend
+from eagle3_pipeline.planning import disk_cap, state_files
 from eagle3_pipeline.planning.variants import Variants
+from eagle3_pipeline.planning.window_plan import WindowPlan, WindowSizing
 from eagle3_pipeline.planning.windows import drafts_in_windows
 from eagle3_pipeline.settings import Settings
+from eagle3_pipeline.state_bytes import bytes_per_token
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
 # 32 B-active MoE at ~64 GFLOP/token; 20,000 tokens/s is ~25% of the GPUs' dense bf16 peak, 10,000 half
@@ -77,7 +79,7 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
     vllm = settings.hidden_states.backend == "vllm"
     scopes = plan.engine_scopes if plan is not None else 1
     starts = scopes + baseline if vllm else jobs
-    drafts = budget.drafts_trained(settings)
+    drafts = state_files.drafts_trained(settings)
     return {
         "shards": shards,
         "one_pass": not windowed,
@@ -121,7 +123,7 @@ def _expected_states(settings: Settings, hidden_size: int, per_sample: int) -> d
     from eagle3_pipeline.config import shard_ids
 
     dataset, hs = settings.dataset, settings.hidden_states
-    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    per_token = bytes_per_token(hidden_size, hs.dtype)
     shards = shard_ids(dataset.num_samples, dataset.shard_size)
     return {
         k: min(dataset.shard_size, dataset.num_samples - i * dataset.shard_size) * per_sample * per_token
@@ -144,14 +146,14 @@ def estimate(
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
     hs, dataset = settings.hidden_states, settings.dataset
     shards = shard_ids(dataset.num_samples, dataset.shard_size)
-    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    per_token = bytes_per_token(hidden_size, hs.dtype)
     per_sample = int(min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len))
     expected_states = _expected_states(settings, hidden_size, per_sample)
-    sizing = budget.window_sizing(settings, hidden_size)
-    traced = budget.traced_states(Path(results) / settings.run, shards, sizing or _sizing_for_records(
+    sizing = disk_cap.window_sizing(settings, hidden_size)
+    traced = disk_cap.traced_states(Path(results) / settings.run, shards, sizing or _sizing_for_records(
         settings, hidden_size)) if results is not None else {}  # fmt: skip
     if traced:  # what the workflow plans now: the checked shards from their traces, the rest at the bound
-        bound = budget.shard_bound_bytes(settings, hidden_size)
+        bound = disk_cap.shard_bound_bytes(settings, hidden_size)
         states = {k: traced.get(k, bound) for k in shards}
         source = "traces" if len(traced) == len(shards) else "traces and config"
         basis = (
@@ -218,7 +220,7 @@ def estimate(
         # the learning-curve points' training state files under the cap (in disk_peak_bytes): what the
         # cap must grow by for the plan to stay as it is without them
         "learning_curve_state_bytes": (
-            budget.STATE_FILES_AT_ONCE * counts["learning_curve_points"] * sizing.state_file_bytes
+            state_files.STATE_FILES_AT_ONCE * counts["learning_curve_points"] * sizing.state_file_bytes
             if sizing
             else 0
         ),
@@ -227,11 +229,11 @@ def estimate(
     }
 
 
-def _sizing_for_records(settings: Settings, hidden_size: int) -> budget.WindowSizing:
+def _sizing_for_records(settings: Settings, hidden_size: int) -> WindowSizing:
     """Uncapped, what a shard's check_disk_budget record must have been made for (traced_states)."""
     hs = settings.hidden_states
-    return budget.WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
-                               hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip
+    return WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
+                        hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:

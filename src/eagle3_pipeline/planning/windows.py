@@ -2,7 +2,7 @@
 each draft trains in, the training states passed from one draft window to the next, what an
 extraction job waits for, and the hidden states a draft window and offline validation read.
 
-The plan's windows (budget.WindowPlan.windows: per epoch, the shards on disk together) are made when
+The plan's windows (window_plan.WindowPlan.windows: per epoch, the shards on disk together) are made when
 the workflow is parsed; TrainingWindows turns them into paths. Words: planning/__init__.py.
 """
 

@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import aux_layers_from_metadata
 from eagle3_pipeline.draft.init_from import write_eagle_checkpoint
 from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft, KVCache, shift_left
 from eagle3_pipeline.draft.target import load_target_embed_and_head
+from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.hidden_states.storage import HiddenStateShard
 from eagle3_pipeline.settings import DraftSettings
 from eagle3_pipeline.validate.acceptance import merge_counts, offline_acceptance, prefix_counts
