@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_pipeline.budget import GB, bytes_per_token
+from eagle3_pipeline.state_bytes import GB, bytes_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 SHARD_SIZE, MAX_SEQ_LEN, HIDDEN = 4, 96, 128  # the demo target's hidden size

@@ -31,11 +31,10 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.served_drafts import extract, greedy_traces, questions  # noqa: E402
 
 from eagle3_pipeline.draft.export import export_checkpoint  # noqa: E402
-from eagle3_pipeline.draft.init_from import validate_starting_draft  # noqa: E402
 from eagle3_pipeline.draft.train import TrainJob, main  # noqa: E402
 from eagle3_pipeline.draft.vocab import build_vocab_map  # noqa: E402
 from eagle3_pipeline.settings import DraftSettings, TrainSettings  # noqa: E402
-from eagle3_pipeline.validate.offline import validate_offline  # noqa: E402
+from eagle3_pipeline.validate.offline import validate_offline, validate_starting_draft  # noqa: E402
 
 TARGET = REPO / "tests" / "data" / "demo-target" / "target"
 DRAFT = DraftSettings(draft_vocab_size=512, ttt_steps=3)

@@ -83,10 +83,10 @@ from memory_census import (
 from ttt_reference import target_distribution, ttt_attention_dense, ttt_loss
 
 from eagle3_pipeline.draft.attention import ttt_attention
-from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.train import DDP_KWARGS
 from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_in_draft
+from eagle3_pipeline.draft_config import DraftConfig
 
 log = logging.getLogger("benchmarks.training")
 # --attention: the form the draft trains with, or the dense reference (ttt_reference.py)

@@ -8,8 +8,8 @@ and the export, an error for extraction when it will run the unit's vLLM."""
 from eagle3_pipeline.hidden_states.vllm_backend import check_served_release
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.server.host_record import recover_leftover_check
-from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.server.snapshot import snapshot_server
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings, ServerSettings
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive

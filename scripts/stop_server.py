@@ -5,7 +5,7 @@ from pathlib import Path
 
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.server.lifecycle import stop, write_stop_report
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive

@@ -3,9 +3,9 @@ the trained one, on the same validation states, beside it in the report."""
 
 import os
 
-from eagle3_pipeline.draft.init_from import validate_starting_draft
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import DraftSettings, whole
+from eagle3_pipeline.validate.offline import validate_starting_draft
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script: directive
 stage(snakemake)

@@ -1,8 +1,8 @@
 """Rule vocab_map: d2t / t2d from the loss-masked token counts of the training hidden states (or, for
 windowed training under hidden_states.max_disk_gb, of the training traces: no state exists yet)."""
 
-from eagle3_pipeline.draft.config import read_target_config
 from eagle3_pipeline.draft.vocab import build_vocab_map, count_trace_tokens
+from eagle3_pipeline.draft_config import read_target_config
 from eagle3_pipeline.logs import stage
 from eagle3_pipeline.settings import Lengths, whole
 

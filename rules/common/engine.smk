@@ -4,7 +4,7 @@ import functools
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.budget import parse_time_hidden_size
+from eagle3_pipeline.planning.disk_cap import parse_time_hidden_size
 from eagle3_pipeline.hidden_states.allocation import (
     CLIENT_RULES,
     ENGINE_RULES,

@@ -60,8 +60,8 @@ def get_prompt_shard_rows(wildcards):
 # demo.smk), those jobs take instead the output of require_target_weights (rules/hidden_states.smk), a
 # job that only fails. So a dry run (snakemake -n, make plan, under profiles/slurm too) still plans every
 # job, from the config alone (target.hidden_size sizes the windows under a disk cap, in
-# budget.parse_time_hidden_size), and a real run stops at once, naming the folder, before any job that
-# needs the weights. With the weights here (or the demo's target built by its rule) the jobs' inputs
+# planning.disk_cap.parse_time_hidden_size), and a real run stops at once, naming the folder, before any
+# job that needs the weights. With the weights here (or the demo's target built by its rule) the jobs' inputs
 # are the config.json as ever.
 TARGET_CONFIG = f"{SETTINGS.target.model}/config.json"
 TARGET_BUILT = SETTINGS.demo.enabled and Path(TARGET_CONFIG) == Path(

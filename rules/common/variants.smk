@@ -1,9 +1,10 @@
 # The draft variants ({variant}): the main draft, the baseline, the learning-curve points; whose
 # states each trains on and which epochs training keeps (eagle3_pipeline.planning.variants).
-from eagle3_pipeline.planning.variants import BASELINE, Variants
-from eagle3_pipeline.validate.learning_curve import (
+from eagle3_pipeline.planning.variants import (
+    BASELINE,
+    Variants,
     variant_name,
-)  # rules/validate.smk's too
+)  # variant_name: rules/validate.smk's
 from eagle3_pipeline.validate.selection import kept_epochs
 
 # The draft variants, as the {variant} wildcard of the draft's rules (vocab_map .. serve_check): ""
@@ -13,7 +14,7 @@ from eagle3_pipeline.validate.selection import kept_epochs
 # of the stable order, on the main draft's hidden states), as the variants learning_curve/shards-{k}/;
 # k = every shard is the main draft itself. CURVE: {variant: k} of the points trained apart. A point
 # trains as many optimizer steps as the main draft: its epoch reads its k shards cycled to all N
-# (Variants.train_shards; validate/learning_curve.py).
+# (Variants.train_shards; planning/variants.py).
 VARIANT_PLAN = Variants.from_settings(SETTINGS, SHARDS, RESULTS)
 CURVE_POINTS = VARIANT_PLAN.curve_points
 CURVE = VARIANT_PLAN.curve

@@ -1,37 +1,38 @@
-# hidden_states.max_disk_gb: the plan under the cap (budget.WindowPlan), made when the workflow is
-# parsed: one extraction pass whose states stay for every epoch when every shard fits the cap at once,
-# else the training windows (which shards an epoch's plan window extracts, trains on and deletes) and
-# the training state passed from one draft window to the next (eagle3_pipeline.planning.windows; the
-# words: eagle3_pipeline/planning/__init__.py).
+# hidden_states.max_disk_gb: the plan under the cap (planning.window_plan.WindowPlan), made when the
+# workflow is parsed: one extraction pass whose states stay for every epoch when every shard fits the
+# cap at once, else the training windows (which shards an epoch's plan window extracts, trains on and
+# deletes) and the training state passed from one draft window to the next
+# (eagle3_pipeline.planning.windows; the words: eagle3_pipeline/planning/__init__.py).
 import sys
 
-from eagle3_pipeline.budget import parse_time_hidden_size, window_plan
 from eagle3_pipeline.config import ConfigError
+from eagle3_pipeline.planning.disk_cap import parse_time_hidden_size, window_plan
 from eagle3_pipeline.planning.windows import TrainingWindows, training_state
 from eagle3_pipeline.settings import runtime_only, runtime_params
 
 CAPPED = SETTINGS.hidden_states.max_disk_gb is not None
 # Each shard sized from its traces' real tokens where its check_disk_budget record is up to date
-# (budget.traced_states: a stat and a small JSON per shard), else at its config bound (every sample as
-# long as max_seq_len); a cap below one shard's bound is refused here, with the numbers. The cap also
-# holds the two training state files each draft's training keeps at once (budget.py). A run planned before the
-# traces were checked stops before its first extraction when they plan otherwise (check_window_plan,
-# rules/budget.smk): the next run plans from them.
+# (planning.disk_cap.traced_states: a stat and a small JSON per shard), else at its config bound (every
+# sample as long as max_seq_len); a cap below one shard's bound is refused here, with the numbers. The
+# cap also holds the two training state files each draft's training keeps at once
+# (planning/state_files.py). A run planned before the traces were checked stops before its first
+# extraction when they plan otherwise (check_window_plan, rules/budget.smk): the next run plans from them.
 WINDOW_PLAN = (
     window_plan(SETTINGS, parse_time_hidden_size(SETTINGS), SHARDS, RESULTS)
     if CAPPED
     else None
 )
 # Per epoch, its plan windows (none for one pass): the shards in an order seeded by train.seed and the
-# epoch, cut into windows that fit the cap (budget.sized_windows; plan_windows records them), so each
-# epoch groups them anew; the count can differ between epochs when the shards differ in size.
+# epoch, cut into windows that fit the cap (planning.window_plan.sized_windows; plan_windows records
+# them), so each epoch groups them anew; the count can differ between epochs when the shards differ in
+# size.
 EPOCH_WINDOWS = (WINDOW_PLAN.windows or []) if CAPPED else []
 EPOCHS = SETTINGS.train.epochs
 # shards in the largest window; None: no windows (uncapped, or one pass under the cap)
 WINDOW = WINDOW_PLAN.largest_window if EPOCH_WINDOWS else None
 # The windows each draft trains in: the main draft's, every plan window; a learning-curve point's,
 # those holding some of its shards, reading only those, each shard as often per epoch as without a cap
-# (it extracts nothing of its own); the cap counts its training state files (budget.state_files_at_once)
+# (it extracts nothing of its own); the cap counts its training state files (planning.state_files)
 # and the next window's extraction waits for it too (get_extraction_gate). None: no windows.
 TRAINING = (
     TrainingWindows.plan(RESULTS, EPOCH_WINDOWS, VARIANT_PLAN) if WINDOW else None

@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from eagle3_pipeline.servers import config_problems
 from eagle3_pipeline.settings import Settings, build_settings
 from eagle3_pipeline.target_shape import AUTO_MIN_LAYERS, AuxLayerError, TargetShape, aux_layers
 
@@ -76,8 +77,6 @@ def check_config(raw: dict[str, Any], schema_path: str | Path) -> dict[str, Any]
 
 
 def _semantic_problems(settings: Settings) -> list[str]:
-    from eagle3_pipeline.server.replicas import config_problems
-
     problems = config_problems(settings.server)
     path = settings.dataset.path
     if "://" not in path and not Path(path).exists():

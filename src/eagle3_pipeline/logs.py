@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from eagle3_pipeline import provenance
 from eagle3_pipeline.fixes import error_line
-from eagle3_pipeline.server.secrets import REDACTOR, protect_logging
+from eagle3_pipeline.secrets import REDACTOR, protect_logging
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

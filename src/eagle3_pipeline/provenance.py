@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import io
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -285,14 +285,14 @@ class DraftSettings:
     norm_before_fc: bool = setting(reruns="train_draft", later=True)
     fc_norm: bool = setting(reruns="train_draft", later=True)
     norm_output: bool = setting(reruns="train_draft", later=True)
-    # auto, llama or deepseek_mla (draft/config.py: auto is MLA for DeepSeek/Kimi)
+    # auto, llama or deepseek_mla (draft_config.py: auto is MLA for DeepSeek/Kimi)
     architecture: str = setting(reruns="train_draft")
     # a draft folder to start training from (draft/init_from.py)
     init_from: str | None = setting(reruns="train_draft", later=True)
 
 
 # draft.*: the attention's shape (None: derived from the target) and EAGLE-3.1's norms (false: off),
-# what draft.config.draft_config_from_target takes. The norms are recorded (rule params: `later`; the
+# what draft_config.draft_config_from_target takes. The norms are recorded (rule params: `later`; the
 # resume fingerprint, draft/job.py) only when on: a draft without them keeps the jobs it had before.
 DRAFT_ATTENTION_KEYS = ("head_dim", "num_attention_heads", "num_key_value_heads")
 DRAFT_NORM_KEYS = ("norm_before_fc", "fc_norm", "norm_output")

@@ -23,11 +23,22 @@ from pathlib import Path
 from typing import Any
 
 # model_type of targets with multi-head latent attention: DeepSeek-V2/V3 and the Kimi family built on
-# V3 (draft.architecture auto gives them an MLA draft: draft/config.py)
+# V3 (draft.architecture auto gives them an MLA draft: draft_config.py)
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
 DRAFT_KEYS = ("hidden_size", "num_attention_heads", "vocab_size")  # what a draft cannot be shaped without
 AUTO_MIN_LAYERS = 5  # `auto` picks layers 1, N//2-1 and N-4: distinct from N = 5 on
+# The embedded demo's tiny target (demo/fit.py, demo/tokenizer.py build it to this shape): what the
+# workflow plans with before that target is built (the disk cap's windows and state files: planning/)
+DEMO_HIDDEN_SIZE = 128
+DEMO_TARGET_SHAPE = {
+    "hidden_size": DEMO_HIDDEN_SIZE,
+    "intermediate_size": 384,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1024,
+}
 
 
 class AuxLayerError(ValueError):
@@ -118,7 +129,7 @@ class TargetShape:
         return values[0], values[1], values[2]
 
     def draft_fields(self) -> dict[str, Any]:
-        """The language model's section, for draft/config.py's draft_config_from_target.
+        """The language model's section, for draft_config.py's draft_config_from_target.
 
         Raises:
             ValueError: a key no draft can be shaped without is missing.

@@ -253,7 +253,7 @@ def serve_boolean_flags(wheel: Wheel) -> set[str]:
     """The boolean flags of `vllm serve`, read statically: EngineArgs fields typed bool that arg_utils.py
     registers under their flag, every bool field of the entrypoints' cli_args.py dataclasses (vLLM
     registers them all), and any add_argument whose action is store_true/false or BooleanOptionalAction.
-    On 0.32.0 this gives exactly the booleans its parser gave (server/_vllm_flags.py)."""
+    On 0.32.0 this gives exactly the booleans its parser gave (vllm_flags.py)."""
     registered, booleans, engine_fields = set(), set(), set()
     files = [*PARSER_FILES, *(f for f in wheel.files_under(PARSER_FOLDER) if f.endswith("cli_args.py"))]
     for file in files:

@@ -24,7 +24,7 @@ from support.vllm_server import REPO, SAMPLE, VllmServer
 from eagle3_pipeline.demo.fit import FitOptions
 from eagle3_pipeline.demo.kimi import KIMI_ARCHITECTURE, KIMI_SERVED_MODEL_NAME, KIMI_TEXT_SHAPE
 from eagle3_pipeline.demo.target import build_demo_target, render_unit
-from eagle3_pipeline.draft.config import read_target_config, resolve_architecture
+from eagle3_pipeline.draft_config import read_target_config, resolve_architecture
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.unit import command_argv, merge_unit
 from eagle3_pipeline.settings import DemoSettings

@@ -19,7 +19,7 @@ from eagle3_pipeline.generate import generate_shard, run_generation
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, run_preflight
 from eagle3_pipeline.prompts import normalise, prepare_prompts, write_prompt_shard
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import DatasetSettings, GenerationSettings, ServerSettings, as_params
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

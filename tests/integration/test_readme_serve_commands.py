@@ -27,10 +27,10 @@ from safetensors.torch import save_file
 from support.requirements import VLLM_PYTHON, require
 from support.vllm_server import VllmServer, cpu_vllm_env, demo_target_dir
 
-from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import vocab_map
+from eagle3_pipeline.draft_config import draft_config_from_target, read_target_config
 from eagle3_pipeline.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

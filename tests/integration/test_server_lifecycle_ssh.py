@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from support.sshd import StandInUnit, kill_stand_in_unit
 
+from eagle3_pipeline import secrets
 from eagle3_pipeline.ports import free_port
-from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.health import ServerError
 from eagle3_pipeline.server.lifecycle import ensure_running, stop
 from eagle3_pipeline.server.ownership import read_ownership

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.remote import RemoteHost
-from eagle3_pipeline.server.secrets import write_secret_file
+from eagle3_pipeline.server.remote import RemoteHost, write_secret_file
 from eagle3_pipeline.settings import ServerSettings, section
 
 pytestmark = pytest.mark.ssh

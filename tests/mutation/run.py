@@ -61,7 +61,7 @@ MODULES = {
     ),
     # what keeps API keys and passwords out of logs, records and command lines
     "secrets": Target(
-        "src/eagle3_pipeline/server/secrets.py",
+        "src/eagle3_pipeline/secrets.py",
         ("tests/unit/test_server_secrets.py", "tests/unit/test_server_secrets_context.py"),
         "test_server_units.py and test_server_lifecycle.py call it too (units parsed, servers started)",
     ),
@@ -84,11 +84,18 @@ MODULES = {
         ("tests/unit/test_settings.py",),
         "tests/workflow/test_rerun_triggers.py (a recorded Snakemake run); most unit tests build settings",
     ),
-    # the disk budget: the estimate, the guard and the training windows it sizes
-    "budget": Target(
-        "src/eagle3_pipeline/budget.py",
-        ("tests/unit/test_budget.py",),
+    # the disk budget: the estimates and the free-space guard, and what the cap's plan holds at once
+    "budget": Target("src/eagle3_pipeline/budget.py", ("tests/unit/test_budget.py",)),
+    # the disk cap's windows: cut from byte counts, each with its packing reserve
+    "window_plan": Target(
+        "src/eagle3_pipeline/planning/window_plan.py",
+        ("tests/unit/test_planning_window_plan.py", "tests/unit/test_budget.py"),
         "test_draft_window_batches.py and test_draft_train.py (they call the window planner)",
+    ),
+    # the disk cap read from the config and the checked traces, and the plan's check before extraction
+    "disk_cap": Target(
+        "src/eagle3_pipeline/planning/disk_cap.py",
+        ("tests/unit/test_planning_disk_cap.py", "tests/unit/test_budget.py"),
     ),
     # the TTT loss (the chunked one's slow cases left out)
     "ttt": Target(

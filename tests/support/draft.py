@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.train import TrainJob
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.draft_config import draft_config_from_target, read_target_config
 from eagle3_pipeline.hidden_states.storage import encode_metadata
 from eagle3_pipeline.settings import DraftSettings, TrainSettings
 

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 from support.draft import build_vocab_map_for
 
-from eagle3_pipeline.draft.config import draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import export_checkpoint
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft_config import draft_config_from_target, read_target_config
 
 
 def export_model(

@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from eagle3_pipeline.secrets import redact_unit_text
 from eagle3_pipeline.server.remote import LocalHost
-from eagle3_pipeline.server.secrets import redact_unit_text
 from eagle3_pipeline.server.snapshot import build_server_json, parse_service, take_snapshot
 from eagle3_pipeline.settings import ServerSettings
 

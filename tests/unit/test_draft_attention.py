@@ -12,8 +12,8 @@ import torch
 
 from eagle3_pipeline.draft import attention
 from eagle3_pipeline.draft.attention import ttt_attention
-from eagle3_pipeline.draft.config import draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft
+from eagle3_pipeline.draft_config import draft_config_from_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
 

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from support.speculators_export import export_model
 
 from eagle3_pipeline.config import ConfigError, check_config
-from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import WEIGHT_KEYS, hub_id_of, verifier_name
 from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
+from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.validate.offline import load_draft
 
 REPO = Path(__file__).resolve().parents[2]

@@ -274,8 +274,7 @@ def test_the_report_shows_the_starting_draft_beside_the_trained_one(tmp_path):
 
 
 def test_the_starting_draft_gets_the_offline_check_of_the_trained_one(job, tmp_path):
-    from eagle3_pipeline.draft.init_from import validate_starting_draft
-    from eagle3_pipeline.validate.offline import validate_offline
+    from eagle3_pipeline.validate.offline import validate_offline, validate_starting_draft
 
     eagle, speculators = _export(job, tmp_path)
     common = {"shard_paths": job.validation_shards, "steps": 3}
@@ -330,10 +329,10 @@ MLA_TARGET = {
 
 
 def test_an_mla_draft_round_trips_through_its_export(tmp_path):
-    from eagle3_pipeline.draft.config import draft_config_from_target
     from eagle3_pipeline.draft.init_from import load_into
     from eagle3_pipeline.draft.model import Eagle3Draft
     from eagle3_pipeline.draft.vocab import draft_ids
+    from eagle3_pipeline.draft_config import draft_config_from_target
 
     (tmp_path / "config.json").write_text(json.dumps(MLA_TARGET))
     (tmp_path / "shard.json").write_text(json.dumps({"aux_layers_vllm": [1, 2, 3]}))

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from eagle3_pipeline.draft import ttt
-from eagle3_pipeline.draft.config import draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.ttt import Batch, chunked_ttt_loss, target_in_draft
+from eagle3_pipeline.draft_config import draft_config_from_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
 

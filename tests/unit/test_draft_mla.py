@@ -16,7 +16,6 @@ from safetensors.torch import save_file
 
 from eagle3_pipeline.draft import attention
 from eagle3_pipeline.draft.attention import ttt_attention
-from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.export import (
     MLA_ARCHITECTURE,
     SPECULATORS_REFUSAL,
@@ -29,6 +28,7 @@ from eagle3_pipeline.draft.export import (
 from eagle3_pipeline.draft.mla import MLAAttention, mla_scale
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import build_vocab_map
+from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the references
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_pipeline.draft.config import attention_shape, draft_config_from_target
 from eagle3_pipeline.draft.model import Eagle3Draft, shift_left
+from eagle3_pipeline.draft_config import attention_shape, draft_config_from_target
 
 TARGET = {
     "hidden_size": 32,

@@ -165,10 +165,14 @@ def _steps_after(window_job: TrainJob) -> int:
 
 def test_state_files_hold_what_a_resume_needs_and_at_most_two_exist(job, tmp_path, monkeypatch):
     """A state file is the trained tensors, AdamW and the schedule (no frozen embeddings), of the size
-    budget.state_file_bytes counts under hidden_states.max_disk_gb; windowed training never has more
-    than two on disk (the previous window's and this window's latest)."""
+    planning.state_files.state_file_bytes counts under hidden_states.max_disk_gb; windowed training never
+    has more than two on disk (the previous window's and this window's latest)."""
     from eagle3_pipeline import io
-    from eagle3_pipeline.budget import STATE_FILE_OVERHEAD, STATE_FILES_AT_ONCE, state_file_bytes
+    from eagle3_pipeline.planning.state_files import (
+        STATE_FILE_OVERHEAD,
+        STATE_FILES_AT_ONCE,
+        state_file_bytes,
+    )
 
     jobs = _windowed(replace(job, train=replace(job.train, epochs=1, save_every_steps=1)), tmp_path / "w")
     write_torch, seen = io.write_torch, []

@@ -1,14 +1,14 @@
 """Windows under a disk cap: a seeded assignment of shards to windows, new every epoch
-(budget.sized_windows), and the plan that records it with every window's batch count."""
+(planning.window_plan.sized_windows), and the plan that records it with every window's batch count."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from eagle3_pipeline.budget import sized_windows
 from eagle3_pipeline.draft.data import plan_batches
 from eagle3_pipeline.draft.window_batches import order_key, plan_windows
+from eagle3_pipeline.planning.window_plan import sized_windows
 from eagle3_pipeline.settings import HiddenStatesSettings, TrainSettings
 
 SHARDS = [f"{k:05d}" for k in range(23)]

@@ -9,7 +9,7 @@ import pytest
 from eagle3_pipeline.generate.payload import Sampling
 from eagle3_pipeline.generate.preflight import PreflightError, fit_report, run_preflight
 from eagle3_pipeline.prompts import PROMPT_SCHEMA
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 
 
 def selection(tmp_path, questions):

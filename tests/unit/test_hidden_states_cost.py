@@ -8,9 +8,9 @@ from pathlib import Path
 import yaml
 from support.traces import checked_traces
 
-from eagle3_pipeline.budget import parse_time_state_bytes
 from eagle3_pipeline.config import check_config
 from eagle3_pipeline.hidden_states import cost
+from eagle3_pipeline.planning.state_files import parse_time_state_bytes
 from eagle3_pipeline.settings import Settings, build_settings
 
 REPO = Path(__file__).resolve().parents[2]

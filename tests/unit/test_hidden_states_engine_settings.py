@@ -9,7 +9,7 @@ import pytest
 
 from eagle3_pipeline.hidden_states import vllm_backend
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import VllmEngineSettings
 
 KIMI_UNIT = {

@@ -272,7 +272,8 @@ def test_a_job_dying_in_its_second_split_keeps_the_first_splits_work(
 
 def test_a_shard_is_on_disk_once_while_it_is_packed(traces, hs_target, tmp_path, monkeypatch):
     """The parts are moved into the packed file one at a time: the work folder never holds the states
-    twice (budget.py counts a shard once, plus one batch), and a job killed while packing resumes."""
+    twice (planning/window_plan.py counts a shard once, plus one batch), and a job killed while packing
+    resumes."""
     s = job_for(traces, hs_target, tmp_path / "out")
     real_move, peaks, moved = packing._move_part, [], []
 

@@ -1,7 +1,8 @@
 """Committing a packed shard (packing.commit_shard): a rename from the work folder, never a copy (a shard
-is on disk once: budget.py); a hard link when the work folder is kept; a copy only across filesystems.
+is on disk once: planning/window_plan.py); a hard link when the work folder is kept; a copy only across
+filesystems.
 The pack slots (packing.pack_slot): at most hidden_states.pack_slots processes pack at once, as
-budget.pack_reserve counts."""
+planning.window_plan.pack_reserve counts."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from eagle3_pipeline.hidden_states import final_norm, vllm_backend
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import VllmEngineSettings
 
 SNAPSHOT = {

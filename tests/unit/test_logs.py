@@ -12,7 +12,7 @@ from pathlib import Path
 SECRET = "tok-9f3b2c7d41e8a6"  # known to the job by fingerprint only, as server.json hands it over
 JOB = f"""
 import sys, warnings, logging
-from eagle3_pipeline.server.secrets import REDACTOR, Redactor
+from eagle3_pipeline.secrets import REDACTOR, Redactor
 from eagle3_pipeline.logs import setup_logging
 
 known = Redactor("salt")

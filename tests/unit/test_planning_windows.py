@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eagle3_pipeline.planning.variants import MAIN, Variants
-from eagle3_pipeline.planning.windows import DraftWindows, TrainingWindows, training_state
+from eagle3_pipeline.planning.variants import MAIN, Variants, cycled_shards
+from eagle3_pipeline.planning.windows import DraftWindows, TrainingWindows, point_windows, training_state
 
 SHARDS = ("a", "b", "c", "d")
 # two epochs of two plan windows each, grouped anew per epoch
@@ -72,3 +72,23 @@ def test_a_draft_window_reads_its_epochs_states_and_a_point_no_validation_states
         "results/r/hidden_states/epoch-1/validation/shard-a.safetensors",
         "results/r/hidden_states/epoch-1/validation/shard-b.safetensors",
     ]
+
+
+def test_under_a_cap_a_point_reads_its_shards_in_the_windows_holding_them_as_often_as_uncapped():
+    shards = ["a", "b", "c", "d"]
+    windows = [[["a", "c"], ["b", "d"]], [["c", "d"], ["a", "b"]]]  # two epochs, two windows each
+    # the point of 2 shards: each read twice an epoch (cycled_shards), both times in the window holding it
+    assert point_windows(windows, shards, 2, 4) == [
+        [(0, ["a", "a"]), (1, ["b", "b"])],
+        [(1, ["a", "b", "a", "b"])],  # round-robin; window 0 holds neither of its shards: not one of its
+    ]
+    # the point of 3 of 4 entries: a twice, b and c once (as cycled_shards), wherever they are
+    assert point_windows(windows, shards, 3, 4) == [
+        [(0, ["a", "c", "a"]), (1, ["b"])],
+        [(0, ["c"]), (1, ["a", "b", "a"])],
+    ]
+    for k in (1, 2, 3, 4):  # the same reads per epoch as uncapped
+        for epoch in point_windows(windows, shards, k, 4):
+            reads = sorted(s for _, entries in epoch for s in entries)
+            assert reads == sorted(cycled_shards(shards, k, 4))
+    assert point_windows(windows, shards, 4, 4)[0] == [(0, ["a", "c"]), (1, ["b", "d"])]  # the main draft's

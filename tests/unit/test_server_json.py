@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server import secrets
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline import secrets
+from eagle3_pipeline.server_json import ServerSnapshot
 
 UNITS = Path(__file__).resolve().parents[1] / "data" / "units"
 FIELDS = {f.name for f in dataclasses.fields(ServerSnapshot)} - {"raw"}

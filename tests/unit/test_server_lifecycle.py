@@ -85,8 +85,8 @@ def test_launch_local_stop_kills_the_process_group(tmp_path: Path) -> None:
 
 
 def test_local_command_teaches_the_redactor(tmp_path: Path) -> None:
+    from eagle3_pipeline.secrets import REDACTOR
     from eagle3_pipeline.server.local_process import local_command
-    from eagle3_pipeline.server.secrets import REDACTOR
 
     cfg = _cfg(tmp_path, "/opt/vllm/bin/vllm serve /m --api-key sk-local-command-key-55")
     argv, env, cwd = local_command(cfg)

@@ -14,20 +14,17 @@ import yaml
 from eagle3_pipeline.config import ConfigError, check_config
 from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.replicas import (
-    NAME_PATTERN,
-    ReplicaError,
     assigned_server,
     check_identity,
     fleet,
     identity_differences,
     identity_fields,
-    replica_config,
     resource_name,
-    server_names,
     shard_caps,
 )
-from eagle3_pipeline.server.server_json import ServerSnapshot
 from eagle3_pipeline.server.snapshot import take_snapshot
+from eagle3_pipeline.server_json import ServerSnapshot
+from eagle3_pipeline.servers import NAME_PATTERN, ReplicaError, replica_config, server_names
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, section
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server.remote import LocalHost
-from eagle3_pipeline.server.secrets import (
+from eagle3_pipeline.secrets import (
     REDACTED,
     Redactor,
     is_secret_name,
     redact_unit_text,
     scrub_patterns,
 )
+from eagle3_pipeline.server.remote import LocalHost
 from eagle3_pipeline.server.snapshot import take_snapshot
 from eagle3_pipeline.settings import ServerSettings
 

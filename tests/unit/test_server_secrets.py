@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server import api_key, auth_headers
-from eagle3_pipeline.server.remote import LocalHost
-from eagle3_pipeline.server.secrets import (
+from eagle3_pipeline.secrets import (
     REDACTED,
     RedactingFilter,
     Redactor,
@@ -24,9 +22,9 @@ from eagle3_pipeline.server.secrets import (
     redact_data,
     redact_unit_text,
     scrub_patterns,
-    secret_file_command,
-    write_secret_file,
 )
+from eagle3_pipeline.server import api_key, auth_headers
+from eagle3_pipeline.server.remote import LocalHost, secret_file_command, write_secret_file
 from eagle3_pipeline.server.snapshot import SnapshotError, snapshot_server
 from eagle3_pipeline.settings import ServerSettings
 
@@ -188,7 +186,7 @@ def test_fingerprints_carry_secrets_to_another_process_without_values(tmp_path: 
     )
     code = (
         "import json, sys\n"
-        "from eagle3_pipeline.server import secrets\n"
+        "from eagle3_pipeline import secrets\n"
         "secrets.learn(json.load(open(sys.argv[1])))\n"
         "sys.stdout.write(secrets.REDACTOR.scrub(sys.stdin.read()))\n"
     )

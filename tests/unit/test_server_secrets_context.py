@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.server import secrets
+from eagle3_pipeline import secrets
 from eagle3_pipeline.server.local_process import launch_local
 
 

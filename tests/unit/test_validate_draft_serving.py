@@ -13,7 +13,7 @@ import pytest
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server import backend
 from eagle3_pipeline.server.backend import ServerBackend
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings
 from eagle3_pipeline.validate import draft_serving
 from eagle3_pipeline.validate.draft_serving import (

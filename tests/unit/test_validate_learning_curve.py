@@ -1,7 +1,7 @@
-"""The learning curve at equal compute (validate/learning_curve.py): nested points, each point's epoch
-its shards cycled to the full draft's count (a real tiny training shows the steps match), the points'
-intervals and the paired gains between them on the per-question replays, no straight-line trend; and
-its figure (validate/report_curves.py)."""
+"""The learning curve at equal compute (validate/learning_curve.py): each point's epoch its shards
+cycled to the full draft's count (planning/variants.py; a real tiny training shows the steps match),
+the points' intervals and the paired gains between them on the per-question replays, no straight-line
+trend; and its figure (validate/report_curves.py)."""
 
 from __future__ import annotations
 
@@ -12,69 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.planning.variants import cycled_shards
 from eagle3_pipeline.validate.learning_curve import (
     COMPUTE_RULE,
-    curve_points,
     curve_record,
-    cycled_shards,
-    epoch_entries,
     fit_log_odds,
     learning_curve,
     paired_gain,
     passes_per_epoch,
-    point_windows,
-    variant_name,
 )
 
 
-def test_curve_points_are_nested_shard_counts_and_the_whole_is_the_main_draft():
-    assert curve_points([0.25, 0.5, 1.0], 4) == {1: [0.25], 2: [0.5], 4: [1.0]}  # the demo's 4 shards
-    assert curve_points([0.25, 0.5, 1.0], 3) == {1: [0.25], 2: [0.5], 3: [1.0]}  # at least the fraction
-    assert curve_points([0.1, 0.2, 1.0], 4) == {1: [0.1, 0.2], 4: [1.0]}  # one point for one subset
-    assert curve_points([], 4) == {}
-    assert variant_name(4, 4) == "" and variant_name(1, 4) == "learning_curve/shards-00001/"
-    with pytest.raises(ValueError, match="validate.learning_curve"):
-        curve_points([0.0], 4)
-
-
-def test_a_points_epoch_is_its_shards_cycled_to_the_full_drafts_count():
-    shards = ["a", "b", "c", "d"]
-    assert cycled_shards(shards, 1) == ["a"] * 4
-    assert cycled_shards(shards, 2) == ["a", "b", "a", "b"]
-    assert cycled_shards(shards, 3) == ["a", "b", "c", "a"]  # a read twice, b and c once
-    assert cycled_shards(shards, 4) == shards  # the main draft's own
+def test_a_points_passes_per_epoch_are_the_fewest_and_most_reads_of_one_of_its_shards():
     assert passes_per_epoch(2, 4) == [2, 2] and passes_per_epoch(3, 4) == [1, 2]
-    # the full draft's samples in whole shards: 136 samples of shards of 32 (four and a partial 8) fill 4
-    assert epoch_entries(136, 32, 1) == 4 and epoch_entries(144, 32, 1) == 5  # half a shard: one more
-    assert epoch_entries(152, 32, 2) == 5
-    assert cycled_shards(["a", "b", "c", "d", "e"], 1, 4) == ["a"] * 4
-    assert epoch_entries(64, 32, 2) == 2
-    with pytest.raises(ValueError):
-        cycled_shards(shards, 0)
-    with pytest.raises(ValueError):
-        cycled_shards(shards, 5)
-    with pytest.raises(ValueError):
-        cycled_shards(shards, 3, 2)  # fewer entries than its shards
-
-
-def test_under_a_cap_a_point_reads_its_shards_in_the_windows_holding_them_as_often_as_uncapped():
-    shards = ["a", "b", "c", "d"]
-    windows = [[["a", "c"], ["b", "d"]], [["c", "d"], ["a", "b"]]]  # two epochs, two windows each
-    # the point of 2 shards: each read twice an epoch (cycled_shards), both times in the window holding it
-    assert point_windows(windows, shards, 2, 4) == [
-        [(0, ["a", "a"]), (1, ["b", "b"])],
-        [(1, ["a", "b", "a", "b"])],  # round-robin; window 0 holds neither of its shards: not one of its
-    ]
-    # the point of 3 of 4 entries: a twice, b and c once (as cycled_shards), wherever they are
-    assert point_windows(windows, shards, 3, 4) == [
-        [(0, ["a", "c", "a"]), (1, ["b"])],
-        [(0, ["c"]), (1, ["a", "b", "a"])],
-    ]
-    for k in (1, 2, 3, 4):  # the same reads per epoch as uncapped
-        for epoch in point_windows(windows, shards, k, 4):
-            reads = sorted(s for _, entries in epoch for s in entries)
-            assert reads == sorted(cycled_shards(shards, k, 4))
-    assert point_windows(windows, shards, 4, 4)[0] == [(0, ["a", "c"]), (1, ["b", "d"])]  # the main draft's
 
 
 def test_a_point_trained_on_its_shards_cycled_takes_the_full_drafts_optimizer_steps(

@@ -167,8 +167,8 @@ def test_a_used_name_removed_from_a_real_wheel_fails_the_check(wheels):
 
 
 def test_a_boolean_flag_missing_from_the_table_fails_the_check(wheels, monkeypatch):
-    from eagle3_pipeline.server import _vllm_flags
+    from eagle3_pipeline import vllm_flags
 
-    monkeypatch.setattr(_vllm_flags, "BOOLEAN_FLAGS", _vllm_flags.BOOLEAN_FLAGS - {"--monokernel"})
+    monkeypatch.setattr(vllm_flags, "BOOLEAN_FLAGS", vllm_flags.BOOLEAN_FLAGS - {"--monokernel"})
     result = vllm_compat.report(vllm_compat.Wheel(wheels["0.33.0"]), "0.33.0", USES)
     assert "boolean flag --monokernel not in BOOLEAN_FLAGS" in result["missing"]

@@ -12,7 +12,7 @@ import pytest
 
 from eagle3_pipeline import vllm_releases
 from eagle3_pipeline.hidden_states.vllm_backend import VllmBackendError, check_served_release
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings, VllmEngineSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"

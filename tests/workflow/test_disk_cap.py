@@ -25,18 +25,19 @@ import pytest
 import yaml
 from support.workflow import copy_workdir, failure, workdir_run
 
-from eagle3_pipeline.budget import GB, STATE_FILES_AT_ONCE, bytes_per_token, state_file_bytes
-from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+from eagle3_pipeline.planning.state_files import STATE_FILES_AT_ONCE, state_file_bytes
 from eagle3_pipeline.settings import DraftSettings
+from eagle3_pipeline.state_bytes import GB, bytes_per_token
+from eagle3_pipeline.target_shape import DEMO_TARGET_SHAPE
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 SAMPLES, SHARD_SIZE, MAX_SEQ_LEN, EPOCHS = 96, 32, 96, 2  # the session run's shards (e2e_overrides)
 # one shard's bound B = 32 x 96 x 1,033 B; while extracted it is on disk once plus the part being packed
 # (batch_tokens 1,024 below: P = B + 1,024 x 1,033 B); the cap also holds two training state files S
-# for each draft trained (budget.py): the main draft and the learning-curve point of its first shard
-# (validate.learning_curve [0.3, 1.0] below): windows of floor((cap - 4S) / P) = floor(2B / P) = 1 shard,
-# 3 windows per epoch
+# for each draft trained (planning/state_files.py): the main draft and the learning-curve point of its
+# first shard (validate.learning_curve [0.3, 1.0] below): windows of floor((cap - 4S) / P) = floor(2B / P)
+# = 1 shard, 3 windows per epoch
 DRAFTS = 2
 STATE_BYTES = DRAFTS * STATE_FILES_AT_ONCE * state_file_bytes(DraftSettings(), DEMO_TARGET_SHAPE)
 CAP_GB = (2 * SHARD_SIZE * MAX_SEQ_LEN * bytes_per_token(128) + STATE_BYTES + 1000) / GB

@@ -27,14 +27,14 @@ import yaml
 from support.workflow import DEMO_CONFIG, job_counts, merge, snakemake
 
 from eagle3_pipeline.config import ConfigError, check_config
-from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
-from eagle3_pipeline.draft.config import SERVED_HEAD_DIMS, attention_shape
+from eagle3_pipeline.draft_config import SERVED_HEAD_DIMS, attention_shape
 from eagle3_pipeline.settings import (
     DRAFT_ATTENTION_KEYS,
     TRAIN_RUNTIME_KEYS,
     DraftSettings,
     TrainSettings,
 )
+from eagle3_pipeline.target_shape import DEMO_TARGET_SHAPE
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE_WORK = "results/demo/work/baseline/"

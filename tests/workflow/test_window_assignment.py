@@ -1,7 +1,7 @@
-"""The windowed DAG (hidden_states.max_disk_gb) follows the plan's seeded windows (budget.sized_windows:
-for equal shards, each epoch's order, budget.epoch_order, cut into windows of as many as fit): a dry run
-of the demo under a cap extracts every shard once per epoch, for the window the order gives it that
-epoch, and each window's training job reads exactly its shards' states."""
+"""The windowed DAG (hidden_states.max_disk_gb) follows the plan's seeded windows (for equal shards, each
+epoch's order, planning.window_plan.epoch_order, cut into windows of as many as fit): a dry run of the
+demo under a cap extracts every shard once per epoch, for the window the order gives it that epoch, and
+each window's training job reads exactly its shards' states."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import Counter
 import yaml
 from support.workflow import planned_jobs, write_config
 
-from eagle3_pipeline.budget import epoch_order
+from eagle3_pipeline.planning.window_plan import epoch_order
 
 EPOCHS = 3
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from eagle3_pipeline.demo import DEMO_HIDDEN_SIZE, DEMO_TARGET_SHAPE
 from eagle3_pipeline.settings import DemoSettings
+from eagle3_pipeline.target_shape import DEMO_HIDDEN_SIZE, DEMO_TARGET_SHAPE
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from eagle3_pipeline.demo import DEMO_TARGET_SHAPE
+from eagle3_pipeline.target_shape import DEMO_TARGET_SHAPE
 
 VOCAB_SIZE = DEMO_TARGET_SHAPE["vocab_size"]
 BOS, PAD, EOS = "[BOS]", "[PAD]", "<|im_end|>"

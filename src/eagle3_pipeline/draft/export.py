@@ -67,13 +67,13 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import (
+from eagle3_pipeline.draft.vocab import load_vocab_map
+from eagle3_pipeline.draft_config import (
     NUM_AUX_LAYERS,
     DraftConfig,
     draft_config_from_target,
     read_target_config,
 )
-from eagle3_pipeline.draft.vocab import load_vocab_map
 from eagle3_pipeline.target_shape import sglang_layer_ids
 
 # the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)

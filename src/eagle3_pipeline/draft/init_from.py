@@ -10,7 +10,7 @@ public drafts ship:
                      the same tensors with midlayer. named layers.0.
 
 Its tensors are mapped back to the draft's own names and checked against the draft this run's config
-builds (draft.config.draft_config_from_target): a draft of another target (hidden size, target vocabulary,
+builds (draft_config.draft_config_from_target): a draft of another target (hidden size, target vocabulary,
 the fc's auxiliary-state count, the auxiliary layers it was trained on) or of another shape (heads,
 head_dim, the EAGLE-3.1 norms) is refused with an error naming both values and the key to set.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,19 +38,16 @@ import torch
 from safetensors import safe_open
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import (
-    NUM_AUX_LAYERS,
-    DraftConfig,
-    draft_config_from_target,
-    read_target_config,
-    rope_theta_of,
-)
 from eagle3_pipeline.draft.export import aux_layers_from_metadata, checkpoint_config
 from eagle3_pipeline.draft.init_files import WEIGHT_FILES, weights_file
-from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft
 from eagle3_pipeline.draft.vocab import draft_ids as map_draft_ids
-from eagle3_pipeline.settings import DRAFT_NORM_KEYS, DraftSettings
+from eagle3_pipeline.draft_config import (
+    NUM_AUX_LAYERS,
+    DraftConfig,
+    rope_theta_of,
+)
+from eagle3_pipeline.settings import DRAFT_NORM_KEYS
 from eagle3_pipeline.target_shape import sglang_layer_ids
 
 log = logging.getLogger(__name__)
@@ -386,25 +382,3 @@ def write_eagle_checkpoint(
     io.write_json(checkpoint_config(own, aux_layers_vllm), out / "config.json", indent=1)
     log.info("starting draft %s written as %s for the offline check", start.path, out)
     return out
-
-
-def validate_starting_draft(
-    init_from: str | Path,
-    target_dir: str | Path,
-    draft: DraftSettings,
-    shard_paths: Sequence[str | Path],
-    work: str | Path,
-    output_path: str | Path,
-    **offline: Any,
-) -> dict[str, Any]:
-    """Rule validate_offline_init: the starting draft (its own vocabulary), checked against this run's
-    draft, written as an EAGLE folder under `work` and run through the offline check the trained draft
-    gets (validate/offline.py, `offline`: its keyword arguments), on the same validation states."""
-    from eagle3_pipeline.validate.offline import validate_offline  # validate reads the draft, not back
-
-    config = draft_config_from_target(
-        read_target_config(target_dir), draft.draft_vocab_size, **draft_shape(draft)
-    )
-    aux = aux_layers_from_metadata(Path(shard_paths[0]).with_suffix(".json"))
-    folder = write_eagle_checkpoint(init_from, config, aux, Path(work) / "checkpoint")
-    return validate_offline(folder, target_dir, shard_paths, output_path=output_path, **offline)

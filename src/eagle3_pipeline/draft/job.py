@@ -63,7 +63,7 @@ class WindowJob:
 
 
 def draft_shape(draft: DraftSettings) -> dict[str, Any]:
-    """The draft.* keys draft.config.draft_config_from_target takes (the attention's shape, the norms,
+    """The draft.* keys draft_config.draft_config_from_target takes (the attention's shape, the norms,
     the architecture)."""
     shape = {key: getattr(draft, key) for key in DRAFT_ATTENTION_KEYS + DRAFT_NORM_KEYS}
     return shape | {"architecture": draft.architecture}

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from eagle3_pipeline.draft.attention import KVCache
-from eagle3_pipeline.draft.config import DraftConfig
 from eagle3_pipeline.draft.norm import RMSNorm
+from eagle3_pipeline.draft_config import DraftConfig
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

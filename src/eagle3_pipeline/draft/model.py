@@ -39,9 +39,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from eagle3_pipeline.draft.attention import KVCache, ttt_attention
-from eagle3_pipeline.draft.config import NUM_AUX_LAYERS, DraftConfig
 from eagle3_pipeline.draft.mla import MLAAttention
 from eagle3_pipeline.draft.norm import RMSNorm
+from eagle3_pipeline.draft_config import NUM_AUX_LAYERS, DraftConfig
 
 # (q, cache, scale=None) -> output: attention.ttt_attention, or a reference computing the same numbers
 AttentionForm = Callable[..., torch.Tensor]

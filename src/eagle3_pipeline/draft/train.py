@@ -46,7 +46,6 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
 from eagle3_pipeline import io
-from eagle3_pipeline.draft.config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.draft.data import HiddenStateData, plan_batches
 from eagle3_pipeline.draft.fsdp import full_state, gathered, load_full_state, wrap_fsdp
 from eagle3_pipeline.draft.init_files import checkpoint_files
@@ -57,6 +56,7 @@ from eagle3_pipeline.draft.target import load_target_embed_and_head
 from eagle3_pipeline.draft.ttt import STAT_ROWS, Batch, chunked_ttt_loss, summarize, target_in_draft
 from eagle3_pipeline.draft.vocab import draft_ids, load_vocab_map
 from eagle3_pipeline.draft.window_batches import order_key, total_steps
+from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -260,8 +260,8 @@ def save_state(ctx: Context, state: TrainState, path: Path | None = None) -> Non
         return
     path = _state_path(ctx.job) if path is None else Path(path)
     if ctx.job.window is not None:
-        # under a disk cap at most two state files exist (budget.STATE_FILES_AT_ONCE): the previous
-        # window's (this job's input) and this window's latest, so the last one goes first; killed
+        # under a disk cap at most two state files exist (planning.state_files.STATE_FILES_AT_ONCE): the
+        # previous window's (this job's input) and this window's latest, so the last one goes first; killed
         # before the new one is in place, the window starts again from the previous window's file
         _state_path(ctx.job).unlink(missing_ok=True)
     blob = {

@@ -6,8 +6,8 @@ deleted (Snakemake temp files), the training state (weights, optimiser, schedule
 from window to window in a file. The learning-rate schedule spans the whole run, so its length must be
 known before the first window is trained: plan_windows counts every (epoch, window)'s batches from the
 traces' token-id lengths, which are the lengths extraction stores (same truncation, same drop rule).
-Which shards form a window changes every epoch (budget.sized_windows, seeded by train.seed and the
-epoch); the plan records them, and each window's batches are shuffled anew (order_key).
+Which shards form a window changes every epoch (planning.window_plan.sized_windows, seeded by
+train.seed and the epoch); the plan records them, and each window's batches are shuffled anew (order_key).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def plan_windows(
     and the windows themselves (shard ids per epoch and window, as the rules assigned them).
 
     Args:
-        epoch_windows: per epoch, per window, its shard ids (budget.sized_windows).
+        epoch_windows: per epoch, per window, its shard ids (planning.window_plan.sized_windows).
         shard_traces: each shard id's train-split trace file.
         train: config train.* (epochs, batch_tokens, seed).
         hidden_states: config hidden_states.* (max_seq_len, overlong: the lengths extraction stores).

@@ -31,7 +31,7 @@ import aiohttp
 from eagle3_pipeline.generate.http import Http
 from eagle3_pipeline.generate.payload import Sampling, chat_body
 from eagle3_pipeline.generate.reply import MalformedReply, decode_reply, error_message, is_context_error
-from eagle3_pipeline.server.secrets import REDACTOR
+from eagle3_pipeline.secrets import REDACTOR
 
 log = logging.getLogger(__name__)
 

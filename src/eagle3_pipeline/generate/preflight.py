@@ -29,7 +29,7 @@ import polars as pl
 from eagle3_pipeline import io
 from eagle3_pipeline.generate.http import Http
 from eagle3_pipeline.generate.payload import Sampling, chat_body, chat_messages
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings
 
 if TYPE_CHECKING:
@@ -280,9 +280,9 @@ def _preflight_one(
     generation: GenerationSettings,
     selection_path: str,
 ) -> None:
+    from eagle3_pipeline.secrets import redact_data
     from eagle3_pipeline.server import api_key
     from eagle3_pipeline.server.lifecycle import ensure_running
-    from eagle3_pipeline.server.secrets import redact_data
 
     snapshot = ServerSnapshot.load(server_json_path)
     base_url = ensure_running(snapshot, server, Path(state_dir))

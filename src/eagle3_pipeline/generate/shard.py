@@ -29,7 +29,7 @@ from eagle3_pipeline.generate.journal import Journal, params_hash
 from eagle3_pipeline.generate.payload import Sampling, request_seed
 from eagle3_pipeline.generate.slots import SlotPool
 from eagle3_pipeline.prompts import PROMPT_SCHEMA, write_parquet
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings
 
 if TYPE_CHECKING:
@@ -393,7 +393,8 @@ def generate_shard(
     output carry the primary's identity either way (a replica is checked identical to it by rule
     check_replica), so the shard does not depend on which one wrote it.
     """
-    from eagle3_pipeline.server import api_key, secrets
+    from eagle3_pipeline import secrets
+    from eagle3_pipeline.server import api_key
     from eagle3_pipeline.server.lifecycle import ensure_running
 
     snapshot = ServerSnapshot.load(server_json_path)

@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import budget
+from eagle3_pipeline import state_bytes
 from eagle3_pipeline.launch import job_gpus
+from eagle3_pipeline.planning import disk_cap
+from eagle3_pipeline.planning.window_plan import WindowSizing
 from eagle3_pipeline.settings import Settings
 
 GPU_FORMS = ("gpus", "gres")
@@ -107,8 +109,8 @@ def packing_bytes(settings: Settings, hidden_size: int) -> int:
     """What one packing client holds beyond its floor: the auxiliary rows of its longest sample (read
     from a part, then written into the shard) and one part written before its fsync."""
     hs = settings.hidden_states
-    rows = hs.max_seq_len * (budget.STATE_COUNT - 1) * hidden_size * budget.DTYPE_BYTES[hs.dtype]
-    return rows + budget.part_bound_bytes(settings, hidden_size)
+    rows = hs.max_seq_len * (state_bytes.STATE_COUNT - 1) * hidden_size * state_bytes.DTYPE_BYTES[hs.dtype]
+    return rows + disk_cap.part_bound_bytes(settings, hidden_size)
 
 
 @dataclass(frozen=True)
@@ -205,24 +207,24 @@ def shard_tokens(
     results: str | Path | None = None,
 ) -> dict[str, int]:
     """Each shard's tokens as the workflow plans them: its checked traces' (its check_disk_budget record
-    under `results`, the run's folder, up to date: budget.traced_states) where there is one and the
-    hidden size is known, else its bound (shard_size x max_seq_len, as budget.shard_bound_bytes)."""
+    under `results`, the run's folder, up to date: disk_cap.traced_states) where there is one and the
+    hidden size is known, else its bound (shard_size x max_seq_len, as disk_cap.shard_bound_bytes)."""
     hs = settings.hidden_states
     bound = settings.dataset.shard_size * hs.max_seq_len
     tokens = dict.fromkeys(shards, bound)
     if results is not None and hidden_size is not None:
-        per_token = budget.bytes_per_token(hidden_size, hs.dtype)
-        traced = budget.traced_states(results, shards, records_sizing(settings, hidden_size))
+        per_token = state_bytes.bytes_per_token(hidden_size, hs.dtype)
+        traced = disk_cap.traced_states(results, shards, records_sizing(settings, hidden_size))
         tokens.update({shard: states // per_token for shard, states in traced.items()})
     return tokens
 
 
-def records_sizing(settings: Settings, hidden_size: int) -> budget.WindowSizing:
-    """What a shard's check_disk_budget record must have been made for (budget.traced_states), capped or
+def records_sizing(settings: Settings, hidden_size: int) -> WindowSizing:
+    """What a shard's check_disk_budget record must have been made for (disk_cap.traced_states), capped or
     not: the cap's sizing, else one with these settings and no cap."""
-    sizing = budget.window_sizing(settings, hidden_size)
+    sizing = disk_cap.window_sizing(settings, hidden_size)
     if sizing is not None:
         return sizing
     hs = settings.hidden_states
-    return budget.WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
+    return WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
                                hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip

@@ -4,7 +4,7 @@ Prints one JSON object: the plan's counts (engine starts, extraction passes, tok
 high-water mark) and GPU hours between two stated throughput assumptions, for three plans:
 
 - the plan now (`engine_starts_now`, `plan_now`, `plan_now_source`): the one the workflow makes now,
-  the engine jobs a dry run's DAG holds (budget.window_plan, as rules/common/windows.smk): each shard
+  the engine jobs a dry run's DAG holds (disk_cap.window_plan, as rules/common/windows.smk): each shard
   from its checked traces where they are (its check_disk_budget record under `--results`), the rest at
   their bound ("config", "traces and config", "traces");
 - the plan once the traces are checked (`engine_starts`, `extraction_passes`, `tokens`,
@@ -34,7 +34,7 @@ assumptions, high for the bound with the slow ones. Training is not included; `p
 counts the training runs (the main draft and each `validate.learning_curve` point, each at the main
 draft's optimizer steps: training's cost scales with it) and `plan.training_jobs` their jobs. A point
 extracts nothing of its own, even under a cap (it trains in the main draft's windows); its training
-state files are in `disk_peak_bytes` (2 per draft trained, budget.state_files_at_once).
+state files are in `disk_peak_bytes` (2 per draft trained, state_files.state_files_at_once).
 
 Under a SLURM profile (vllm backend), `allocations_now` and `allocations` give each engine scope's
 sbatch resources as the rules ask for them (hidden_states/allocation.py) and the plugin renders them
@@ -57,11 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import budget
-from eagle3_pipeline.budget import WindowPlan
 from eagle3_pipeline.hidden_states import allocation, vllm_backend
+from eagle3_pipeline.planning import disk_cap, state_files
 from eagle3_pipeline.planning.variants import Variants
+from eagle3_pipeline.planning.window_plan import WindowPlan
 from eagle3_pipeline.planning.windows import drafts_in_windows
 from eagle3_pipeline.settings import Settings
+from eagle3_pipeline.state_bytes import bytes_per_token
 
 # Stated assumptions (override on the command line). Kimi-K2.5 on 8 H100/H200, TP 8: prefill of a
 # 32 B-active MoE at ~64 GFLOP/token; 20,000 tokens/s is ~25% of the GPUs' dense bf16 peak, 10,000 half
@@ -89,7 +91,7 @@ def plan_counts(settings: Settings, plan: WindowPlan | None) -> dict[str, Any]:
     vllm = settings.hidden_states.backend == "vllm"
     scopes = plan.engine_scopes if plan is not None else 1
     starts = scopes + baseline if vllm else jobs
-    drafts = budget.drafts_trained(settings)
+    drafts = state_files.drafts_trained(settings)
     return {
         "shards": shards,
         "one_pass": not windowed,
@@ -252,7 +254,7 @@ def _expected_states(settings: Settings, hidden_size: int, per_sample: int) -> d
     from eagle3_pipeline.config import shard_ids
 
     dataset, hs = settings.dataset, settings.hidden_states
-    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    per_token = bytes_per_token(hidden_size, hs.dtype)
     shards = shard_ids(dataset.num_samples, dataset.shard_size)
     return {
         k: min(dataset.shard_size, dataset.num_samples - i * dataset.shard_size) * per_sample * per_token
@@ -278,13 +280,13 @@ def estimate(
     stated = {**DEFAULT_ASSUMPTIONS, **{k: v for k, v in assumptions.items() if v is not None}}
     hs, dataset = settings.hidden_states, settings.dataset
     shards = shard_ids(dataset.num_samples, dataset.shard_size)
-    per_token = budget.bytes_per_token(hidden_size, hs.dtype)
+    per_token = bytes_per_token(hidden_size, hs.dtype)
     per_sample = int(min(stated["prompt_tokens"] + stated["completion_tokens"], hs.max_seq_len))
     expected_states = _expected_states(settings, hidden_size, per_sample)
-    sizing = budget.window_sizing(settings, hidden_size)
+    sizing = disk_cap.window_sizing(settings, hidden_size)
     run = Path(results) / settings.run if results is not None else None
     records = allocation.records_sizing(settings, hidden_size)
-    traced = budget.traced_states(run, shards, records) if run is not None else {}
+    traced = disk_cap.traced_states(run, shards, records) if run is not None else {}
     if traced:  # once every shard is checked: the checked shards from their traces, the rest expected
         states = {k: traced.get(k, expected_states[k]) for k in shards}
         source = "traces" if len(traced) == len(shards) else "traces and expected"
@@ -369,7 +371,7 @@ def estimate(
         # the learning-curve points' training state files under the cap (in disk_peak_bytes): what the
         # cap must grow by for the plan to stay as it is without them
         "learning_curve_state_bytes": (
-            budget.STATE_FILES_AT_ONCE * counts["learning_curve_points"] * sizing.state_file_bytes
+            state_files.STATE_FILES_AT_ONCE * counts["learning_curve_points"] * sizing.state_file_bytes
             if sizing
             else 0
         ),

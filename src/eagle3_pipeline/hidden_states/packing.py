@@ -2,7 +2,8 @@
 part at a time (each deleted once written: the shard is on disk once), validated, then renamed into
 its output with its metadata as the JSON sibling once every split is packed. Both backends pack alike,
 each shard in one of the run's hidden_states.pack_slots (pack_slot): at most that many shards have a
-part in flight at once, which is what budget.py reserves under hidden_states.max_disk_gb."""
+part in flight at once, which is what planning/window_plan.py reserves under
+hidden_states.max_disk_gb."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def pack_slot(folder: Path | None, slots: int) -> Iterator[int | None]:
     (every one of an engine scope started at once under vllm; as many as hold the GPUs under
     transformers, any number on a cluster) share `folder` (rule extract_hidden_states' runtime:
     work/hidden_states/pack_slots), so at most `slots` shards have a part in flight beside their
-    states, as budget.pack_reserve counts. A lock file per slot (flock: released when the process
-    exits, however it exits). `folder` None (tests, benchmarks): no slot, the block runs at once.
+    states, as planning.window_plan.pack_reserve counts. A lock file per slot (flock: released when the
+    process exits, however it exits). `folder` None (tests, benchmarks): no slot, the block runs at once.
 
     Raises:
         PackSlotError: the folder's filesystem refuses flock (on a cluster, one without locks across
@@ -127,7 +128,8 @@ def write_shard(hidden_states: HiddenStatesSettings, plan: ShardPlan, meta: dict
     rows are written and synced), then validate it; returns the packed file, not yet committed.
 
     The shard is on disk once while it is packed (plus the part being moved), never as every part plus
-    a full copy (budget.py counts it so). A job that dies while packing resumes from the parts left.
+    a full copy (planning/window_plan.py counts it so). A job that dies while packing resumes from the
+    parts left.
     """
     job, seqs = plan.job, plan.seqs
     parts = job.work / "parts"

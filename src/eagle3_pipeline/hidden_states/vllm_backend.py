@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline import vllm_releases
-from eagle3_pipeline.server.secrets import REDACTED
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.secrets import REDACTED
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings, VllmEngineSettings, runtime_keys
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from eagle3_pipeline.hidden_states.packing import commit_shard, finish_shard
 from eagle3_pipeline.hidden_states.parts import fingerprint, missing_batches, part_path, prepare_work
 from eagle3_pipeline.hidden_states.plan import ShardPlan, plan_shard, target_info
 from eagle3_pipeline.planning.engines import SERVICE
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import HiddenStatesSettings
 from eagle3_pipeline.target_shape import engine_layer_ids
 

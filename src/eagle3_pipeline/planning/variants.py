@@ -11,15 +11,62 @@ epoch reads its k shards cycled to the main draft's entries (train_shards).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 from eagle3_pipeline.settings import Settings
-from eagle3_pipeline.validate.learning_curve import curve_points, cycled_shards, epoch_entries, variant_name
 
 MAIN = ""
 BASELINE = "baseline/"
+CURVE_PREFIX = "learning_curve/shards-"  # a learning-curve point's {variant}: CURVE_PREFIX{k:05d}/
+
+T = TypeVar("T")
+
+
+def curve_points(fractions: Sequence[float], shards: int) -> dict[int, list[float]]:
+    """Training shards per point -> the fractions that asked for it: k = ceil(fraction x shards), at
+    least 1 (fractions that round to the same k are one point). Empty without fractions.
+
+    Raises:
+        ValueError: a fraction outside (0, 1].
+    """
+    points: dict[int, list[float]] = {}
+    for fraction in fractions:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"validate.learning_curve: {fraction} is not a fraction in (0, 1]")
+        k = min(shards, max(1, math.ceil(fraction * shards - 1e-9)))
+        points.setdefault(k, []).append(fraction)
+    return dict(sorted(points.items()))
+
+
+def variant_name(k: int, shards: int) -> str:
+    """The {variant} of the point trained on k shards: "" (the main draft) for all of them."""
+    return "" if k == shards else f"{CURVE_PREFIX}{k:05d}/"
+
+
+def epoch_entries(num_samples: int, shard_size: int, k: int) -> int:
+    """Shard entries in one training epoch of a point of k full shards: the full draft's samples in
+    whole shards (num_samples / shard_size to the nearest: a last shard under half full is not one), at
+    least k (every shard of the point is read)."""
+    return max(k, int(num_samples / shard_size + 0.5))
+
+
+def cycled_shards(shards: Sequence[T], k: int, entries: int | None = None) -> list[T]:
+    """One training epoch of the point on the first k of `shards`: those k cycled to `entries` entries
+    (default len(shards); entry i is shard i mod k), so the epoch has about the full draft's batches.
+    Each of the k shards is read entries // k or one more time per epoch (equally often when k divides
+    entries).
+
+    Raises:
+        ValueError: k outside 1..len(shards), or fewer entries than k.
+    """
+    entries = len(shards) if entries is None else entries
+    if not 1 <= k <= min(len(shards), entries):
+        raise ValueError(f"a learning-curve point of {k} shards out of {len(shards)} ({entries} per epoch)")
+    return [shards[i % k] for i in range(entries)]
 
 
 @dataclass(frozen=True)

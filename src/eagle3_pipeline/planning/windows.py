@@ -2,20 +2,54 @@
 each draft trains in, the training states passed from one draft window to the next, what an
 extraction job waits for, and the hidden states a draft window and offline validation read.
 
-The plan's windows (budget.WindowPlan.windows: per epoch, the shards on disk together) are made when
+The plan's windows (window_plan.WindowPlan.windows: per epoch, the shards on disk together) are made when
 the workflow is parsed; TrainingWindows turns them into paths. Words: planning/__init__.py.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
-from eagle3_pipeline.planning.variants import MAIN, Variants
-from eagle3_pipeline.validate.learning_curve import point_windows
+from eagle3_pipeline.planning.variants import MAIN, Variants, cycled_shards
 
 EpochWindows = Sequence[Sequence[Sequence[str]]]  # per epoch, per plan window, its shard ids
+T = TypeVar("T")
+
+
+def point_windows(
+    epoch_windows: Sequence[Sequence[Sequence[T]]], shards: Sequence[T], k: int, entries: int
+) -> list[list[tuple[int, list[T]]]]:
+    """Under a disk cap in windows: per epoch, the windows the point of the first k of `shards` trains
+    in, as (the main draft's window it shares, the point's entries in it), in window order.
+
+    The point reads only its own shards and only while the main draft's window has them on disk: each
+    of its k shards is in one window per epoch, and is read there as often as in `cycled_shards` (so an
+    epoch still has `entries` entries: the main draft's steps), round-robin with its other shards in
+    that window. A window without any of the point's shards is not one of its windows. The repeats of a
+    shard fall in one window rather than across the epoch: the batches are the same, in another order.
+
+    Args:
+        epoch_windows: per epoch, per window, the shard ids the main draft's window holds (WINDOW_PLAN).
+        shards: every training shard, in the stable order the point's first k are taken from.
+        k: the point's shards.
+        entries: shard entries in one of its epochs (epoch_entries).
+    """
+    reads = Counter(cycled_shards(shards, k, entries))
+    planned = []
+    for windows in epoch_windows:
+        epoch = []
+        for index, window in enumerate(windows):
+            own = [shard for shard in window if shard in reads]
+            if own:
+                rounds = max(reads[shard] for shard in own)
+                cycled = [shard for r in range(rounds) for shard in own if reads[shard] > r]
+                epoch.append((index, cycled))
+        planned.append(epoch)
+    return planned
 
 
 @dataclass(frozen=True)
@@ -23,7 +57,7 @@ class DraftWindows:
     """The windows one draft trains in under a cap: per epoch, per draft window of its own (numbered
     from 0), the plan window it shares (whose states are on disk while it trains) and the shard entries
     it reads there. The main draft trains in every plan window on its shards; a validate.learning_curve
-    point in those holding some of its shards (learning_curve.point_windows), at least one an epoch."""
+    point in those holding some of its shards (point_windows), at least one an epoch."""
 
     epochs: list[list[tuple[int, list[str]]]]
 

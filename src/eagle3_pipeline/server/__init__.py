@@ -1,4 +1,5 @@
-"""The vLLM server as a systemd unit: snapshot (unit parser, vLLM flags, secrets, SSH) and lifecycle."""
+"""The vLLM server as a systemd unit: snapshot (unit parser, vLLM flags, SSH) and lifecycle; the redaction
+of its secrets is eagle3_pipeline.secrets, its snapshot read back eagle3_pipeline.server_json."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import json
 import shlex
 from typing import Any
 
-from eagle3_pipeline.server import process_identity, secrets
+from eagle3_pipeline import secrets
+from eagle3_pipeline.server import process_identity
 from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.remote import retry_transport
 

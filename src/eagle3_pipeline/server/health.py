@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import requests
 
-from eagle3_pipeline.server import secrets
+from eagle3_pipeline import secrets
 
 
 class ServerError(RuntimeError):

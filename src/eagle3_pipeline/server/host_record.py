@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.server import check_unit, process_identity, secrets
+from eagle3_pipeline.server import check_unit, process_identity
 from eagle3_pipeline.server.check_record import (
     manual_recovery,
     must,
@@ -58,7 +58,7 @@ from eagle3_pipeline.server.check_record import (
 )
 from eagle3_pipeline.server.draft_command import LEGACY_DIRS, LEGACY_DROPIN_NAME, ServeCheckError, new_run_id
 from eagle3_pipeline.server.interrupts import Interrupted, deferred_interrupts
-from eagle3_pipeline.server.remote import TransportError, retry_transport
+from eagle3_pipeline.server.remote import TransportError, retry_transport, write_secret_file
 from eagle3_pipeline.server.unit_watch import RUNNING_STATES  # read from ActiveState, not `is-active`
 from eagle3_pipeline.settings import ServerSettings
 
@@ -288,7 +288,7 @@ def serve_check_unit(
     try:
         if env:
             text = check_unit.env_file_text(env)
-            must(retry_transport(lambda: secrets.write_secret_file(host, record["env_file"], text, sudo),
+            must(retry_transport(lambda: write_secret_file(host, record["env_file"], text, sudo),
                                   "env file"), "writing the check unit's environment")  # fmt: skip
         if before_start is not None:
             before_start()

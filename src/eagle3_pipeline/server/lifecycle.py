@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io
-from eagle3_pipeline.server import auth_headers, secrets, tls_verify
+from eagle3_pipeline import io, secrets
+from eagle3_pipeline.server import auth_headers, tls_verify
 from eagle3_pipeline.server.backend import backend_for
 from eagle3_pipeline.server.health import ServerError, check_health, check_model
 from eagle3_pipeline.server.ownership import read_ownership, record_ownership, state_lock
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings
 
 log = logging.getLogger(__name__)

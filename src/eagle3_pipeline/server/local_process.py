@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_pipeline import io
-from eagle3_pipeline.server import process_identity, secrets
+from eagle3_pipeline import io, secrets
+from eagle3_pipeline.server import process_identity
 from eagle3_pipeline.server.health import ServerError
 from eagle3_pipeline.server.process_identity import pid_alive
 from eagle3_pipeline.server.remote import LocalHost

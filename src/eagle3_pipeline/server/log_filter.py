@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.server import secrets
+from eagle3_pipeline import secrets
 
 
 def main(log_path: str, redaction_path: str) -> None:

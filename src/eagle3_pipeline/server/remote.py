@@ -27,6 +27,7 @@ import invoke
 import paramiko
 from fabric import Config, Connection
 
+from eagle3_pipeline.secrets import REDACTOR
 from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)
@@ -351,3 +352,21 @@ def open_host(server: ServerSettings, ssh_config_path: str | None = None) -> Loc
     if server.host == "local":
         return LocalHost()
     return RemoteHost(server.host, server.ssh, ssh_config_path)
+
+
+def secret_file_command(path: str, sudo: bool = True) -> str:
+    """The command that writes its stdin to `path`: the way text that may hold secrets (a drop-in with
+    an inline `--api-key`) reaches a host without ever being part of a command line, which `ps`, sudo's
+    log and the audit log would show. It needs no sudo right beyond `tee` (which the serve check
+    already needs); `umask 077` makes a new file mode 0600 (sudo keeps the caller's stricter umask),
+    and tee's copy of the text goes to /dev/null, not back through the connection."""
+    return f"umask 077 && {'sudo -n ' if sudo else ''}tee -- {shlex.quote(path)} >/dev/null"
+
+
+def write_secret_file(
+    host: LocalHost | RemoteHost, path: str, text: str, sudo: bool = True, timeout: float = 60
+) -> Result:
+    """Write `text` to `path` on `host` through the command's stdin (see `secret_file_command`);
+    returns the command's `Result` (its output scrubbed). The caller checks `result.ok`."""
+    res = host.run(secret_file_command(path, sudo), timeout=timeout, stdin=text)
+    return Result(res.exited, REDACTOR.scrub(res.stdout), REDACTOR.scrub(res.stderr))

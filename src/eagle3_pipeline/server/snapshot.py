@@ -16,8 +16,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io, vllm_releases
-from eagle3_pipeline.server import exec_stop, secrets, shell_script
+from eagle3_pipeline import io, secrets, vllm_releases
+from eagle3_pipeline.server import exec_stop, shell_script
 from eagle3_pipeline.server.fingerprints import (
     chat_template_fingerprint,
     detect_vllm_version,

@@ -25,7 +25,7 @@ import paramiko
 from eagle3_pipeline.ports import free_port
 from eagle3_pipeline.server.health import check_health
 from eagle3_pipeline.server.remote import HostError, RemoteHost
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, SshSettings
 
 log = logging.getLogger(__name__)

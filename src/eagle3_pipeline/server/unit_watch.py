@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from eagle3_pipeline.server import secrets
+from eagle3_pipeline import secrets
 from eagle3_pipeline.server.health import ServerError
 from eagle3_pipeline.server.remote import HostError, TransportError, open_host, retry_transport
 from eagle3_pipeline.settings import ServerSettings

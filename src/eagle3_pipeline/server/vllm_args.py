@@ -23,10 +23,10 @@ from typing import Any
 import yaml
 
 from eagle3_pipeline.server import container as containers
-from eagle3_pipeline.server._vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
 from eagle3_pipeline.server.shell_script import SHELLS
 from eagle3_pipeline.server.unit import Unresolved
 from eagle3_pipeline.server.vllm_find import API_SERVER_MODULES, find_vllm, runs_server, through_shell
+from eagle3_pipeline.vllm_flags import ALIASES, BOOLEAN_FLAGS, MULTI_VALUE_FLAGS, OPTIONAL_VALUE_FLAGS
 
 # the vLLM names this module relies on (vllm_compat.py checks them in each supported release's wheel)
 VLLM_NAMES = (

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server.backend import LocalProcessBackend, ServerBackend, SystemdUnitBackend, backend_for
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 from eagle3_pipeline.validate.spec_decode import ask
 

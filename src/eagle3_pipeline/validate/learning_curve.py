@@ -6,8 +6,9 @@ learning_curve/shards-{k:05d}/ of the draft's rules, on the main draft's hidden 
 are nested. k = all the shards is the main draft itself (not trained twice).
 
 Every point trains as many optimizer steps as the full draft: one training epoch of a point reads its
-k shards cycled to as many entries as the full draft's samples fill (`epoch_entries`: N, or one fewer
-when the last shard is a small partial one; `cycled_shards`: entry i is shard i mod k), so an epoch is
+k shards cycled to as many entries as the full draft's samples fill (planning/variants.py
+`epoch_entries`: N, or one fewer when the last shard is a small partial one; `cycled_shards`: entry i
+is shard i mod k), so an epoch is
 about N/k passes over its data and the full draft's batches, and the point trains train.epochs such epochs
 under the same learning-rate schedule, keeping (and selecting among) the same epochs as the full
 draft. Without it every point trained the same epochs and the smaller ones fewer steps: the curve
@@ -26,12 +27,13 @@ cap does not bend, and reported for the measured range only.
 
 Under hidden_states.max_disk_gb in windows a point extracts nothing of its own: it trains window by
 window beside the main draft, each of its windows reading only its own shards among the states the
-main draft's window has on disk (`point_windows`), with its training state carried from window to window
-as the main draft's; the cap counts its state files (budget.state_files_at_once) and the extraction
-of the next window waits for it too. Each shard is read as often per epoch as without a cap.
+main draft's window has on disk (planning/windows.py `point_windows`), with its training state carried
+from window to window as the main draft's; the cap counts its state files
+(planning/state_files.py `state_files_at_once`) and the extraction of the next window waits for it too.
+Each shard is read as often per epoch as without a cap.
 
-Importable without torch (the rules read `curve_points`, `epoch_entries`, `cycled_shards` and
-`point_windows` at parse time).
+What the rules plan from validate.learning_curve (the points, their {variant} names, their epochs) is
+planning/variants.py's; this module measures the trained points.
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ import json
 import logging
 import math
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,6 @@ from eagle3_pipeline.validate.intervals import (
 
 log = logging.getLogger(__name__)
 
-PREFIX = "learning_curve/shards-"
 COMPUTE_RULE = "equal optimizer steps to the full draft"
 # a point's optimizer steps against the full draft's: outside this, the record says the steps differ
 STEPS_TOLERANCE = 0.05
@@ -69,87 +69,10 @@ FIT_NOTE = "log-odds of the conditional acceptance rates on log2(training tokens
 NO_FIT_NOTE = "no fit: fewer than three points (acceptance length is capped at k + 1; no line is extended)"
 REFERENCES = ("greedy", "sampled")  # served_replay's: the target's argmax, the trace's own tokens
 
-T = TypeVar("T")
-
-
-def curve_points(fractions: Sequence[float], shards: int) -> dict[int, list[float]]:
-    """Training shards per point -> the fractions that asked for it: k = ceil(fraction x shards), at
-    least 1 (fractions that round to the same k are one point). Empty without fractions.
-
-    Raises:
-        ValueError: a fraction outside (0, 1].
-    """
-    points: dict[int, list[float]] = {}
-    for fraction in fractions:
-        if not 0 < fraction <= 1:
-            raise ValueError(f"validate.learning_curve: {fraction} is not a fraction in (0, 1]")
-        k = min(shards, max(1, math.ceil(fraction * shards - 1e-9)))
-        points.setdefault(k, []).append(fraction)
-    return dict(sorted(points.items()))
-
-
-def variant_name(k: int, shards: int) -> str:
-    """The {variant} of the point trained on k shards: "" (the main draft) for all of them."""
-    return "" if k == shards else f"{PREFIX}{k:05d}/"
-
-
-def epoch_entries(num_samples: int, shard_size: int, k: int) -> int:
-    """Shard entries in one training epoch of a point of k full shards: the full draft's samples in
-    whole shards (num_samples / shard_size to the nearest: a last shard under half full is not one), at
-    least k (every shard of the point is read)."""
-    return max(k, int(num_samples / shard_size + 0.5))
-
-
-def cycled_shards(shards: Sequence[T], k: int, entries: int | None = None) -> list[T]:
-    """One training epoch of the point on the first k of `shards`: those k cycled to `entries` entries
-    (default len(shards); entry i is shard i mod k), so the epoch has about the full draft's batches.
-    Each of the k shards is read entries // k or one more time per epoch (equally often when k divides
-    entries).
-
-    Raises:
-        ValueError: k outside 1..len(shards), or fewer entries than k.
-    """
-    entries = len(shards) if entries is None else entries
-    if not 1 <= k <= min(len(shards), entries):
-        raise ValueError(f"a learning-curve point of {k} shards out of {len(shards)} ({entries} per epoch)")
-    return [shards[i % k] for i in range(entries)]
-
 
 def passes_per_epoch(k: int, entries: int) -> list[int]:
     """[fewest, most] times one of the point's k shards is read in one of its training epochs."""
     return [entries // k, -(-entries // k)]
-
-
-def point_windows(
-    epoch_windows: Sequence[Sequence[Sequence[T]]], shards: Sequence[T], k: int, entries: int
-) -> list[list[tuple[int, list[T]]]]:
-    """Under a disk cap in windows: per epoch, the windows the point of the first k of `shards` trains
-    in, as (the main draft's window it shares, the point's entries in it), in window order.
-
-    The point reads only its own shards and only while the main draft's window has them on disk: each
-    of its k shards is in one window per epoch, and is read there as often as in `cycled_shards` (so an
-    epoch still has `entries` entries: the main draft's steps), round-robin with its other shards in
-    that window. A window without any of the point's shards is not one of its windows. The repeats of a
-    shard fall in one window rather than across the epoch: the batches are the same, in another order.
-
-    Args:
-        epoch_windows: per epoch, per window, the shard ids the main draft's window holds (WINDOW_PLAN).
-        shards: every training shard, in the stable order the point's first k are taken from.
-        k: the point's shards.
-        entries: shard entries in one of its epochs (epoch_entries).
-    """
-    reads = Counter(cycled_shards(shards, k, entries))
-    planned = []
-    for windows in epoch_windows:
-        epoch = []
-        for index, window in enumerate(windows):
-            own = [shard for shard in window if shard in reads]
-            if own:
-                rounds = max(reads[shard] for shard in own)
-                cycled = [shard for r in range(rounds) for shard in own if reads[shard] > r]
-                epoch.append((index, cycled))
-        planned.append(epoch)
-    return planned
 
 
 def _logit(rate: float | None) -> float | None:

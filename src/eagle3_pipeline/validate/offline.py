@@ -33,10 +33,14 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eagle3_pipeline.draft.config import DraftConfig
+from eagle3_pipeline.draft.export import aux_layers_from_metadata
+from eagle3_pipeline.draft.init_from import write_eagle_checkpoint
+from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft, KVCache, shift_left
 from eagle3_pipeline.draft.target import load_target_embed_and_head
+from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
 from eagle3_pipeline.hidden_states.storage import HiddenStateShard
+from eagle3_pipeline.settings import DraftSettings
 from eagle3_pipeline.validate.acceptance import merge_counts, offline_acceptance, prefix_counts
 from eagle3_pipeline.validate.intervals import acceptance_interval
 from eagle3_pipeline.validate.slices import (
@@ -351,3 +355,23 @@ def validate_offline(
         )
     write_json(result, output_path)
     return result
+
+
+def validate_starting_draft(
+    init_from: str | Path,
+    target_dir: str | Path,
+    draft: DraftSettings,
+    shard_paths: Sequence[str | Path],
+    work: str | Path,
+    output_path: str | Path,
+    **offline: Any,
+) -> dict[str, Any]:
+    """Rule validate_offline_init: the starting draft (its own vocabulary), checked against this run's
+    draft, written as an EAGLE folder under `work` and run through the offline check the trained draft
+    gets (validate_offline, `offline`: its keyword arguments), on the same validation states."""
+    config = draft_config_from_target(
+        read_target_config(target_dir), draft.draft_vocab_size, **draft_shape(draft)
+    )
+    aux = aux_layers_from_metadata(Path(shard_paths[0]).with_suffix(".json"))
+    folder = write_eagle_checkpoint(init_from, config, aux, Path(work) / "checkpoint")
+    return validate_offline(folder, target_dir, shard_paths, output_path=output_path, **offline)

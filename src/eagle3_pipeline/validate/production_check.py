@@ -14,7 +14,7 @@ from eagle3_pipeline.generate.client import Sampling
 from eagle3_pipeline.server.draft_command import draft_argv, vllm_exec
 from eagle3_pipeline.server.host_record import recover_leftover, restart_timeout_s, serve_check_unit
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import ServerSettings, ValidateSettings
 
 

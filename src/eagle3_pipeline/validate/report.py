@@ -22,7 +22,7 @@ import polars as pl  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from eagle3_pipeline import io
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline import io
+from eagle3_pipeline import io, secrets
 from eagle3_pipeline.generate.client import Sampling
-from eagle3_pipeline.server import secrets
 from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.server.interrupts import interrupts_as_exceptions
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
 from eagle3_pipeline.settings import GenerationSettings, ServerSettings, ValidateSettings, served_max_tokens
 from eagle3_pipeline.validate.draft_serving import ServeCheckRun, draft_serving
 from eagle3_pipeline.validate.spec_decode import load_questions

@@ -27,12 +27,11 @@ import base64
 import hashlib
 import logging
 import re
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from eagle3_pipeline.server._vllm_flags import MULTI_VALUE_FLAGS
-from eagle3_pipeline.server.server_json import ServerSnapshot
+from eagle3_pipeline.server_json import ServerSnapshot
+from eagle3_pipeline.vllm_flags import MULTI_VALUE_FLAGS
 
 REDACTED = "<redacted>"
 # A name holds a secret when it contains one of these words, with any prefix or suffix (HF_TOKEN2,
@@ -384,26 +383,6 @@ def _is_text(value: Any) -> bool:
 
 def _hide(value: Any) -> Any:
     return [REDACTED for _ in value] if isinstance(value, list) else REDACTED
-
-
-def secret_file_command(path: str, sudo: bool = True) -> str:
-    """The command that writes its stdin to `path`: the way text that may hold secrets (the check
-    unit's environment file, an API key among its variables) reaches a host without ever being part of
-    a command line, which `ps`, sudo's log and the audit log would show. It needs no sudo right beyond
-    `tee` (which the serve check already needs); `umask 077` makes a new file mode 0600 (sudo keeps the
-    caller's stricter umask), and tee's copy of the text goes to /dev/null, not back through the
-    connection."""
-    return f"umask 077 && {'sudo -n ' if sudo else ''}tee -- {shlex.quote(path)} >/dev/null"
-
-
-def write_secret_file(host: Any, path: str, text: str, sudo: bool = True, timeout: float = 60) -> Any:
-    """Write `text` to `path` on `host` (a `remote.LocalHost` or `remote.RemoteHost`) through the
-    command's stdin (see `secret_file_command`); returns the command's `remote.Result` (its output
-    scrubbed). The caller checks `result.ok`."""
-    from eagle3_pipeline.server.remote import Result
-
-    res = host.run(secret_file_command(path, sudo), timeout=timeout, stdin=text)
-    return Result(res.exited, REDACTOR.scrub(res.stdout), REDACTOR.scrub(res.stderr))
 
 
 class RedactingFilter(logging.Filter):

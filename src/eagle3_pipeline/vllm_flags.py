@@ -10,7 +10,7 @@ supported release's boolean flags from its wheel and fails when one is missing h
 """
 
 # every supported release's boolean flags must be in BOOLEAN_FLAGS (vllm_compat.py)
-VLLM_NAMES = (("boolean_flags", "eagle3_pipeline.server._vllm_flags", "BOOLEAN_FLAGS"),)
+VLLM_NAMES = (("boolean_flags", "eagle3_pipeline.vllm_flags", "BOOLEAN_FLAGS"),)
 
 BOOLEAN_FLAGS = frozenset(
     {
