@@ -4,7 +4,7 @@
 `script:` can be read: it formats the path with the job's wildcards and params, parses it as a URI,
 copies it into the source cache when absent and reads it whole (script.get_source). Every rule of this
 workflow is a `script:` whose path is a constant, so a 1,000-shard dry run (7,046 jobs) read its
-30 scripts 7,000 times: about a sixth of its CPU time.
+30 scripts 7,000 times: 4.5-5.2 of its 26 CPU seconds (docs/cluster.md#planning-at-scale).
 
 `install()` checks a constant path (no `{` or `}`: formatting it with any wildcards and params gives
 the path itself) once per rule script and source folder in each DAG, with Snakemake's own check, and

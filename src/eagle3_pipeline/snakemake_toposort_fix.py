@@ -6,7 +6,7 @@ or a service() output) the dependencies of all of them. It gathers those by test
 each member against the members as a list (n^2 comparisons of Python objects), then filters that
 union once per member (n x its size). The extraction engine's group (rules/hidden_states.smk: the
 engine job and every extraction job of its scope, joined by its service() output) is such a pipe group
-of 1,001 jobs at 1,000 shards: 1.7 CPU seconds of the dry run, a hundred times that at 10,000.
+of 1,001 jobs at 1,000 shards: 1.7 CPU seconds of the dry run, about a hundred times that at 10,000.
 
 `install()` answers that call with the same steps on sets: the members tested as a set, and each pipe
 group's union filtered once and given to each member. The same layers, in the same order
