@@ -28,7 +28,11 @@ from snakemake.utils import min_version
 from eagle3_pipeline.fixes import print_failures
 from eagle3_pipeline.snakemake_ancient_fix import install as mask_like_the_rerun_walk
 from eagle3_pipeline.snakemake_groups_fix import install as check_each_group_once
+from eagle3_pipeline.snakemake_producer_fix import install as known_producers_at_once
 from eagle3_pipeline.snakemake_ready_fix import install as ready_once_per_group
+from eagle3_pipeline.snakemake_script_fix import install as read_each_script_once
+from eagle3_pipeline.snakemake_signature_fix import install as keep_signatures
+from eagle3_pipeline.snakemake_toposort_fix import install as order_pipe_groups
 
 min_version("9.0")
 # Snakemake 9 checks a job group once per member (n^2 walks): most of a large plan's time with the
@@ -37,9 +41,18 @@ check_each_group_once()
 # ...and asks whether a group is ready member by member, again for each member (n^2 walks of a
 # 1,000-job engine group): src/eagle3_pipeline/snakemake_ready_fix.py
 ready_once_per_group()
+# ...and orders a group's pipe group (the engine's service() and its clients) in n^2 comparisons:
+# src/eagle3_pipeline/snakemake_toposort_fix.py
+order_pipe_groups()
 # Snakemake 9 never checks a job behind an ancient input downstream of one that reruns: the baseline's
 # training missed a changed key until the next run (src/eagle3_pipeline/snakemake_ancient_fix.py)
 mask_like_the_rerun_walk()
+# Per job: Snakemake 9 scans a producer's inputs for each consumer (stop_server's, one per shard, for
+# every extraction job: n^2), reads the rule's script and inspects each function it calls (input,
+# params, resources) anew: src/eagle3_pipeline/snakemake_{producer,script,signature}_fix.py
+known_producers_at_once()
+read_each_script_once()
+keep_signatures()
 
 
 configfile: "config/config.yaml"

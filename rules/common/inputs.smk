@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from eagle3_pipeline.demo import demo_target_dir
-from eagle3_pipeline.prompts import (
+from eagle3_pipeline.planning.blocks import (
     prompt_shard_rows,
     selection_block,
     selection_block_rows,
@@ -47,7 +47,7 @@ def get_selection_block(wildcards):
 
 
 def get_prompt_shard_rows(wildcards):
-    """Shard k's rows of its selection block (prompts.prompt_shard_rows)."""
+    """Shard k's rows of its selection block (planning.blocks.prompt_shard_rows)."""
     dataset = SETTINGS.dataset
     start, stop = prompt_shard_rows(
         int(wildcards.shard), dataset.shard_size, dataset.num_samples

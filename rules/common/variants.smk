@@ -49,9 +49,10 @@ def variant_files(*patterns, shards_of=VARIANT_PLAN.shards_of):
         variant: [
             path
             for pattern in patterns
-            for shard in shards_of(variant)
             for path in expand(
-                pattern, shard=shard, variant=VARIANT_PLAN.states_of(variant)
+                pattern,
+                shard=shards_of(variant),
+                variant=VARIANT_PLAN.states_of(variant),
             )
         ]
         for variant in VARIANTS

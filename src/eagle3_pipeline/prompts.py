@@ -17,9 +17,9 @@ turn's position, so that a conversation is generated once, in one shard, turn af
 The selection orders the units by `hash(seed, id)` and takes a prefix, written in blocks of
 SELECTION_BLOCK_SHARDS shards (prompts/selection-{b:05d}.parquet holds questions [b * B, (b + 1) * B)
 of the order, B = 64 x shard_size, whatever num_samples is); shard k is rows [k * shard_size,
-(k + 1) * shard_size) of the order. With history `own` every edge (a block's, a shard's) moves
-forward to the next conversation start, so that no conversation is cut. Raising num_samples adds
-blocks and shards and leaves every done block and full shard alone.
+(k + 1) * shard_size) of the order (planning/blocks.py). With history `own` every edge (a block's, a
+shard's) moves forward to the next conversation start, so that no conversation is cut. Raising
+num_samples adds blocks and shards and leaves every done block and full shard alone.
 """
 
 from __future__ import annotations
@@ -51,10 +51,6 @@ UNITS_KEY = "eagle3_pipeline.units"
 # With history own: how many questions of the order a block's file starts after the block's first
 # (the end of a conversation that the previous block holds whole).
 OFFSET_KEY = "eagle3_pipeline.offset"
-# Shards per selection block. A block's content depends on the dataset, seed, turns and shard_size,
-# never on num_samples, so raising num_samples reruns no done block (and, below it, no done shard).
-# Each block streams the whole dataset once: 64 shards of work per scan.
-SELECTION_BLOCK_SHARDS = 64
 
 PROMPT_SCHEMA = {
     "id": pl.String,
@@ -377,25 +373,6 @@ def write_parquet(
     io.write_parquet(
         frame, path, compression="zstd", statistics=False, row_group_size=row_group_size, metadata=metadata
     )
-
-
-def selection_block_rows(block: int, shard_size: int) -> tuple[int, int]:
-    """Questions [start, stop) of the selection order held by selection block `block`."""
-    rows = SELECTION_BLOCK_SHARDS * shard_size
-    return block * rows, (block + 1) * rows
-
-
-def selection_block(shard: int) -> int:
-    """The selection block that holds shard `shard`."""
-    return shard // SELECTION_BLOCK_SHARDS
-
-
-def prompt_shard_rows(shard: int, shard_size: int, num_samples: int) -> tuple[int, int]:
-    """Shard `shard`'s rows [start, stop) of its selection block's file: questions [k * shard_size,
-    min((k + 1) * shard_size, num_samples)) of the order, less the block's first question."""
-    block_start, _ = selection_block_rows(selection_block(shard), shard_size)
-    start = shard * shard_size
-    return start - block_start, min(start + shard_size, num_samples) - block_start
 
 
 def prepare_prompts(

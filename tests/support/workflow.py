@@ -306,6 +306,29 @@ def planned_jobs(args: list[str], executor: str) -> tuple[list[Any], Any]:
     return jobs, settings
 
 
+def planned_dag(workdir: Path, config: dict[str, Any] | None = None) -> Any:
+    """The DAG of a dry run of `workdir`'s own Snakefile (a small workflow a test writes there), built in
+    this process through snakemake.api: what the Snakemake code patched here does to it can be read."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    cwd = Path.cwd()
+    os.chdir(workdir)
+    try:
+        with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+            workflow_api = api.workflow(
+                resource_settings=ResourceSettings(cores=1),
+                config_settings=ConfigSettings(config=config or {}),
+                snakefile=workdir / "Snakefile",
+                workdir=workdir,
+            )
+            workflow_api.dag(DAGSettings()).execute_workflow(executor="local", pseudo_executor="dryrun")
+            return workflow_api._workflow.dag
+    finally:
+        os.chdir(cwd)
+
+
 def extraction_rule_command(
     workdir: Path, targets: list[str], *args: str
 ) -> tuple[list[str], dict[str, str]]:

@@ -40,7 +40,11 @@ FOUNDATIONS = frozenset(
         "vllm_cpu_fix",
         "snakemake_ancient_fix",
         "snakemake_groups_fix",
+        "snakemake_producer_fix",
         "snakemake_ready_fix",
+        "snakemake_script_fix",
+        "snakemake_signature_fix",
+        "snakemake_toposort_fix",
     }
 )
 STAGES = ("server", "prompts", "generate", "traces", "hidden_states", "draft", "validate", "demo")

@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from eagle3_pipeline import prompts as P
+from eagle3_pipeline.planning import blocks
 from eagle3_pipeline.settings import DatasetSettings
 
 
@@ -279,7 +280,7 @@ def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch
     """With blocks of 2 shards of 3 questions, block and shard edges fall inside conversations: each
     block's file starts at the next conversation start (the previous block holds that conversation
     whole), and its shards, cut by the rules' block-relative rows, cover the whole order exactly once."""
-    monkeypatch.setattr(P, "SELECTION_BLOCK_SHARDS", 2)
+    monkeypatch.setattr(blocks, "SELECTION_BLOCK_SHARDS", 2)
     talks = [
         conv(*[(role, f"{role} {i}.{t}") for t in range(1 + i % 3) for role in ("human", "gpt")])
         for i in range(20)
@@ -291,7 +292,7 @@ def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch
     P.prepare_prompts(settings, "own", total, str(whole), str(tmp_path / "skipped.parquet"))
     frames = []
     for block in range(-(-total // (2 * size))):  # as rules/prompts.smk: rows [b * 6, (b + 1) * 6)
-        start, stop = P.selection_block_rows(block, size)
+        start, stop = blocks.selection_block_rows(block, size)
         block_path = tmp_path / f"selection-{block}.parquet"
         P.prepare_prompts(
             settings, "own", stop, str(block_path), str(tmp_path / f"skipped-{block}.parquet"), start
@@ -309,8 +310,8 @@ def test_history_own_blocks_and_shards_cut_no_conversation(tmp_path, monkeypatch
 
 
 def test_a_prompt_shard_is_cut_from_its_selection_block_by_block_relative_rows():
-    size, blocks = 10, P.SELECTION_BLOCK_SHARDS
-    assert P.selection_block(0) == P.selection_block(blocks - 1) == 0 and P.selection_block(blocks) == 1
-    assert P.prompt_shard_rows(0, size, 1000) == (0, 10)
-    assert P.prompt_shard_rows(blocks + 2, size, 10_000) == (20, 30)  # block 1 starts at question 640
-    assert P.prompt_shard_rows(blocks + 2, size, blocks * size + 25) == (20, 25)  # the last shard, short
+    size, n = 10, blocks.SELECTION_BLOCK_SHARDS
+    assert blocks.selection_block(0) == blocks.selection_block(n - 1) == 0 and blocks.selection_block(n) == 1
+    assert blocks.prompt_shard_rows(0, size, 1000) == (0, 10)
+    assert blocks.prompt_shard_rows(n + 2, size, 10_000) == (20, 30)  # block 1 starts at question 640
+    assert blocks.prompt_shard_rows(n + 2, size, n * size + 25) == (20, 25)  # the last shard, short

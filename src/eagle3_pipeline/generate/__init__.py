@@ -18,6 +18,16 @@ So a server sees at most min(J * C, nodes * G) requests, J = min(M, S, its shard
 None of these is a rerun trigger: they pace the requests, never shape an answer (settings.py).
 """
 
-from eagle3_pipeline.generate.shard import generate_shard, run_generation
+from typing import Any
 
 __all__ = ["generate_shard", "run_generation"]
+
+
+def __getattr__(name: str) -> Any:
+    """The shard code (aiohttp, polars) loaded on first use: rules/generate.smk imports generate.payload,
+    and every parse of the workflow paid for both."""
+    if name in __all__:
+        from eagle3_pipeline.generate import shard
+
+        return getattr(shard, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
