@@ -483,7 +483,7 @@ def serve(
             old = _read(directory / "process.json")
             if old and engine_alive(directory, old):
                 _stop(directory, old, timeout_s=SERVICE_STOP_S)
-            info = _start(directory, python, spec, env)
+            info = _start(directory, python, spec, env, WORKER_MODULE)
         if marker is not None:
             io.write_json({**info, **job}, Path(marker))
         while pid_alive(int(info["pid"])):  # reaps it once it exits
