@@ -6,6 +6,7 @@
 
 
 from eagle3_pipeline.config import SPLITS
+from eagle3_pipeline.hidden_states.job import recorded_launch_mode
 from eagle3_pipeline.settings import RuntimeWord, rerun_params
 
 # hidden_states.* the states depend on: each a param of its own (a rerun trigger), hidden_states.vllm's
@@ -49,11 +50,8 @@ rule extract_hidden_states:
         **({"runtime": get_client_time_limit} if VLLM_ENGINE else {}),
     params:
         **EXTRACTION_PARAMS,
-        # only a rerun trigger (the target's placement under transformers), its value as it always
-        # was: the job's launch mode comes from hidden_states.backend and device_map (job.launch_mode)
-        launch_mode=(
-            "device_map" if SETTINGS.hidden_states.device_map or VLLM_ENGINE else "ddp"
-        ),
+        # only a rerun trigger (the target's placement under transformers), as it always was recorded
+        launch_mode=recorded_launch_mode(SETTINGS.hidden_states),
         # device_map, pack_slots and their folder, the engine's folder and pacing: no rerun trigger
         runtime=get_engine_runtime,
         # the snapshot exists: the traces come from generation, which needs it

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.hidden_states.job import launch_mode, read_jobs, rule_jobs, write_jobs
+from eagle3_pipeline.hidden_states.job import launch_mode, read_jobs, recorded_launch_mode, rule_jobs, write_jobs
 from eagle3_pipeline.launch import LaunchMode
 from eagle3_pipeline.settings import HiddenStatesSettings, runtime_only, section
 
@@ -57,6 +57,12 @@ def test_the_launch_mode_follows_the_backend_and_device_map():
     assert launch_mode(HiddenStatesSettings(backend="vllm", device_map=True)) is LaunchMode.CLIENT
     assert launch_mode(HiddenStatesSettings(backend="transformers", device_map=True)) is LaunchMode.DEVICE_MAP
     assert launch_mode(HiddenStatesSettings(backend="transformers")) is LaunchMode.DDP
+    # the rule's rerun trigger, in the form its first runs recorded (the vllm client's as device_map)
+    recorded = [
+        recorded_launch_mode(HiddenStatesSettings(backend=b, device_map=d))
+        for b, d in (("vllm", False), ("transformers", True), ("transformers", False))
+    ]
+    assert recorded == ["device_map", "device_map", "ddp"]
 
 
 def test_bad_jobs_are_named(tmp_path):

@@ -112,6 +112,14 @@ def launch_mode(hidden_states: HiddenStatesSettings) -> launch.LaunchMode:
     return launch.LaunchMode.DEVICE_MAP if hidden_states.device_map else launch.LaunchMode.DDP
 
 
+def recorded_launch_mode(hidden_states: HiddenStatesSettings) -> str:
+    """launch_mode as extract_hidden_states records it (a rerun trigger: the target's placement), in the
+    form its first runs recorded: "ddp" for one process per GPU, else "device_map" (the vllm backend's
+    client too, which was recorded so before it had a mode of its own)."""
+    mode = launch_mode(hidden_states)
+    return mode.value if mode is launch.LaunchMode.DDP else launch.LaunchMode.DEVICE_MAP.value
+
+
 def write_jobs(hidden_states: HiddenStatesSettings, jobs: Sequence[ShardJob], path: str | Path) -> Path:
     """The jobs of one shard and the settings they run with as a job file (JSON) at `path`."""
     data = {"hidden_states": as_params(hidden_states), "jobs": [asdict(job) for job in jobs]}
