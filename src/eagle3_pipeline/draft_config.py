@@ -19,6 +19,7 @@ rebuilt from an exported config.json knows it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ HEAD_DIM = 128  # the default head size when the target gives none usable: every
 # attention all accept these (FlashInfer refuses e.g. 80 or 112; CPU refuses 16)
 SERVED_HEAD_DIMS = (64, 128, 256)
 ARCHITECTURES = ("auto", "llama", "deepseek_mla")  # config draft.architecture
+# vLLM's architecture names of an EAGLE-3 draft with MLA attention
+MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # q_lora_rank may be null
 VLLM_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # vLLM's
 
@@ -91,6 +94,47 @@ class DraftConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """A draft checkpoint's config.json (EAGLE or speculators format), read in one place
+    (read_checkpoint_config) for all that read it: the serve check (the trained auxiliary layers), the
+    offline validation (the draft's shape), the demo's head-to-head (its KV cache) and draft.init_from."""
+
+    stated: dict[str, Any]  # the file as written
+
+    @property
+    def speculators(self) -> bool:
+        return "speculators_config" in self.stated
+
+    @property
+    def layer(self) -> dict[str, Any]:
+        """The decoder layer's config: speculators keeps it apart (transformer_layer_config)."""
+        return dict(self.stated.get("transformer_layer_config") or {}) if self.speculators else self.stated
+
+    @property
+    def mla(self) -> bool:
+        return any(name in MLA_ARCHITECTURES for name in self.stated.get("architectures") or ())
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        """The target layers the draft was trained on, in vLLM's numbering (None: unstated)."""
+        return self.stated.get("eagle_aux_hidden_state_layer_ids")
+
+    def draft_config(self) -> DraftConfig:
+        """The draft's DraftConfig as an exported (EAGLE format) checkpoint states it; target_hidden_size
+        defaults to hidden_size, as the readers take it."""
+        stated = self.stated
+        known = {k: stated[k] for k in DraftConfig.__dataclass_fields__ if k in stated}
+        return DraftConfig(
+            **known | {"target_hidden_size": stated.get("target_hidden_size", stated["hidden_size"])}
+        )
+
+
+def read_checkpoint_config(folder: str | Path) -> CheckpointConfig:
+    """The config.json of the draft checkpoint in `folder`."""
+    return CheckpointConfig(json.loads((Path(folder).expanduser() / "config.json").read_text()))
 
 
 def read_target_config(path: str | Path) -> dict[str, Any]:

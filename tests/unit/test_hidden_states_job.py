@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.hidden_states.job import launch_mode, read_jobs, recorded_launch_mode, rule_jobs, write_jobs
+from eagle3_pipeline.hidden_states.job import (
+    launch_mode,
+    read_jobs,
+    recorded_launch_mode,
+    rule_jobs,
+    write_jobs,
+)
 from eagle3_pipeline.launch import LaunchMode
 from eagle3_pipeline.settings import HiddenStatesSettings, runtime_only, section
 

@@ -21,6 +21,7 @@ from typing import Any
 from safetensors import safe_open
 
 from eagle3_pipeline import io
+from eagle3_pipeline.draft_config import read_checkpoint_config
 from eagle3_pipeline.validate.headline import selection_figures
 
 LLAMA_NOT_SERVED = (
@@ -104,7 +105,7 @@ def _offline_figures(offline: dict[str, Any], k: int) -> dict[str, Any]:
 def _draft(
     checkpoint_config: Path, offline_path: Path, k: int, selection_path: str | Path | None = None
 ) -> dict[str, Any]:
-    config = json.loads(checkpoint_config.read_text())
+    config = read_checkpoint_config(checkpoint_config.parent).stated
     draft = {
         "checkpoint": str(checkpoint_config.parent),
         "architectures": config.get("architectures"),

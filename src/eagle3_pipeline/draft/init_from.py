@@ -28,7 +28,6 @@ speculators' `verifier_lm_head.weight`, is checked for shape and dropped.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from eagle3_pipeline.draft.vocab import draft_ids as map_draft_ids
 from eagle3_pipeline.draft_config import (
     NUM_AUX_LAYERS,
     DraftConfig,
+    read_checkpoint_config,
     rope_theta_of,
 )
 from eagle3_pipeline.settings import DRAFT_NORM_KEYS
@@ -72,7 +72,6 @@ SHAPE_KEYS: dict[str, str | None] = {
     "qk_rope_head_dim": None,
     "v_head_dim": None,
 }
-MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM's names
 
 
 @dataclass
@@ -110,14 +109,6 @@ def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
         return dict(torch.load(file, map_location="cpu", weights_only=True))
     with safe_open(str(file), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-
-
-def _stated_shape(stated: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(format, the layer's config, the draft's top-level config) of a draft's config.json: speculators
-    keeps the layer apart."""
-    if "speculators_config" in stated:
-        return "speculators", dict(stated.get("transformer_layer_config") or {}), stated
-    return "eagle", stated, stated
 
 
 def _shape(layer: dict[str, Any], top: dict[str, Any], mla: bool) -> dict[str, Any]:
@@ -175,8 +166,8 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
             f"draft.init_from: {folder / 'config.json'} does not exist; point draft.init_from at an EAGLE-3 "
             "draft's folder (EAGLE or speculators format)"
         )
-    config = json.loads((folder / "config.json").read_text())
-    kind, layer, top = _stated_shape(config)
+    config = read_checkpoint_config(folder)
+    kind, layer, top = "speculators" if config.speculators else "eagle", config.layer, config.stated
     # speculators (and vLLM's loader) name the layer layers.0.; the draft and the EAGLE format midlayer.
     tensors = {
         name.replace("layers.0.", "midlayer.", 1) if name.startswith("layers.0.") else name: t
@@ -184,7 +175,7 @@ def read_starting_draft(path: str | Path) -> StartingDraft:
     }
     if "lm_head.weight" not in tensors:
         raise ValueError(f"draft.init_from: {folder} has no lm_head.weight; is it an EAGLE-3 draft?")
-    mla = any(name in MLA_ARCHITECTURES for name in config.get("architectures") or ())
+    mla = config.mla
     shape = _shape(layer, top, mla)
     ids = _token_ids(folder, tensors, shape.get("vocab_size"))
     theta = rope_theta_of(layer)  # unstated: 10,000, as transformers' LlamaConfig (and so vLLM) reads it

@@ -22,7 +22,6 @@ along each trace, per sample, for the serve check's matched comparison (validate
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,11 @@ from eagle3_pipeline.draft.init_from import write_eagle_checkpoint
 from eagle3_pipeline.draft.job import draft_shape
 from eagle3_pipeline.draft.model import Eagle3Draft, KVCache, shift_left
 from eagle3_pipeline.draft.target import load_target_embed_and_head
-from eagle3_pipeline.draft_config import DraftConfig, draft_config_from_target, read_target_config
+from eagle3_pipeline.draft_config import (
+    draft_config_from_target,
+    read_checkpoint_config,
+    read_target_config,
+)
 from eagle3_pipeline.hidden_states.storage import HiddenStateShard
 from eagle3_pipeline.settings import DraftSettings
 from eagle3_pipeline.validate.acceptance import merge_counts, offline_acceptance, prefix_counts
@@ -82,14 +85,7 @@ def load_draft(
         ValueError: the checkpoint's tensors do not fit its config or the target.
     """
     checkpoint_dir = Path(checkpoint_dir)
-    config_json = json.loads((checkpoint_dir / "config.json").read_text())
-    fields = DraftConfig.__dataclass_fields__
-    config = DraftConfig(
-        **{k: config_json[k] for k in fields if k in config_json}
-        | {
-            "target_hidden_size": config_json.get("target_hidden_size", config_json["hidden_size"]),
-        }
-    )
+    config = read_checkpoint_config(checkpoint_dir).draft_config()
     with safe_open(str(checkpoint_dir / "model.safetensors"), "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     d2t = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))

@@ -5,7 +5,6 @@ vLLM's spec-decode counters read before and after: the serve check's measurement
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle3_pipeline.draft_config import read_checkpoint_config
 from eagle3_pipeline.generate.client import ChatClient, Sampling
 from eagle3_pipeline.server.draft_command import ServeCheckError
 from eagle3_pipeline.validate.acceptance import online_acceptance
@@ -88,8 +88,7 @@ def served_layers(server_log: str, checkpoint_dir: str | Path) -> dict[str, Any]
         ServeCheckError: vLLM uses other layers than the trained ones (an off-by-one here cut acceptance
             to ~1.04 in vLLM PR 50170); nothing is measured on such a server.
     """
-    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
-    trained = config.get("eagle_aux_hidden_state_layer_ids")
+    trained = read_checkpoint_config(checkpoint_dir).aux_layer_ids
     found = _AUX_LAYERS_LOGGED.findall(server_log)
     if not found:
         return {"trained": trained, "served": None, "source": "vLLM logged no auxiliary layer ids"}
