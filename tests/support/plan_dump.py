@@ -59,30 +59,25 @@ def _e2e_capped(folder: Path) -> Path:
     return write_config(folder / "e2e-capped.yaml", **overrides)
 
 
+def _demo_capped(folder: Path, run: str, gb: float, epochs: int, validate: dict = NO_CURVE) -> Path:
+    """The demo under hidden_states.max_disk_gb `gb`, as run `run` (its config file named after it)."""
+    return write_config(
+        folder / f"{run}.yaml",
+        run=run,
+        hidden_states={"max_disk_gb": gb},
+        train={"epochs": epochs},
+        validate=validate,
+    )
+
+
 CASES: dict[str, Callable[[Path], Path]] = {
     "demo": lambda folder: DEMO_CONFIG,
     "kimi_example": lambda folder: KIMI_CONFIG,
     "kimi_capped": _kimi_capped,
-    "demo_cap_windows": lambda folder: write_config(
-        folder / "windows.yaml",
-        run="windows",
-        hidden_states={"max_disk_gb": 0.2},
-        train={"epochs": 3},
-        validate=NO_CURVE,
-    ),
-    "demo_cap_one_pass": lambda folder: write_config(
-        folder / "one-pass.yaml",
-        run="one-pass",
-        hidden_states={"max_disk_gb": 1.0},
-        train={"epochs": 3},
-        validate=NO_CURVE,
-    ),
-    "demo_cap_curve": lambda folder: write_config(
-        folder / "cap-curve.yaml",
-        run="cap-curve",
-        hidden_states={"max_disk_gb": 0.25},
-        train={"epochs": 2},
-        validate={"baseline": False, "learning_curve": [0.5]},
+    "demo_cap_windows": lambda folder: _demo_capped(folder, "windows", 0.2, 3),
+    "demo_cap_one_pass": lambda folder: _demo_capped(folder, "one-pass", 1.0, 3),
+    "demo_cap_curve": lambda folder: _demo_capped(
+        folder, "cap-curve", 0.25, 2, {"baseline": False, "learning_curve": [0.5]}
     ),
     "demo_curve": lambda folder: write_config(
         folder / "curve.yaml",
