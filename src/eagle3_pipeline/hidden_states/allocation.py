@@ -37,7 +37,6 @@ from typing import Any
 from eagle3_pipeline import state_bytes
 from eagle3_pipeline.launch import job_gpus
 from eagle3_pipeline.planning import disk_cap
-from eagle3_pipeline.planning.window_plan import WindowSizing
 from eagle3_pipeline.settings import Settings
 
 GPU_FORMS = ("gpus", "gres")
@@ -214,17 +213,6 @@ def shard_tokens(
     tokens = dict.fromkeys(shards, bound)
     if results is not None and hidden_size is not None:
         per_token = state_bytes.bytes_per_token(hidden_size, hs.dtype)
-        traced = disk_cap.traced_states(results, shards, records_sizing(settings, hidden_size))
+        traced = disk_cap.traced_states(results, shards, disk_cap.records_sizing(settings, hidden_size))
         tokens.update({shard: states // per_token for shard, states in traced.items()})
     return tokens
-
-
-def records_sizing(settings: Settings, hidden_size: int) -> WindowSizing:
-    """What a shard's check_disk_budget record must have been made for (disk_cap.traced_states), capped or
-    not: the cap's sizing, else one with these settings and no cap."""
-    sizing = disk_cap.window_sizing(settings, hidden_size)
-    if sizing is not None:
-        return sizing
-    hs = settings.hidden_states
-    return WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
-                               hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip

@@ -285,7 +285,7 @@ def estimate(
     expected_states = _expected_states(settings, hidden_size, per_sample)
     sizing = disk_cap.window_sizing(settings, hidden_size)
     run = Path(results) / settings.run if results is not None else None
-    records = allocation.records_sizing(settings, hidden_size)
+    records = disk_cap.records_sizing(settings, hidden_size)
     traced = disk_cap.traced_states(run, shards, records) if run is not None else {}
     if traced:  # once every shard is checked: the checked shards from their traces, the rest expected
         states = {k: traced.get(k, expected_states[k]) for k in shards}

@@ -163,6 +163,17 @@ def budget_record(results: str | Path, shard: str) -> Path:
     return Path(results) / "budget" / "hidden_states" / f"shard-{shard}.json"
 
 
+def records_sizing(settings: Settings, hidden_size: int) -> WindowSizing:
+    """What a shard's check_disk_budget record must have been made for (traced_states), capped or
+    not: the cap's sizing, else one with these settings and no cap."""
+    sizing = window_sizing(settings, hidden_size)
+    if sizing is not None:
+        return sizing
+    hs = settings.hidden_states
+    return WindowSizing(0, 0, 0, 0, settings.train.seed, settings.train.epochs, hidden_size,
+                               hs.dtype, hs.max_seq_len, hs.overlong)  # fmt: skip
+
+
 def traced_states(results: str | Path, shards: Sequence[str], sizing: WindowSizing) -> dict[str, int]:
     """Each shard's states' bytes from its traces, where its check_disk_budget record is up to date:
     newer than every split's trace file of the shard and made for the same hidden size and dtype (and,
